@@ -1,0 +1,250 @@
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Request};
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::answer;
+use crate::codec;
+use crate::error::InsufficientBudget;
+use crate::future::ClientResponseFuture;
+use crate::server::{DEFAULT_HTTP_HEADER, GRPC_TIMEOUT};
+use crate::{BoxError, Deadline};
+
+/// Propagates and enforces the deadline on outgoing calls; a [`Layer`] that
+/// produces [`ClientDeadline`].
+///
+/// Defaults: no default timeout (a call with no deadline in scope runs
+/// unbounded), no network margin, fail fast only when nothing is left,
+/// [`DEFAULT_HTTP_HEADER`] on plain HTTP requests and `grpc-timeout` on
+/// gRPC requests.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_deadline::ClientDeadlineLayer;
+///
+/// let layer = ClientDeadlineLayer::new()
+///     .default_timeout(Duration::from_secs(2))
+///     .margin(Duration::from_millis(5))
+///     .min_remaining(Duration::from_millis(10));
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ClientDeadlineLayer {
+    config: ClientConfig,
+}
+
+#[derive(Debug, Clone)]
+struct ClientConfig {
+    http_header: Option<HeaderName>,
+    grpc_timeout: bool,
+    default_timeout: Option<Duration>,
+    margin: Duration,
+    min_remaining: Duration,
+}
+
+/// Middleware that gives each outgoing request the caller's remaining
+/// budget and cuts the call when it runs out.
+///
+/// For each request it:
+///
+/// 1. takes the effective deadline: the earliest of the [`Deadline`] in the
+///    request's extensions, the task-local [`Deadline::current`] (set while
+///    a [`ServerDeadline`](crate::ServerDeadline) serves a request) and now
+///    plus the default timeout, if configured; with none of them, the
+///    request passes through untouched;
+/// 2. fails with [`InsufficientBudget`] without calling the inner service
+///    when less than the minimum remains (or the deadline has passed);
+/// 3. inserts the deadline into the request's extensions, and writes the
+///    remaining budget less the margin into `grpc-timeout` (gRPC requests,
+///    rounded up by the codec's rules) or into the HTTP header (other
+///    requests, whole milliseconds rounded down), replacing any value
+///    already there; this happens in `call`, at the moment the request is
+///    sent, so a layer placed below a retry layer writes a fresh value for
+///    every attempt;
+/// 4. when the deadline passes first, drops the inner future (cancelling
+///    the request) and fails with
+///    [`DeadlineExceeded`](crate::error::DeadlineExceeded).
+///
+/// # Clone
+///
+/// Clones share nothing but the configuration.
+#[derive(Debug, Clone)]
+pub struct ClientDeadline<S> {
+    inner: S,
+    config: ClientConfig,
+}
+
+// === impl ClientDeadlineLayer ===
+
+impl ClientDeadlineLayer {
+    /// A layer with the defaults listed on [`ClientDeadlineLayer`].
+    pub const fn new() -> Self {
+        Self {
+            config: ClientConfig {
+                http_header: Some(DEFAULT_HTTP_HEADER),
+                grpc_timeout: true,
+                default_timeout: None,
+                margin: Duration::ZERO,
+                min_remaining: Duration::ZERO,
+            },
+        }
+    }
+
+    /// The header that carries the budget in milliseconds on plain HTTP
+    /// requests (default [`DEFAULT_HTTP_HEADER`]).
+    pub fn http_header(mut self, name: HeaderName) -> Self {
+        self.config.http_header = Some(name);
+        self
+    }
+
+    /// Do not write a millisecond header on plain HTTP requests (the
+    /// deadline is still enforced locally).
+    pub fn no_http_header(mut self) -> Self {
+        self.config.http_header = None;
+        self
+    }
+
+    /// Whether to write `grpc-timeout` on gRPC requests (default: yes).
+    pub const fn grpc_timeout(mut self, write: bool) -> Self {
+        self.config.grpc_timeout = write;
+        self
+    }
+
+    /// A timeout for calls made with no deadline in scope, and an upper
+    /// bound for those made with one (default: none).
+    pub const fn default_timeout(mut self, timeout: Duration) -> Self {
+        self.config.default_timeout = Some(timeout);
+        self
+    }
+
+    /// Time subtracted from the budget written into the header, to leave
+    /// room for the network and for this side to receive the answer
+    /// (default: zero). It does not shorten the local enforcement.
+    pub const fn margin(mut self, margin: Duration) -> Self {
+        self.config.margin = margin;
+        self
+    }
+
+    /// The least budget worth starting a call with (default: zero, only an
+    /// expired deadline fails fast).
+    pub const fn min_remaining(mut self, min: Duration) -> Self {
+        self.config.min_remaining = min;
+        self
+    }
+}
+
+impl Default for ClientDeadlineLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> Layer<S> for ClientDeadlineLayer {
+    type Service = ClientDeadline<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ClientDeadline {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+// === impl ClientDeadline ===
+
+impl<S> ClientDeadline<S> {
+    /// Wraps `inner` with the default configuration of
+    /// [`ClientDeadlineLayer::new`].
+    pub fn new(inner: S) -> Self {
+        ClientDeadlineLayer::new().layer(inner)
+    }
+
+    /// A layer that wraps services in [`ClientDeadline`]; the same as
+    /// [`ClientDeadlineLayer::new`].
+    pub const fn layer() -> ClientDeadlineLayer {
+        ClientDeadlineLayer::new()
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B> Service<Request<B>> for ClientDeadline<S>
+where
+    S: Service<Request<B>>,
+    S::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ClientResponseFuture<S::Future>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        let config = &self.config;
+        let from_request = Deadline::from_extensions(request.extensions());
+        let in_scope = Deadline::current();
+        if from_request.is_none() && in_scope.is_none() && config.default_timeout.is_none() {
+            return ClientResponseFuture::unbounded(self.inner.call(request));
+        }
+        let now = Instant::now();
+        let by_default = config.default_timeout.map(|t| Deadline::after_from(now, t));
+        // At least one is Some, checked above.
+        let Some(deadline) = [from_request, in_scope, by_default]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
+            return ClientResponseFuture::unbounded(self.inner.call(request));
+        };
+        let remaining = deadline.remaining_at(now);
+        if remaining.is_zero() || remaining < config.min_remaining {
+            return ClientResponseFuture::refused(InsufficientBudget::new(
+                remaining,
+                config.min_remaining,
+            ));
+        }
+
+        let budget = remaining.saturating_sub(config.margin);
+        let grpc = answer::is_grpc(request.headers());
+        let header = if grpc {
+            config
+                .grpc_timeout
+                .then(|| (GRPC_TIMEOUT, codec::format_grpc_timeout(budget)))
+        } else {
+            config
+                .http_header
+                .clone()
+                .map(|name| (name, codec::format_millis(budget)))
+        };
+        if let Some((name, value)) = header {
+            // Digits and a unit letter: always a valid header value.
+            if let Ok(value) = HeaderValue::try_from(value) {
+                request.headers_mut().insert(name, value);
+            }
+        }
+        request.extensions_mut().insert(deadline);
+        ClientResponseFuture::bounded(deadline, self.inner.call(request))
+    }
+}

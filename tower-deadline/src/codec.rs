@@ -1,0 +1,404 @@
+//! Wire formats of a relative budget: gRPC's `grpc-timeout` and a plain
+//! millisecond header.
+//!
+//! Both carry a *relative* duration rather than an absolute time, because
+//! absolute times suffer from clock skew between machines. Parsing is strict
+//! and never panics: anything that is not exactly the documented grammar is a
+//! [`MalformedTimeout`] that says what was wrong.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_deadline::codec;
+//!
+//! assert_eq!(codec::parse_grpc_timeout(b"250m"), Ok(Duration::from_millis(250)));
+//! assert_eq!(codec::format_grpc_timeout(Duration::from_secs(3)), "3S");
+//! assert!(codec::parse_grpc_timeout(b"-5S").is_err());
+//!
+//! assert_eq!(codec::parse_millis(b"1500"), Ok(Duration::from_millis(1500)));
+//! assert_eq!(codec::format_millis(Duration::from_micros(1_999)), "1");
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+/// The largest number of digits `grpc-timeout` allows (the gRPC spec's
+/// `TimeoutValue → {positive integer as ASCII string of at most 8 digits}`).
+pub const GRPC_TIMEOUT_MAX_DIGITS: usize = 8;
+
+/// The largest number of digits accepted in a millisecond header: ten digits
+/// is about 115 days, far beyond any sensible budget, and keeps the value
+/// well inside `u64`.
+pub const MILLIS_MAX_DIGITS: usize = 10;
+
+const MAX_GRPC_VALUE: u64 = 99_999_999;
+
+/// gRPC timeout units, finest first, with their length in nanoseconds.
+const GRPC_UNITS: [(u8, u128); 6] = [
+    (b'n', 1),
+    (b'u', 1_000),
+    (b'm', 1_000_000),
+    (b'S', 1_000_000_000),
+    (b'M', 60 * 1_000_000_000),
+    (b'H', 3_600 * 1_000_000_000),
+];
+
+/// A budget header whose value does not follow its grammar.
+///
+/// The value is never echoed back (it is attacker-controlled); the error
+/// says which rule it broke.
+///
+/// # Example
+///
+/// ```
+/// use tower_deadline::codec::{parse_grpc_timeout, MalformedTimeout};
+///
+/// let err: MalformedTimeout = parse_grpc_timeout(b"123456789S").unwrap_err();
+/// assert_eq!(err.to_string(), "malformed timeout: more than 8 digits");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MalformedTimeout {
+    reason: Reason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    Empty,
+    NoDigits,
+    TooManyGrpcDigits,
+    TooManyMillisDigits,
+    NotADigit,
+    MissingUnit,
+    UnknownUnit,
+}
+
+// === impl MalformedTimeout ===
+
+impl MalformedTimeout {
+    const fn new(reason: Reason) -> Self {
+        Self { reason }
+    }
+
+    /// A short, lowercase description of the broken rule, such as
+    /// `"more than 8 digits"` or `"unknown unit"`.
+    pub fn reason(&self) -> &'static str {
+        match self.reason {
+            Reason::Empty => "empty value",
+            Reason::NoDigits => "no digits before the unit",
+            Reason::TooManyGrpcDigits => "more than 8 digits",
+            Reason::TooManyMillisDigits => "more than 10 digits",
+            Reason::NotADigit => "a character that is not an ASCII digit",
+            Reason::MissingUnit => "missing unit",
+            Reason::UnknownUnit => "unknown unit",
+        }
+    }
+}
+
+impl fmt::Display for MalformedTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "malformed timeout: {}", self.reason())
+    }
+}
+
+impl std::error::Error for MalformedTimeout {}
+
+/// Parses a `grpc-timeout` value: 1 to 8 ASCII digits followed by exactly one
+/// unit, `H` (hours), `M` (minutes), `S` (seconds), `m` (milliseconds), `u`
+/// (microseconds) or `n` (nanoseconds).
+///
+/// Signs, spaces, decimal points, empty values, more than 8 digits and any
+/// other unit are rejected. Leading zeros are allowed (`"007S"` is 7 seconds).
+///
+/// # Errors
+///
+/// Returns [`MalformedTimeout`] when the value does not match the grammar.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_deadline::codec::parse_grpc_timeout;
+///
+/// assert_eq!(parse_grpc_timeout(b"1H"), Ok(Duration::from_secs(3600)));
+/// assert_eq!(parse_grpc_timeout(b"99999999n"), Ok(Duration::from_nanos(99_999_999)));
+/// assert!(parse_grpc_timeout(b"10 S").is_err());
+/// assert!(parse_grpc_timeout(b"10s").is_err()); // units are case sensitive
+/// ```
+pub fn parse_grpc_timeout(value: &[u8]) -> Result<Duration, MalformedTimeout> {
+    let Some((&unit, digits)) = value.split_last() else {
+        return Err(MalformedTimeout::new(Reason::Empty));
+    };
+    if unit.is_ascii_digit() {
+        return Err(MalformedTimeout::new(Reason::MissingUnit));
+    }
+    let Some(&(_, unit_nanos)) = GRPC_UNITS.iter().find(|(u, _)| *u == unit) else {
+        return Err(MalformedTimeout::new(Reason::UnknownUnit));
+    };
+    let n = parse_digits(digits, GRPC_TIMEOUT_MAX_DIGITS, Reason::TooManyGrpcDigits)?;
+    // At most 99_999_999 hours: about 3.6e20 ns, which fits u128 and, as
+    // seconds, fits u64.
+    Ok(duration_from_nanos(u128::from(n) * unit_nanos))
+}
+
+/// Formats a duration as a `grpc-timeout` value in the shortest form that is
+/// exact, or, when no unit represents it exactly within 8 digits, in the
+/// finest unit that fits, rounded *up*.
+///
+/// Rounding up means the value written is never shorter than the budget: a
+/// propagated deadline is never made tighter by the encoding. The error is
+/// below one part in a hundred thousand. Durations beyond `99999999H` (over eleven
+/// thousand years) are written as `99999999H`. Zero is written as `0n`.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_deadline::codec::format_grpc_timeout;
+///
+/// assert_eq!(format_grpc_timeout(Duration::from_millis(1500)), "1500m");
+/// assert_eq!(format_grpc_timeout(Duration::from_secs(120)), "2M");
+/// assert_eq!(format_grpc_timeout(Duration::from_nanos(1_000_000_001)), "1000001u");
+/// ```
+pub fn format_grpc_timeout(duration: Duration) -> String {
+    let nanos = duration.as_nanos();
+    if nanos == 0 {
+        return "0n".to_owned();
+    }
+    // Exact forms, coarsest unit first: fewest digits.
+    for &(unit, unit_nanos) in GRPC_UNITS.iter().rev() {
+        if nanos.is_multiple_of(unit_nanos) && nanos / unit_nanos <= u128::from(MAX_GRPC_VALUE) {
+            return render(nanos / unit_nanos, unit);
+        }
+    }
+    // Inexact: the finest unit whose rounded-up value fits.
+    for &(unit, unit_nanos) in GRPC_UNITS.iter() {
+        let value = nanos.div_ceil(unit_nanos);
+        if value <= u128::from(MAX_GRPC_VALUE) {
+            return render(value, unit);
+        }
+    }
+    render(u128::from(MAX_GRPC_VALUE), b'H')
+}
+
+/// Parses a relative budget in whole milliseconds: 1 to 10 ASCII digits and
+/// nothing else (no sign, unit, space or fraction).
+///
+/// # Errors
+///
+/// Returns [`MalformedTimeout`] when the value does not match the grammar.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_deadline::codec::parse_millis;
+///
+/// assert_eq!(parse_millis(b"300"), Ok(Duration::from_millis(300)));
+/// assert!(parse_millis(b"300ms").is_err());
+/// assert!(parse_millis(b"+300").is_err());
+/// ```
+pub fn parse_millis(value: &[u8]) -> Result<Duration, MalformedTimeout> {
+    if value.is_empty() {
+        return Err(MalformedTimeout::new(Reason::Empty));
+    }
+    parse_digits(value, MILLIS_MAX_DIGITS, Reason::TooManyMillisDigits).map(Duration::from_millis)
+}
+
+/// Formats a duration as whole milliseconds, rounded *down*.
+///
+/// Rounding down is the right direction for a budget handed to a callee: it
+/// never tells the callee it has more time than the caller will wait.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_deadline::codec::format_millis;
+///
+/// assert_eq!(format_millis(Duration::from_micros(250_900)), "250");
+/// assert_eq!(format_millis(Duration::ZERO), "0");
+/// ```
+pub fn format_millis(duration: Duration) -> String {
+    duration.as_millis().to_string()
+}
+
+fn parse_digits(
+    digits: &[u8],
+    max_digits: usize,
+    too_many: Reason,
+) -> Result<u64, MalformedTimeout> {
+    if digits.is_empty() {
+        return Err(MalformedTimeout::new(Reason::NoDigits));
+    }
+    if digits.len() > max_digits {
+        return Err(MalformedTimeout::new(too_many));
+    }
+    let mut n: u64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return Err(MalformedTimeout::new(Reason::NotADigit));
+        }
+        // At most 10 digits: cannot overflow u64.
+        n = n * 10 + u64::from(b - b'0');
+    }
+    Ok(n)
+}
+
+fn duration_from_nanos(nanos: u128) -> Duration {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    let secs = u64::try_from(nanos / NANOS_PER_SEC).unwrap_or(u64::MAX);
+    // The remainder is below 1e9, so it always fits u32.
+    let sub = u32::try_from(nanos % NANOS_PER_SEC).unwrap_or(0);
+    Duration::new(secs, sub)
+}
+
+fn render(value: u128, unit: u8) -> String {
+    let mut s = value.to_string();
+    s.push(char::from(unit));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_every_unit() {
+        let cases: [(&[u8], Duration); 6] = [
+            (b"2H", Duration::from_secs(7200)),
+            (b"3M", Duration::from_secs(180)),
+            (b"4S", Duration::from_secs(4)),
+            (b"5m", Duration::from_millis(5)),
+            (b"6u", Duration::from_micros(6)),
+            (b"7n", Duration::from_nanos(7)),
+        ];
+        for (input, want) in cases {
+            assert_eq!(parse_grpc_timeout(input), Ok(want), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn eight_digits_are_accepted_and_nine_rejected() {
+        assert_eq!(
+            parse_grpc_timeout(b"99999999H"),
+            Ok(Duration::from_secs(99_999_999 * 3600))
+        );
+        assert_eq!(
+            parse_grpc_timeout(b"00000001m"),
+            Ok(Duration::from_millis(1))
+        );
+        let err = parse_grpc_timeout(b"100000000n").unwrap_err();
+        assert_eq!(err.reason(), "more than 8 digits");
+    }
+
+    #[test]
+    fn rejects_malformed_values_with_a_reason() {
+        let cases: [(&[u8], &str); 12] = [
+            (b"", "empty value"),
+            (b"S", "no digits before the unit"),
+            (b"100", "missing unit"),
+            (b"10s", "unknown unit"),
+            (b"10x", "unknown unit"),
+            (b"-1S", "a character that is not an ASCII digit"),
+            (b"+1S", "a character that is not an ASCII digit"),
+            (b" 1S", "a character that is not an ASCII digit"),
+            (b"1 S", "a character that is not an ASCII digit"),
+            (b"1.5S", "a character that is not an ASCII digit"),
+            ("١S".as_bytes(), "a character that is not an ASCII digit"),
+            (b"1S ", "unknown unit"),
+        ];
+        for (input, reason) in cases {
+            let err = parse_grpc_timeout(input).unwrap_err();
+            assert_eq!(err.reason(), reason, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn millis_are_strict() {
+        assert_eq!(parse_millis(b"0"), Ok(Duration::ZERO));
+        assert_eq!(
+            parse_millis(b"9999999999"),
+            Ok(Duration::from_millis(9_999_999_999))
+        );
+        for bad in [
+            &b""[..],
+            b"10000000000",
+            b"-1",
+            b"1.0",
+            b"1ms",
+            b" 1",
+            b"1 ",
+            b"0x10",
+        ] {
+            assert!(parse_millis(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn formats_exact_values_in_the_coarsest_unit() {
+        assert_eq!(format_grpc_timeout(Duration::from_secs(7200)), "2H");
+        assert_eq!(format_grpc_timeout(Duration::from_secs(90)), "90S");
+        assert_eq!(format_grpc_timeout(Duration::from_millis(300)), "300m");
+        assert_eq!(format_grpc_timeout(Duration::from_micros(1)), "1u");
+        assert_eq!(
+            format_grpc_timeout(Duration::from_nanos(99_999_999)),
+            "99999999n"
+        );
+        assert_eq!(format_grpc_timeout(Duration::ZERO), "0n");
+    }
+
+    #[test]
+    fn formats_inexact_values_rounded_up_in_the_finest_unit_that_fits() {
+        // 100_000_001 ns needs 9 digits in n; in u it is 100000.001 -> 100001u.
+        assert_eq!(
+            format_grpc_timeout(Duration::from_nanos(100_000_001)),
+            "100001u"
+        );
+        // Beyond the largest representable value: saturate.
+        assert_eq!(format_grpc_timeout(Duration::MAX), "99999999H");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let _ = parse_grpc_timeout(&bytes);
+            let _ = parse_millis(&bytes);
+        }
+
+        #[test]
+        fn formatting_never_shortens_and_round_trips(
+            secs in 0u64..(99_999_999 * 3600),
+            nanos in 0u32..1_000_000_000,
+        ) {
+            let d = Duration::new(secs, nanos);
+            let s = format_grpc_timeout(d);
+            prop_assert!(s.len() <= GRPC_TIMEOUT_MAX_DIGITS + 1, "{s}");
+            let back = parse_grpc_timeout(s.as_bytes()).unwrap();
+            prop_assert!(back >= d, "{s} shortened {d:?} to {back:?}");
+            // Rounding only happens when the next finer unit needs more
+            // than 8 digits, so the error is below one part in 100_000.
+            let slack = (back - d).as_nanos();
+            prop_assert!(slack * 100_000 <= d.as_nanos(), "{s} for {d:?}");
+        }
+
+        #[test]
+        fn exact_values_round_trip_exactly(value in 0u64..=99_999_999, unit in 0usize..6) {
+            let (u, unit_nanos) = GRPC_UNITS[unit];
+            let d = duration_from_nanos(u128::from(value) * unit_nanos);
+            let s = format_grpc_timeout(d);
+            prop_assert_eq!(parse_grpc_timeout(s.as_bytes()), Ok(d));
+            // Parsing the canonical spelling gives the same duration too.
+            let mut spelled = value.to_string().into_bytes();
+            spelled.push(u);
+            prop_assert_eq!(parse_grpc_timeout(&spelled), Ok(d));
+        }
+
+        #[test]
+        fn millis_round_trip(ms in 0u64..10_000_000_000) {
+            let d = Duration::from_millis(ms);
+            prop_assert_eq!(parse_millis(format_millis(d).as_bytes()), Ok(d));
+        }
+    }
+}

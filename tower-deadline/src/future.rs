@@ -1,0 +1,224 @@
+//! Response futures of [`ServerDeadline`](crate::ServerDeadline) and
+//! [`ClientDeadline`](crate::ClientDeadline).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
+use tokio::time::{sleep_until, Sleep};
+
+use crate::error::{DeadlineExceeded, InsufficientBudget};
+use crate::{answer, BoxError, Deadline};
+
+pin_project! {
+    /// Response future of [`ServerDeadline`](crate::ServerDeadline).
+    ///
+    /// Runs the inner future inside the deadline's task-local scope and
+    /// races it against the deadline; when the deadline wins, the inner
+    /// future is dropped at once and the timeout answer is returned.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ServerResponseFuture<F, B> {
+        #[pin]
+        state: ServerState<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = ServerStateProj]
+    enum ServerState<F, B> {
+        Unbounded {
+            #[pin]
+            inner: F,
+        },
+        Bounded {
+            #[pin]
+            inner: TaskLocalFuture<Deadline, F>,
+            #[pin]
+            sleep: Sleep,
+            grpc: bool,
+        },
+        Answer {
+            response: Option<Response<B>>,
+        },
+    }
+}
+
+// === impl ServerResponseFuture ===
+
+impl<F, B> ServerResponseFuture<F, B> {
+    pub(crate) fn answer(response: Response<B>) -> Self {
+        Self {
+            state: ServerState::Answer {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn unbounded(inner: F) -> Self {
+        Self {
+            state: ServerState::Unbounded { inner },
+        }
+    }
+
+    pub(crate) fn bounded(deadline: Deadline, inner: F, grpc: bool) -> Self
+    where
+        F: Future,
+    {
+        Self {
+            state: ServerState::Bounded {
+                inner: deadline.scope(inner),
+                sleep: sleep_until(deadline.instant()),
+                grpc,
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for ServerResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Default,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        match state.as_mut().project() {
+            ServerStateProj::Unbounded { inner } => inner.poll(cx),
+            ServerStateProj::Bounded { inner, sleep, grpc } => {
+                if let Poll::Ready(out) = inner.poll(cx) {
+                    return Poll::Ready(out);
+                }
+                ready!(sleep.poll(cx));
+                let grpc = *grpc;
+                tracing::debug!(grpc, "deadline passed; dropping the handler");
+                // Dropping the inner future here cancels the handler now,
+                // not when this future is dropped.
+                state.set(ServerState::Answer { response: None });
+                Poll::Ready(Ok(answer::deadline_exceeded(grpc)))
+            }
+            ServerStateProj::Answer { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => panic!("ServerResponseFuture polled after completion"),
+            },
+        }
+    }
+}
+
+impl<F, B> fmt::Debug for ServerResponseFuture<F, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            ServerState::Unbounded { .. } => "unbounded",
+            ServerState::Bounded { .. } => "bounded",
+            ServerState::Answer { .. } => "answer",
+        };
+        f.debug_struct("ServerResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+pin_project! {
+    /// Response future of [`ClientDeadline`](crate::ClientDeadline).
+    ///
+    /// Races the inner future against the deadline; when the deadline wins,
+    /// the inner future is dropped at once and the call fails with
+    /// [`DeadlineExceeded`].
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ClientResponseFuture<F> {
+        #[pin]
+        state: ClientState<F>,
+    }
+}
+
+pin_project! {
+    #[project = ClientStateProj]
+    enum ClientState<F> {
+        Unbounded {
+            #[pin]
+            inner: F,
+        },
+        Bounded {
+            #[pin]
+            inner: F,
+            #[pin]
+            sleep: Sleep,
+        },
+        Refused {
+            error: Option<InsufficientBudget>,
+        },
+        Done,
+    }
+}
+
+// === impl ClientResponseFuture ===
+
+impl<F> ClientResponseFuture<F> {
+    pub(crate) fn unbounded(inner: F) -> Self {
+        Self {
+            state: ClientState::Unbounded { inner },
+        }
+    }
+
+    pub(crate) fn bounded(deadline: Deadline, inner: F) -> Self {
+        Self {
+            state: ClientState::Bounded {
+                inner,
+                sleep: sleep_until(deadline.instant()),
+            },
+        }
+    }
+
+    pub(crate) fn refused(error: InsufficientBudget) -> Self {
+        Self {
+            state: ClientState::Refused { error: Some(error) },
+        }
+    }
+}
+
+impl<F, T, E> Future for ClientResponseFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        match state.as_mut().project() {
+            ClientStateProj::Unbounded { inner } => inner.poll(cx).map_err(Into::into),
+            ClientStateProj::Bounded { inner, sleep } => {
+                if let Poll::Ready(out) = inner.poll(cx) {
+                    return Poll::Ready(out.map_err(Into::into));
+                }
+                ready!(sleep.poll(cx));
+                tracing::debug!("deadline passed; cancelling the outgoing call");
+                state.set(ClientState::Done);
+                Poll::Ready(Err(DeadlineExceeded::new().into()))
+            }
+            ClientStateProj::Refused { error } => match error.take() {
+                Some(error) => Poll::Ready(Err(error.into())),
+                None => panic!("ClientResponseFuture polled after completion"),
+            },
+            ClientStateProj::Done => panic!("ClientResponseFuture polled after completion"),
+        }
+    }
+}
+
+impl<F> fmt::Debug for ClientResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            ClientState::Unbounded { .. } => "unbounded",
+            ClientState::Bounded { .. } => "bounded",
+            ClientState::Refused { .. } => "refused",
+            ClientState::Done => "done",
+        };
+        f.debug_struct("ClientResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

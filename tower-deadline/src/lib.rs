@@ -1,0 +1,218 @@
+//! Deadline propagation for tower services: one budget from the first
+//! caller to the last callee.
+//!
+//! A server reads the caller's budget from `grpc-timeout` or an HTTP header,
+//! turns it into an absolute [`Deadline`], and enforces it on the handler.
+//! While the handler runs, every outgoing call made through
+//! [`ClientDeadline`] inherits what is left of that budget, writes it into
+//! its own request, and is cut when it runs out.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
+//! use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! // A downstream dependency that reports the budget it was given.
+//! let downstream = service_fn(|req: http::Request<()>| async move {
+//!     let header = req.headers()["x-request-timeout-ms"].clone();
+//!     Ok::<_, BoxError>(http::Response::new(header))
+//! });
+//! let client = ServiceBuilder::new()
+//!     .layer(ClientDeadlineLayer::new())
+//!     .service(downstream);
+//!
+//! // Our handler: it spends 100 ms, then calls the dependency.
+//! let handler = service_fn(move |_req: http::Request<()>| {
+//!     let client = client.clone();
+//!     async move {
+//!         assert!(Deadline::current().is_some());
+//!         tokio::time::sleep(Duration::from_millis(100)).await;
+//!         let answer = client.oneshot(http::Request::new(())).await?;
+//!         let budget = answer.into_body();
+//!         Ok::<_, BoxError>(http::Response::new(budget.to_str()?.to_owned()))
+//!     }
+//! });
+//! let server = ServiceBuilder::new()
+//!     .layer(ServerDeadlineLayer::new())
+//!     .service(handler);
+//!
+//! // The caller gives us 300 ms; the dependency is told 200 ms are left.
+//! let request = http::Request::builder()
+//!     .header("x-request-timeout-ms", "300")
+//!     .body(())?;
+//! let response = server.oneshot(request).await?;
+//! assert_eq!(response.into_body(), "200");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! **Server side** ([`ServerDeadlineLayer`]):
+//!
+//! | knob | default | meaning |
+//! |---|---|---|
+//! | [`http_header`](ServerDeadlineLayer::http_header) | `x-request-timeout-ms` | relative budget in whole milliseconds |
+//! | [`grpc_timeout`](ServerDeadlineLayer::grpc_timeout) | on | read `grpc-timeout` (`1` to `8` digits and a unit `H M S m u n`) |
+//! | [`default_timeout`](ServerDeadlineLayer::default_timeout) | none | budget when the caller sent none |
+//! | [`max_timeout`](ServerDeadlineLayer::max_timeout) | none | clamp for larger budgets |
+//! | [`min_remaining`](ServerDeadlineLayer::min_remaining) | zero | below it, answer at once without calling the handler |
+//! | [`on_malformed`](ServerDeadlineLayer::on_malformed) | [`OnMalformed::Ignore`] | ignore (logged) or answer 400 / INVALID_ARGUMENT |
+//! | [`grpc_lead`](ServerDeadlineLayer::grpc_lead) | 1 ms | gRPC requests expire this much early, to answer before tonic's own timer |
+//!
+//! The budget is relative on the wire (absolute times suffer from clock
+//! skew) and absolute in the process: a [`Deadline`] is a
+//! [`tokio::time::Instant`]. When both headers are present the shorter
+//! budget wins. The deadline goes into the request's extensions and into a
+//! task-local scope around the inner service's `call` and its future. When
+//! it passes, the inner future is dropped, which cancels the handler and
+//! every call it was awaiting, and the answer is `504 Gateway Timeout`, or
+//! for gRPC requests (content type `application/grpc...`) an HTTP 200
+//! trailers-only response with `grpc-status: 4` (DEADLINE_EXCEEDED).
+//!
+//! **Client side** ([`ClientDeadlineLayer`]):
+//!
+//! | knob | default | meaning |
+//! |---|---|---|
+//! | [`default_timeout`](ClientDeadlineLayer::default_timeout) | none | timeout when no deadline is in scope; upper bound otherwise |
+//! | [`margin`](ClientDeadlineLayer::margin) | zero | subtracted from the budget written on the wire |
+//! | [`min_remaining`](ClientDeadlineLayer::min_remaining) | zero | below it, fail with [`InsufficientBudget`](error::InsufficientBudget) without calling |
+//! | [`http_header`](ClientDeadlineLayer::http_header) | `x-request-timeout-ms` | header written on plain HTTP requests |
+//! | [`grpc_timeout`](ClientDeadlineLayer::grpc_timeout) | on | write `grpc-timeout` on gRPC requests |
+//!
+//! The effective deadline is the earliest of the request's extension, the
+//! task-local deadline and the default timeout. Its remaining time is
+//! written into the outgoing request in `call`, so it is measured at the
+//! moment the request is sent, and the call is cut when it passes. Handlers
+//! can read the deadline with [`Deadline::current`], [`current`],
+//! [`remaining`] or from the request extensions.
+//!
+//! The [`codec`] module holds the strict parsers and formatters of both wire
+//! formats.
+//!
+//! # Readiness
+//!
+//! Both layers forward the inner service's `poll_ready` unchanged and take
+//! every decision in `call`. They never wait: an expired or too small budget
+//! is answered (server) or fails (client) at once.
+//!
+//! # Errors
+//!
+//! [`ServerDeadline`] adds no error: its rejections are HTTP or gRPC
+//! responses and the inner error type passes through, so it fits
+//! `axum::Router::layer` as is. [`ClientDeadline`] fails with
+//! [`BoxError`], which is either the inner service's error or one of
+//! [`DeadlineExceeded`](error::DeadlineExceeded) (the call was cut) and
+//! [`InsufficientBudget`](error::InsufficientBudget) (the call was not
+//! made); see the [`error`] module for downcasting.
+//!
+//! # Ordering
+//!
+//! The server layer goes outermost, so the whole request, including other
+//! middleware, runs under the caller's budget. On the client, the layer
+//! goes *twice* around a retry layer, or once below it:
+//!
+//! ```text
+//! ClientDeadlineLayer     one budget for the logical call, in extensions
+//!   BreakerLayer / RetryLayer / BulkheadLayer
+//!     ClientDeadlineLayer a fresh header and a cut-off for each attempt
+//!       transport
+//! ```
+//!
+//! Placed only *above* a retry layer, the header is written once, before
+//! the first attempt, and a retry sent after a backoff would tell the callee
+//! it has more time than is left: prefer the layer below the retries.
+//! Contrast with `tower::timeout::Timeout`, which gives every call a fixed
+//! timeout regardless of how much of the caller's budget is left, and says
+//! nothing to the callee.
+//!
+//! # Using with axum
+//!
+//! ```
+//! use axum::{routing::get, Extension, Router};
+//! use std::time::Duration;
+//! use tower_deadline::{Deadline, ServerDeadlineLayer};
+//!
+//! async fn handler(Extension(deadline): Extension<Deadline>) -> String {
+//!     format!("{} ms left", deadline.remaining().as_millis())
+//! }
+//!
+//! let app: Router = Router::new().route("/", get(handler)).layer(
+//!     ServerDeadlineLayer::new()
+//!         .default_timeout(Duration::from_secs(5))
+//!         .max_timeout(Duration::from_secs(30)),
+//! );
+//! # let _ = app;
+//! ```
+//!
+//! With a default timeout, every request carries a [`Deadline`] extension;
+//! without one, use `Option<Extension<Deadline>>` or [`Deadline::current`].
+//!
+//! # Using with tonic
+//!
+//! tonic's `Server` parses `grpc-timeout` itself and, when that timer fires,
+//! answers CANCELLED. Its timer sits *outside* the layers added with
+//! `Server::builder().layer(ServerDeadlineLayer::new())`, and it polls the
+//! inner future before its own timer. This layer therefore expires gRPC
+//! requests [`grpc_lead`](ServerDeadlineLayer::grpc_lead) (1 ms) earlier, so
+//! that it is the one that answers, with DEADLINE_EXCEEDED; the two timers
+//! never both answer. Serving the tonic routes through `axum::serve` instead
+//! leaves this layer as the only timer. On the client side, tonic's
+//! `Endpoint::timeout` writes `grpc-timeout` itself; with
+//! [`ClientDeadlineLayer`] below the channel's other layers the header
+//! carries the caller's remaining budget instead.
+//!
+//! # Why propagate deadlines?
+//!
+//! A caller that gives up after 300 ms gains nothing from a callee that
+//! works for 2 s: the answer is thrown away, and the work held a task, a
+//! connection and a slot of concurrency all along. Fixed per-hop timeouts do
+//! not compose (three tiers each with a 1 s timeout can make a user wait 3 s,
+//! or keep working long after the user left). A single budget, carried as a
+//! relative time on the wire and an absolute deadline inside each process,
+//! lets every hop stop when the first caller stops, and lets a hop with too
+//! little left refuse at once instead of starting work that cannot finish.
+//!
+//! # Pitfalls
+//!
+//! - The header names of client and server must agree; both default to
+//!   `x-request-timeout-ms`.
+//! - A task spawned with `tokio::spawn` does not inherit the task-local
+//!   deadline: wrap its future in [`Deadline::scope`] if it works on behalf
+//!   of the request.
+//! - The server layer cannot cancel work that outlives the handler's future
+//!   (a spawned task, a blocking thread); it only drops what it owns.
+//! - Streaming response bodies are not covered: the deadline ends when the
+//!   response head is ready.
+//!
+//! # Feature flags
+//!
+//! This crate has no optional features.
+//!
+//! # Minimum supported Rust version
+//!
+//! The MSRV is the `rust-version` in `Cargo.toml`, the stable toolchain this
+//! crate is built and tested with; raising it is not a breaking change but
+//! is noted in the changelog.
+
+mod answer;
+mod client;
+pub mod codec;
+mod deadline;
+pub mod error;
+pub mod future;
+mod server;
+
+pub use client::{ClientDeadline, ClientDeadlineLayer};
+pub use deadline::{current, remaining, Deadline};
+pub use server::{
+    OnMalformed, ServerDeadline, ServerDeadlineLayer, DEFAULT_GRPC_LEAD, DEFAULT_HTTP_HEADER,
+    GRPC_TIMEOUT,
+};
+
+/// The boxed error type of [`ClientDeadline`], as in tower.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
