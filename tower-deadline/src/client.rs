@@ -244,7 +244,11 @@ where
                 request.headers_mut().insert(name, value);
             }
         }
-        request.extensions_mut().insert(deadline);
+        if from_request != Some(deadline) {
+            // Below a retry layer the extension usually holds this very
+            // deadline already; inserting costs allocations.
+            request.extensions_mut().insert(deadline);
+        }
         ClientResponseFuture::bounded(deadline, self.inner.call(request))
     }
 }

@@ -91,9 +91,16 @@ where
             ServerStateProj::Unbounded { inner } => inner.poll(cx),
             ServerStateProj::Bounded { inner, sleep, grpc } => {
                 if let Poll::Ready(out) = inner.poll(cx) {
-                    return Poll::Ready(out);
+                    // A handler that finishes in the same timer tick as the
+                    // deadline usually finished *because* of it (its own
+                    // client calls were cut by the same deadline): the caller
+                    // has given up, so the answer is the deadline's.
+                    if !sleep.is_elapsed() {
+                        return Poll::Ready(out);
+                    }
+                } else {
+                    ready!(sleep.poll(cx));
                 }
-                ready!(sleep.poll(cx));
                 let grpc = *grpc;
                 tracing::debug!(grpc, "deadline passed; dropping the handler");
                 // Dropping the inner future here cancels the handler now,

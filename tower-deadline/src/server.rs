@@ -112,7 +112,9 @@ pub struct ServerDeadline<S> {
 /// What the server layer decided for one request, before calling the inner
 /// service.
 enum Decision<B> {
-    Run(Option<Deadline>),
+    /// Call the inner service, with this deadline if any; the flag says
+    /// whether the request is a gRPC call.
+    Run(Option<Deadline>, bool),
     Answer(Response<B>),
 }
 
@@ -258,7 +260,7 @@ impl ServerConfig {
         let Some(mut budget) = budget.or(self.default_timeout) else {
             // No budget from the caller and none by default; an outer layer
             // may still have set one.
-            return Decision::Run(Deadline::from_extensions(request.extensions()));
+            return Decision::Run(Deadline::from_extensions(request.extensions()), grpc);
         };
         if let Some(max) = self.max_timeout {
             budget = budget.min(max);
@@ -280,7 +282,7 @@ impl ServerConfig {
             );
             return Decision::Answer(answer::deadline_exceeded(grpc));
         }
-        Decision::Run(Some(deadline))
+        Decision::Run(Some(deadline), grpc)
     }
 }
 
@@ -332,9 +334,8 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         match self.config.decide(&request) {
             Decision::Answer(response) => ServerResponseFuture::answer(response),
-            Decision::Run(None) => ServerResponseFuture::unbounded(self.inner.call(request)),
-            Decision::Run(Some(deadline)) => {
-                let grpc = answer::is_grpc(request.headers());
+            Decision::Run(None, _) => ServerResponseFuture::unbounded(self.inner.call(request)),
+            Decision::Run(Some(deadline), grpc) => {
                 request.extensions_mut().insert(deadline);
                 let inner = &mut self.inner;
                 let future = deadline.sync_scope(|| inner.call(request));

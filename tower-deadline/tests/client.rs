@@ -1,0 +1,273 @@
+//! The client layer: effective deadline, header written at send time,
+//! enforcement and typed errors.
+
+mod support;
+
+use std::time::Duration;
+
+use http::{Request, Response};
+use support::{CallCounter, DropCounter};
+use tokio::time::advance;
+use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
+use tower::{service_fn, BoxError, Layer, ServiceBuilder, ServiceExt};
+use tower_deadline::error::{DeadlineExceeded, InsufficientBudget};
+use tower_deadline::{ClientDeadlineLayer, Deadline};
+use tower_service::Service;
+
+/// What `echo` saw: the millisecond header, `grpc-timeout` and the deadline.
+type Echo = (Option<String>, Option<String>, Option<Deadline>);
+
+/// An inner service that echoes the request's budget header and deadline.
+fn echo(
+    calls: CallCounter,
+) -> impl Service<Request<()>, Response = Response<Echo>, Error = BoxError> + Clone {
+    service_fn(move |req: Request<()>| {
+        calls.hit();
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        let body = (
+            header("x-request-timeout-ms"),
+            header("grpc-timeout"),
+            Deadline::from_extensions(req.extensions()),
+        );
+        async move { Ok::<_, BoxError>(Response::new(body)) }
+    })
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn without_any_deadline_the_request_passes_untouched() {
+    let calls = CallCounter::default();
+    let svc = ClientDeadlineLayer::new().layer(echo(calls.clone()));
+    let (ms, grpc, ext) = svc.oneshot(Request::new(())).await.unwrap().into_body();
+    assert_eq!((ms, grpc, ext), (None, None, None));
+    assert_eq!(calls.calls(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn default_timeout_is_written_and_inserted() {
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_millis(750))
+        .layer(echo(CallCounter::default()));
+    let (ms, grpc, ext) = svc.oneshot(Request::new(())).await.unwrap().into_body();
+    assert_eq!(ms.as_deref(), Some("750"));
+    assert_eq!(grpc, None);
+    assert_eq!(ext.unwrap().remaining(), Duration::from_millis(750));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn task_local_deadline_is_inherited_and_measured_at_send_time() {
+    let svc = ClientDeadlineLayer::new()
+        .margin(Duration::from_millis(10))
+        .layer(echo(CallCounter::default()));
+    let deadline = Deadline::after(Duration::from_millis(300));
+    let (ms, _, ext) = deadline
+        .scope(async move {
+            // Time spent in the handler before the call shrinks the budget.
+            tokio::time::sleep(Duration::from_millis(120)).await;
+            svc.oneshot(Request::new(())).await
+        })
+        .await
+        .unwrap()
+        .into_body();
+    // 300 - 120 - 10 (margin)
+    assert_eq!(ms.as_deref(), Some("170"));
+    assert_eq!(ext, Some(deadline));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_earliest_of_extension_task_local_and_default_wins() {
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_millis(500))
+        .layer(echo(CallCounter::default()));
+
+    let cases = [
+        // (extension, task-local, expected header)
+        (Some(100), Some(200), "100"),
+        (Some(300), Some(200), "200"),
+        (Some(900), Some(800), "500"),
+        (None, Some(50), "50"),
+        (Some(70), None, "70"),
+        (None, None, "500"),
+    ];
+    for (ext, scoped, want) in cases {
+        let mut req = Request::new(());
+        if let Some(ms) = ext {
+            req.extensions_mut()
+                .insert(Deadline::after(Duration::from_millis(ms)));
+        }
+        let call = svc.clone().oneshot(req);
+        let response = match scoped {
+            Some(ms) => Deadline::after(Duration::from_millis(ms)).scope(call).await,
+            None => call.await,
+        };
+        let (ms, _, _) = response.unwrap().into_body();
+        assert_eq!(ms.as_deref(), Some(want), "{ext:?} {scoped:?}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn grpc_requests_get_grpc_timeout_instead_of_the_http_header() {
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_millis(1500))
+        .layer(echo(CallCounter::default()));
+    let req = Request::builder()
+        .header("content-type", "application/grpc+proto")
+        .header("grpc-timeout", "1H") // replaced
+        .body(())
+        .unwrap();
+    let (ms, grpc, _) = svc.oneshot(req).await.unwrap().into_body();
+    assert_eq!(ms, None);
+    assert_eq!(grpc.as_deref(), Some("1500m"));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_existing_header_is_replaced_not_duplicated() {
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_millis(40))
+        .layer(service_fn(|req: Request<()>| async move {
+            let values: Vec<_> = req
+                .headers()
+                .get_all("x-request-timeout-ms")
+                .iter()
+                .cloned()
+                .collect();
+            Ok::<_, BoxError>(Response::new(values))
+        }));
+    let req = Request::builder()
+        .header("x-request-timeout-ms", "99999")
+        .body(())
+        .unwrap();
+    let values = svc.oneshot(req).await.unwrap().into_body();
+    assert_eq!(values, ["40"]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn no_http_header_still_enforces_locally() {
+    let drops = DropCounter::default();
+    let svc = ClientDeadlineLayer::new()
+        .no_http_header()
+        .default_timeout(Duration::from_millis(10))
+        .layer(hanging(drops.clone(), CallCounter::default()));
+    let err = svc.oneshot(Request::new(())).await.unwrap_err();
+    assert!(err.is::<DeadlineExceeded>());
+    assert_eq!(drops.dropped(), 1);
+}
+
+fn hanging(
+    drops: DropCounter,
+    calls: CallCounter,
+) -> impl Service<Request<()>, Response = Response<()>, Error = BoxError> + Clone {
+    service_fn(move |_req: Request<()>| {
+        calls.hit();
+        let guard = drops.guard();
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+            Ok::<_, BoxError>(Response::new(()))
+        }
+    })
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_call_is_cut_exactly_at_the_deadline() {
+    let drops = DropCounter::default();
+    let mut svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_millis(200))
+        .layer(hanging(drops.clone(), CallCounter::default()));
+    let mut fut = task::spawn(svc.call(Request::new(())));
+    assert_pending!(fut.poll());
+    advance(Duration::from_millis(199)).await;
+    assert_pending!(fut.poll());
+    assert_eq!(drops.dropped(), 0);
+    advance(Duration::from_millis(1)).await;
+    assert!(fut.is_woken());
+    let err = assert_ready!(fut.poll()).unwrap_err();
+    assert!(err.is::<DeadlineExceeded>(), "{err}");
+    assert_eq!(err.to_string(), "deadline exceeded");
+    assert_eq!(
+        drops.dropped(),
+        1,
+        "the inner call must be cancelled at the deadline"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_expired_deadline_fails_without_calling_inner() {
+    let calls = CallCounter::default();
+    let svc = ClientDeadlineLayer::new().layer(hanging(DropCounter::default(), calls.clone()));
+    let deadline = Deadline::after(Duration::from_millis(5));
+    advance(Duration::from_millis(5)).await;
+    let err = deadline
+        .scope(svc.oneshot(Request::new(())))
+        .await
+        .unwrap_err();
+    let refused = err
+        .downcast_ref::<InsufficientBudget>()
+        .expect("typed error");
+    assert_eq!(refused.remaining(), Duration::ZERO);
+    assert_eq!(err.to_string(), "deadline already passed before the call");
+    assert_eq!(calls.calls(), 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn min_remaining_is_a_boundary_one_below_at_and_above() {
+    let calls = CallCounter::default();
+    let svc = ClientDeadlineLayer::new()
+        .min_remaining(Duration::from_millis(20))
+        .layer(echo(calls.clone()));
+    for (budget, called) in [(19, false), (20, true), (21, true)] {
+        let before = calls.calls();
+        let result = Deadline::after(Duration::from_millis(budget))
+            .scope(svc.clone().oneshot(Request::new(())))
+            .await;
+        assert_eq!(result.is_ok(), called, "budget {budget}");
+        assert_eq!(calls.calls() - before, usize::from(called));
+        if let Err(err) = result {
+            let refused = err.downcast_ref::<InsufficientBudget>().unwrap();
+            assert_eq!(refused.remaining(), Duration::from_millis(budget));
+            assert_eq!(refused.required(), Duration::from_millis(20));
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn errors_downcast_behind_a_second_layer() {
+    let svc = ServiceBuilder::new()
+        .map_err(|e: BoxError| -> BoxError { e })
+        .layer(tower::timeout::TimeoutLayer::new(Duration::from_secs(60)))
+        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_millis(10)))
+        .service(hanging(DropCounter::default(), CallCounter::default()));
+    let err = svc.oneshot(Request::new(())).await.unwrap_err();
+    assert!(err.is::<DeadlineExceeded>());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn inner_errors_pass_through() {
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_secs(1))
+        .layer(service_fn(|_req: Request<()>| async {
+            Err::<Response<()>, BoxError>("connection refused".into())
+        }));
+    let err = svc.oneshot(Request::new(())).await.unwrap_err();
+    assert_eq!(err.to_string(), "connection refused");
+    assert!(!err.is::<DeadlineExceeded>());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn readiness_is_forwarded_and_calls_pass_through() {
+    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<Request<()>, Response<()>, _>(
+        ClientDeadlineLayer::new().default_timeout(Duration::from_secs(1)),
+    );
+    handle.allow(0);
+    assert_pending!(svc.poll_ready());
+    handle.allow(1);
+    assert_ready_ok!(svc.poll_ready());
+    let fut = svc.call(Request::new(()));
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.headers()["x-request-timeout-ms"], "1000");
+    send.send_response(Response::new(()));
+    fut.await.unwrap();
+}
