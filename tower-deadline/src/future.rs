@@ -199,10 +199,18 @@ where
         match state.as_mut().project() {
             ClientStateProj::Unbounded { inner } => inner.poll(cx).map_err(Into::into),
             ClientStateProj::Bounded { inner, sleep } => {
-                if let Poll::Ready(out) = inner.poll(cx) {
-                    return Poll::Ready(out.map_err(Into::into));
+                match inner.poll(cx) {
+                    // An error in the tick of the deadline is usually a
+                    // timer below (tonic's `Channel` runs one from the header
+                    // we wrote) hitting the same deadline: report ours. A
+                    // response that made it in time is kept.
+                    Poll::Ready(Err(e)) if !sleep.is_elapsed() => {
+                        return Poll::Ready(Err(e.into()));
+                    }
+                    Poll::Ready(Ok(response)) => return Poll::Ready(Ok(response)),
+                    Poll::Ready(Err(_)) => {}
+                    Poll::Pending => ready!(sleep.poll(cx)),
                 }
-                ready!(sleep.poll(cx));
                 tracing::debug!("deadline passed; cancelling the outgoing call");
                 state.set(ClientState::Done);
                 Poll::Ready(Err(DeadlineExceeded::new().into()))

@@ -156,15 +156,23 @@
 //!
 //! tonic's `Server` parses `grpc-timeout` itself and, when that timer fires,
 //! answers CANCELLED. Its timer sits *outside* the layers added with
-//! `Server::builder().layer(ServerDeadlineLayer::new())`, and it polls the
-//! inner future before its own timer. This layer therefore expires gRPC
-//! requests [`grpc_lead`](ServerDeadlineLayer::grpc_lead) (1 ms) earlier, so
-//! that it is the one that answers, with DEADLINE_EXCEEDED; the two timers
-//! never both answer. Serving the tonic routes through `axum::serve` instead
-//! leaves this layer as the only timer. On the client side, tonic's
-//! `Endpoint::timeout` writes `grpc-timeout` itself; with
-//! [`ClientDeadlineLayer`] below the channel's other layers the header
-//! carries the caller's remaining budget instead.
+//! `Server::builder().layer(ServerDeadlineLayer::new())`, starts a few
+//! microseconds earlier, and polls the inner future before itself. Both
+//! timers usually fire in the same tick, and then this layer's answer wins;
+//! to make sure it also wins when a millisecond boundary falls between the
+//! two, this layer expires gRPC requests
+//! [`grpc_lead`](ServerDeadlineLayer::grpc_lead) (1 ms) early. The caller
+//! sees DEADLINE_EXCEEDED, never CANCELLED (`tests/tonic_server.rs` checks
+//! both behaviours against a real tonic server). Serving the tonic routes
+//! through `axum::serve` instead leaves this layer as the only timer.
+//!
+//! On the client side, tonic's `Channel` also runs a timer from the
+//! `grpc-timeout` header it finds, which [`ClientDeadline`] writes when
+//! stacked above the channel. When that timer and this layer's deadline
+//! fire in the same tick, the caller gets
+//! [`DeadlineExceeded`](error::DeadlineExceeded); with a
+//! [`margin`](ClientDeadlineLayer::margin) the channel's timer fires first
+//! and its own timeout error is returned unchanged.
 //!
 //! # Why propagate deadlines?
 //!

@@ -245,6 +245,35 @@ async fn errors_downcast_behind_a_second_layer() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_inner_timeout_in_the_deadline_tick_is_reported_as_deadline_exceeded() {
+    // tonic's Channel runs its own timer from the grpc-timeout header we
+    // write; when it fires in the same tick as ours, the caller must get our
+    // typed error, not the transport's.
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_millis(30))
+        .layer(service_fn(|req: Request<()>| async move {
+            let deadline = Deadline::from_extensions(req.extensions()).unwrap();
+            tokio::time::sleep_until(deadline.instant()).await;
+            Err::<Response<()>, BoxError>("transport timer expired".into())
+        }));
+    let err = svc.oneshot(Request::new(())).await.unwrap_err();
+    assert!(err.is::<DeadlineExceeded>(), "{err}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_response_in_the_deadline_tick_is_kept() {
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_millis(30))
+        .layer(service_fn(|req: Request<()>| async move {
+            let deadline = Deadline::from_extensions(req.extensions()).unwrap();
+            tokio::time::sleep_until(deadline.instant()).await;
+            Ok::<_, BoxError>(Response::new("late but here"))
+        }));
+    let response = svc.oneshot(Request::new(())).await.unwrap();
+    assert_eq!(response.into_body(), "late but here");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn inner_errors_pass_through() {
     let svc = ClientDeadlineLayer::new()
         .default_timeout(Duration::from_secs(1))
