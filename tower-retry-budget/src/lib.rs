@@ -1,6 +1,337 @@
-//! Retries for tower services that cannot turn into a retry storm.
+//! Retries for tower services that cannot turn into a retry storm: full
+//! jitter, a 10% retry budget, deadline awareness and one tier of retries.
 //!
-//! This crate is being built: it will provide a retry layer with exponential
-//! backoff and full jitter, capped by a 10% retry budget shared by all clones,
-//! retrying only transient failures of idempotent requests and never past the
-//! caller's deadline (read through `tower-deadline`).
+//! # Example
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
+//! use tower_retry_budget::{body::ReplayBody, RetryLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! // A dependency that is unavailable once, then answers.
+//! let calls = Arc::new(AtomicUsize::new(0));
+//! let dependency = service_fn({
+//!     let calls = calls.clone();
+//!     move |_req: http::Request<ReplayBody<String>>| {
+//!         let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+//!         async move {
+//!             let mut response = http::Response::new("ok");
+//!             if first {
+//!                 *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+//!             }
+//!             Ok::<_, BoxError>(response)
+//!         }
+//!     }
+//! });
+//!
+//! let layer = RetryLayer::new();
+//! let client = ServiceBuilder::new().layer(layer.clone()).service(dependency);
+//!
+//! let response = client.oneshot(http::Request::new(String::new())).await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(calls.load(Ordering::SeqCst), 2);
+//! assert_eq!(layer.counters().retries, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! For each request, [`Retry`] counts the request in the budget and sends
+//! it. When the outcome is a *retryable failure* and the request may be
+//! repeated, it sleeps a jittered backoff and sends it again, until it
+//! succeeds or a limit says stop. What it checks, in order:
+//!
+//! 1. **Is the failure retryable?** Asked of the [`Policy`] (default
+//!    [`DefaultPolicy`]): connection errors and timeouts (any error of the
+//!    inner service), `502`, `503`, `504`; `429` only with a `Retry-After`;
+//!    a trailers-only gRPC answer with `grpc-status: 14` (UNAVAILABLE).
+//!    Never other 4xx or 5xx. A `Retry-After` (delta seconds or HTTP date)
+//!    or a `grpc-retry-pushback-ms` sets the least delay; a negative or
+//!    malformed pushback means never. Whatever the policy says, a response
+//!    carrying [`NO_RETRY_HEADER`] and a local rejection
+//!    ([`policy::is_local_rejection`]: this crate's errors and
+//!    `tower-deadline`'s) are never retried.
+//! 2. **May the request be repeated?** It must be idempotent (`GET`,
+//!    `HEAD`, `OPTIONS`, `PUT`, `DELETE`, `TRACE`) or carry an
+//!    `Idempotency-Key` header; the rule is the policy's
+//!    [`is_retryable_request`](Policy::is_retryable_request). Its body must
+//!    be replayable (see [`body`]).
+//! 3. **Attempts:** at most [`max_attempts`](RetryLayer::max_attempts) in
+//!    total.
+//! 4. **Server delay:** a server may not ask for more than
+//!    [`max_server_delay`](RetryLayer::max_server_delay).
+//! 5. **Deadline:** the delay is the backoff, or the server's delay if
+//!    longer. If the request has a deadline (the earliest of the
+//!    `tower_deadline::Deadline` in its extensions and
+//!    `tower_deadline::Deadline::current()`), the retry is made only if at
+//!    least [`min_remaining`](RetryLayer::min_remaining) is left after the
+//!    delay: the layer never sleeps past the deadline, and never starts an
+//!    attempt that cannot get the minimum slice.
+//! 6. **Budget:** the [`RetryBudget`] must have room (see below).
+//!
+//! The first check that fails ends the retries, and the outcome says which
+//! ([`StopReason`]): a response gets a [`GaveUp`] extension, and an error
+//! ended by a limit is wrapped in the error that names it (see
+//! [`error`]).
+//!
+//! | knob | default | meaning |
+//! |---|---|---|
+//! | [`max_attempts`](RetryLayer::max_attempts) | 3 | attempts in total, the first included |
+//! | [`backoff`](RetryLayer::backoff) | full jitter, 50 ms base, 1 s cap | `random(0, min(cap, base * 2^n))` before retry `n`; [`Backoff::decorrelated`] as an option |
+//! | [`random`](RetryLayer::random) | [`ProcessRandom`] | per-request jitter seeds; [`SeededRandom`] in tests |
+//! | [`budget`](RetryLayer::budget) | [`RetryBudget::new`] | shared by every service of the layer |
+//! | [`RetryBudget::ratio`] | 0.1 | retries per request over the window |
+//! | [`RetryBudget::min_per_sec`] | 5 | floor of retries per second of window |
+//! | [`RetryBudget::window`] | 10 s | sliding window, ten buckets |
+//! | [`min_remaining`](RetryLayer::min_remaining) | 10 ms | least deadline slice for an attempt |
+//! | [`max_server_delay`](RetryLayer::max_server_delay) | 10 s | longest `Retry-After` / pushback obeyed |
+//! | [`body_limit`](RetryLayer::body_limit) | 64 KiB | most request body bytes buffered for replay |
+//! | [`clone_bodies`](RetryLayer::clone_bodies) | off | replay `Clone` bodies by cloning instead |
+//! | [`attempt_header`](RetryLayer::attempt_header) | [`RETRY_ATTEMPT_HEADER`] | attempt number on HTTP retries |
+//! | [`policy`](RetryLayer::policy) | [`DefaultPolicy`] | what is retried |
+//!
+//! **Jitter is per request.** Each request that needs a retry draws one
+//! seed from the [`RandomSource`] and its own delays from it, so requests
+//! that fail together come back at different moments.
+//!
+//! **The budget.** Over a sliding window, retries may be at most
+//! `ratio * requests + min_per_sec * window`. Every request deposits one;
+//! every retry withdraws one or is refused. The budget lives in the layer,
+//! so every service built by [`Layer::layer`](tower_layer::Layer::layer)
+//! (axum and hyper call it once per connection) and every clone share it.
+//! Counting a request and claiming a retry are lock-free; see
+//! [`RetryBudget`].
+//!
+//! **Retry in one tier.** When a limit (attempts, budget, deadline) ends
+//! the retries of a retryable failure that is a response, the layer sets
+//! [`NO_RETRY_HEADER`] (`x-tower-no-retry: 1`) on it, so that a tier above
+//! that uses this crate does not retry it again. When this layer receives a
+//! response carrying that header, it does not retry it and removes the
+//! header before passing the response on: the signal travels one hop. The
+//! bulkhead and breaker of this toolkit put the same header on their `503`
+//! answers. Errors ended by a limit become this crate's errors, which
+//! another [`Retry`] never retries.
+//!
+//! **Retries say so on the wire.** Every retry (never the first attempt)
+//! carries its attempt number: `grpc-previous-rpc-attempts` (the number of
+//! earlier attempts) on gRPC requests (content type
+//! `application/grpc...`), [`RETRY_ATTEMPT_HEADER`] (`x-retry-attempt`,
+//! the attempt's number, 2 for the first retry) on others.
+//!
+//! **The breaker hook.** When the request's extensions hold an
+//! [`AttemptHandle`] for the inner service's response type, the layer
+//! records every attempt's outcome and duration on it and asks it before
+//! every retry; an `Err` stops the retries at once with that error. See
+//! [`AttemptHook`].
+//!
+//! **Observability.** A `tracing` event at `DEBUG` for every retry
+//! (`attempt`, `delay_ms`, `reason`), every refusal by the budget and every
+//! give-up; counters of requests, retries and refusals from
+//! [`RetryLayer::counters`] and [`Retry::counters`].
+//!
+//! # Readiness
+//!
+//! `poll_ready` forwards the inner service's readiness, nothing else: the
+//! decision to retry is taken in the response future, which polls its own
+//! clone of the inner service for readiness before each retry. The layer
+//! never waits in `poll_ready` for a budget or a backoff.
+//!
+//! # Errors
+//!
+//! The error type is [`BoxError`]. It is the inner service's error
+//! unchanged when the error was not retryable, the hook's error when the
+//! hook stopped the retries, and [`AttemptsExhausted`](error::AttemptsExhausted),
+//! [`BudgetExhausted`](error::BudgetExhausted) or
+//! [`DeadlineTooClose`](error::DeadlineTooClose) (with the last error as
+//! `source()`) when a limit ended the retries of a retryable error.
+//! Downcast them with `err.is::<T>()` or `err.downcast_ref::<T>()`; see
+//! [`error`].
+//!
+//! # Ordering
+//!
+//! The order of the toolkit, outermost first:
+//!
+//! ```text
+//! DeadlineLayer        one budget for the whole logical call
+//! BreakerLayer         fails fast while open; sees every attempt through the hook
+//! RetryLayer           this crate: backoff, budget, stops when the breaker opens
+//! BulkheadLayer        caps attempts in flight; its rejections are not retried
+//! ClientDeadlineLayer  a fresh deadline header and cut-off for each attempt
+//! transport
+//! ```
+//!
+//! The breaker goes *outside* the retries but still counts every attempt:
+//! it inserts an [`AttemptHandle`] into the request, and this layer records
+//! each attempt on it and asks it before each retry. Contrast with the two
+//! naive stacks:
+//!
+//! ```text
+//! BreakerLayer   sees one failure where           RetryLayer     retries against an
+//!   RetryLayer   the dependency saw three           BreakerLayer   open circuit: every
+//!     transport                                       transport    retry fails fast,
+//!                                                                  for nothing
+//! ```
+//!
+//! A timeout per attempt goes *below* this layer (so each attempt is cut,
+//! and a timeout is retried); a timeout for the whole call goes above it.
+//! Load shedding goes above it: a shed request must not be retried.
+//!
+//! # Using with axum and HTTP clients
+//!
+//! This layer is for the *client* side: wrap the client a handler uses to
+//! call its dependencies, not the router. With hyper's client the inner
+//! service receives [`body::ReplayBody`], a `Body` with `Bytes` data:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
+//! use tower_retry_budget::body::ReplayBody;
+//! use tower_retry_budget::RetryLayer;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), BoxError> {
+//! // Stands for `hyper_util::client::legacy::Client<_, ReplayBody<Full<Bytes>>>`.
+//! let transport = service_fn(|_req: http::Request<ReplayBody<Full<Bytes>>>| async {
+//!     Ok::<_, Infallible>(http::Response::new(()))
+//! });
+//! let client = ServiceBuilder::new()
+//!     .layer(RetryLayer::new())
+//!     .service(transport);
+//!
+//! // Build it once per process (or share the layer), and clone it per call.
+//! let request = http::Request::get("http://inventory/items")
+//!     .body(Full::new(Bytes::from_static(b"")))?;
+//! let response = client.clone().oneshot(request).await?;
+//! assert_eq!(response.status(), 200);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Inside an axum handler, the task-local deadline set by
+//! `tower_deadline::ServerDeadlineLayer` is picked up automatically, so the
+//! retries of a dependency call stop in time for the caller. For tonic
+//! channels and other clients whose body type is fixed, keep [`Buffered`]
+//! bodies and map the body type, or use
+//! [`clone_bodies`](RetryLayer::clone_bodies) when the body is `Clone`.
+//!
+//! # Why a budget instead of max retries?
+//!
+//! A maximum number of attempts bounds the retries of *one* request; it
+//! does nothing for the load when *every* request fails. With three
+//! attempts, a dependency that is down receives three times its normal
+//! traffic, exactly when it can least afford it, and three tiers that each
+//! retry three times send it 27 calls per user action. A budget bounds the
+//! retries of the whole client: with 10%, a dependency that is down sees at
+//! most about 1.1 times the requests, while isolated failures of a healthy
+//! dependency are still retried (they are far fewer than 10%). The floor
+//! keeps that true for quiet clients.
+//!
+//! We default to 10%, the figure of Google's SRE book, rather than the 20%
+//! of Finagle, Envoy and tower, for three reasons. Budgets compound across
+//! tiers: 20% is 1.2x per tier and 1.73x across three, 10% is 1.33x.
+//! The extra load arrives exactly when the dependency is overloaded or
+//! recovering, and every retry it cannot serve delays its recovery. And a
+//! healthy dependency fails far less than 10% of the time, so the stricter
+//! ratio costs nothing in normal operation: it only bites during an
+//! incident, when retries no longer help anyway.
+//!
+//! # Pitfalls
+//!
+//! - **Build the layer once.** The budget is created by
+//!   [`RetryLayer::new`]; a layer built per request gets a fresh budget each
+//!   time and never refuses anything.
+//! - **Handlers that rebuild answers drop the signal.** A handler that maps
+//!   a downstream failure to its own response must copy [`NO_RETRY_HEADER`]
+//!   (or add it) for the tier above to see it; the layer does so on the
+//!   responses it returns, not on the handler's.
+//! - **The attempt hook's type must match.** The layer looks up
+//!   `AttemptHandle<S::Response>` exactly; a handle for another response
+//!   type is silently ignored.
+//! - **A `POST` needs a key.** Non-idempotent requests are never retried
+//!   unless they carry `Idempotency-Key`, which the server must honour.
+//! - **Large request bodies are sent once.** Raise
+//!   [`body_limit`](RetryLayer::body_limit) or use
+//!   [`clone_bodies`](RetryLayer::clone_bodies) if they must be retried.
+//! - **Time is paused in tests, not the wall clock.** `Retry-After` HTTP
+//!   dates are compared with `SystemTime::now()`.
+//!
+//! # Feature flags
+//!
+//! - `deadline` (default): read the deadline from `tower-deadline` (the
+//!   request's extensions and the task-local scope) and never retry its
+//!   errors. Without it, retries are not limited by a deadline.
+//! - `tower`: implement `tower::retry::budget::Budget` for [`RetryBudget`],
+//!   so it can back `tower::retry` policies too.
+//!
+//! # Minimum supported Rust version
+//!
+//! The MSRV is the `rust-version` in `Cargo.toml`, the stable toolchain this
+//! crate is built and tested with; raising it is not a breaking change but
+//! is noted in the changelog.
+
+mod backoff;
+pub mod body;
+mod budget;
+pub mod error;
+pub mod future;
+mod hook;
+mod layer;
+mod outcome;
+pub mod policy;
+mod service;
+
+use http::HeaderName;
+
+pub use backoff::{Backoff, ProcessRandom, RandomSource, SeededRandom};
+pub use body::{Buffered, CloneBody};
+pub use budget::{Counters, RetryBudget, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW};
+pub use hook::{AttemptHandle, AttemptHook};
+pub use layer::{
+    RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,
+};
+pub use outcome::{GaveUp, StopReason};
+pub use policy::{DefaultPolicy, Policy, Verdict};
+pub use service::Retry;
+
+/// The boxed error type of [`Retry`], as in tower.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The "do not retry" signal: `x-tower-no-retry: 1`.
+///
+/// Set on a failed response by this layer when a limit ended its retries,
+/// and by the toolkit's bulkhead and breaker on their `503` answers. A
+/// [`Retry`] that receives a response carrying it never retries that
+/// response, and removes the header before passing the response on, so
+/// the signal travels exactly one hop.
+///
+/// # Example
+///
+/// ```
+/// use tower_retry_budget::NO_RETRY_HEADER;
+///
+/// let response = http::Response::builder()
+///     .status(503)
+///     .header(NO_RETRY_HEADER, "1")
+///     .body(())
+///     .unwrap();
+/// assert_eq!(response.headers()["x-tower-no-retry"], "1");
+/// ```
+pub const NO_RETRY_HEADER: HeaderName = HeaderName::from_static("x-tower-no-retry");
+
+/// The attempt number on retries of plain HTTP requests: `x-retry-attempt`.
+///
+/// `2` on the first retry, `3` on the second, absent on first attempts.
+/// Replace it with [`RetryLayer::attempt_header`].
+pub const RETRY_ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-retry-attempt");
+
+/// The number of earlier attempts on retries of gRPC requests:
+/// `grpc-previous-rpc-attempts` (`1` on the first retry), as in gRPC's
+/// retry design.
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");

@@ -1,0 +1,399 @@
+//! Backoff between attempts and the random source behind its jitter.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The increment of splitmix64 (the golden ratio in 64 bits).
+const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// How long to wait before each retry.
+///
+/// Both strategies are exponential with a cap and draw their delays from a
+/// per-request random sequence (see [`RandomSource`]), so that callers that
+/// fail at the same moment do not come back at the same moment.
+///
+/// - [`Backoff::full_jitter`] (the default, 50 ms base and 1 s cap): before
+///   retry `n` (`n = 0` for the first retry) sleep a uniform random time in
+///   `[0, min(cap, base * 2^n)]`. Its mean is half the bound.
+/// - [`Backoff::decorrelated`]: sleep a uniform random time in
+///   `[base, min(cap, 3 * previous)]`, where `previous` starts at `base`.
+///   Delays grow with the previous delay rather than with the attempt
+///   number, and never go below `base`.
+///
+/// A server's explicit delay (`Retry-After`, `grpc-retry-pushback-ms`) is a
+/// lower bound on top of the drawn delay: the layer waits for the larger of
+/// the two.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_budget::{Backoff, RetryLayer};
+///
+/// let layer = RetryLayer::new().backoff(Backoff::decorrelated(
+///     Duration::from_millis(20),
+///     Duration::from_millis(500),
+/// ));
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    kind: Kind,
+    base: Duration,
+    cap: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Full,
+    Decorrelated,
+}
+
+/// A source of seeds for the per-request jitter sequences.
+///
+/// The layer asks for one seed per request, and only when the request is
+/// about to be retried (a request that succeeds first time costs nothing).
+/// From that seed it draws the delays of that request with a small
+/// splitmix64 generator. Two requests must get different seeds: a backoff
+/// that replays the same "random" delays for every request is a retry storm
+/// in lock-step.
+///
+/// The default is [`ProcessRandom`]. Tests inject [`SeededRandom`] to make
+/// delays reproducible.
+///
+/// The trait is object safe; the layer keeps it as an
+/// `Arc<dyn RandomSource>`.
+///
+/// # Example
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use tower_retry_budget::{RandomSource, RetryLayer};
+///
+/// /// Seeds 1, 2, 3, ... (fine for a test, poor in production).
+/// #[derive(Debug, Default)]
+/// struct Counting(AtomicU64);
+///
+/// impl RandomSource for Counting {
+///     fn seed(&self) -> u64 {
+///         self.0.fetch_add(1, Ordering::Relaxed) + 1
+///     }
+/// }
+///
+/// let layer = RetryLayer::new().random(Counting::default());
+/// # let _ = layer;
+/// ```
+pub trait RandomSource: fmt::Debug + Send + Sync + 'static {
+    /// A seed for the jitter of one request; successive calls must return
+    /// different values.
+    fn seed(&self) -> u64;
+}
+
+/// The default [`RandomSource`]: a process-wide splitmix64 sequence on an
+/// atomic counter, mixed with the wall clock.
+///
+/// Each seed is one lock-free `fetch_add` on a counter that starts from the
+/// clock and the address of the source, mixed with the current wall-clock
+/// nanoseconds, so that seeds differ between requests, between layers and
+/// between processes started at the same moment. It is not a cryptographic
+/// generator and does not need to be.
+///
+/// # Example
+///
+/// ```
+/// use tower_retry_budget::{ProcessRandom, RandomSource};
+///
+/// let random = ProcessRandom::new();
+/// assert_ne!(random.seed(), random.seed());
+/// ```
+pub struct ProcessRandom {
+    counter: AtomicU64,
+}
+
+/// A deterministic [`RandomSource`] for tests: the splitmix64 sequence that
+/// starts at a fixed seed.
+///
+/// Successive seeds still differ (so per-request independence holds), but
+/// the whole run is reproducible.
+///
+/// # Example
+///
+/// ```
+/// use tower_retry_budget::{RandomSource, SeededRandom};
+///
+/// let a = SeededRandom::new(7);
+/// let b = SeededRandom::new(7);
+/// assert_eq!(a.seed(), b.seed());
+/// assert_ne!(a.seed(), a.seed());
+/// ```
+pub struct SeededRandom {
+    counter: AtomicU64,
+}
+
+/// The per-request generator: splitmix64 state plus the previous delay (for
+/// decorrelated jitter).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Jitter {
+    state: u64,
+    previous: Duration,
+}
+
+// === impl Backoff ===
+
+impl Backoff {
+    /// The default backoff: full jitter with a 50 ms base and a 1 s cap.
+    pub const DEFAULT: Backoff =
+        Backoff::full_jitter(Duration::from_millis(50), Duration::from_secs(1));
+
+    /// Full jitter: before retry `n` (from 0), a uniform delay in
+    /// `[0, min(cap, base * 2^n)]`.
+    #[must_use]
+    pub const fn full_jitter(base: Duration, cap: Duration) -> Self {
+        Self {
+            kind: Kind::Full,
+            base,
+            cap,
+        }
+    }
+
+    /// Decorrelated jitter: a uniform delay in `[base, min(cap, 3 *
+    /// previous)]`, where `previous` is the request's previous delay and
+    /// starts at `base`.
+    #[must_use]
+    pub const fn decorrelated(base: Duration, cap: Duration) -> Self {
+        Self {
+            kind: Kind::Decorrelated,
+            base,
+            cap,
+        }
+    }
+
+    /// The base delay.
+    #[must_use]
+    pub const fn base(&self) -> Duration {
+        self.base
+    }
+
+    /// The cap on any delay.
+    #[must_use]
+    pub const fn cap(&self) -> Duration {
+        self.cap
+    }
+
+    /// The upper bound of the full-jitter delay before retry `n` (from 0):
+    /// `min(cap, base * 2^n)`, saturating instead of overflowing.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_budget::Backoff;
+    ///
+    /// let b = Backoff::full_jitter(Duration::from_millis(100), Duration::from_secs(1));
+    /// assert_eq!(b.bound(0), Duration::from_millis(100));
+    /// assert_eq!(b.bound(2), Duration::from_millis(400));
+    /// assert_eq!(b.bound(10), Duration::from_secs(1));
+    /// ```
+    #[must_use]
+    pub fn bound(&self, n: u32) -> Duration {
+        let factor = 1u32.checked_shl(n).unwrap_or(u32::MAX);
+        self.base
+            .checked_mul(factor)
+            .unwrap_or(Duration::MAX)
+            .min(self.cap)
+    }
+
+    /// The delay before retry `n` (from 0), drawn from `jitter`.
+    pub(crate) fn delay(&self, n: u32, jitter: &mut Jitter) -> Duration {
+        match self.kind {
+            Kind::Full => uniform(Duration::ZERO, self.bound(n), jitter.next()),
+            Kind::Decorrelated => {
+                let high = jitter
+                    .previous
+                    .max(self.base)
+                    .saturating_mul(3)
+                    .min(self.cap);
+                let low = self.base.min(high);
+                let delay = uniform(low, high, jitter.next());
+                jitter.previous = delay;
+                delay
+            }
+        }
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// A uniform duration in `[low, high]` (nanosecond resolution) from 64
+/// random bits, by multiply-and-shift.
+fn uniform(low: Duration, high: Duration, bits: u64) -> Duration {
+    let span = high
+        .saturating_sub(low)
+        .as_nanos()
+        .min(u128::from(u64::MAX - 1)) as u64;
+    let offset = ((u128::from(bits) * (u128::from(span) + 1)) >> 64) as u64;
+    low.saturating_add(Duration::from_nanos(offset))
+}
+
+/// The splitmix64 output function.
+const fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn wall_clock_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+// === impl Jitter ===
+
+impl Jitter {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self {
+            state: seed,
+            previous: Duration::ZERO,
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(GAMMA);
+        mix(self.state)
+    }
+}
+
+// === impl ProcessRandom ===
+
+impl ProcessRandom {
+    /// A source seeded from the wall clock and its own address.
+    #[must_use]
+    pub fn new() -> Self {
+        let this = Self {
+            counter: AtomicU64::new(0),
+        };
+        let start = mix(wall_clock_nanos() ^ (&this as *const Self as u64));
+        this.counter.store(start, Ordering::Relaxed);
+        this
+    }
+}
+
+impl Default for ProcessRandom {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RandomSource for ProcessRandom {
+    fn seed(&self) -> u64 {
+        let n = self.counter.fetch_add(GAMMA, Ordering::Relaxed);
+        mix(n ^ mix(wall_clock_nanos()))
+    }
+}
+
+impl fmt::Debug for ProcessRandom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessRandom").finish_non_exhaustive()
+    }
+}
+
+// === impl SeededRandom ===
+
+impl SeededRandom {
+    /// The sequence that starts at `seed`.
+    #[must_use]
+    pub const fn new(seed: u64) -> Self {
+        Self {
+            counter: AtomicU64::new(seed),
+        }
+    }
+}
+
+impl RandomSource for SeededRandom {
+    fn seed(&self) -> u64 {
+        let n = self
+            .counter
+            .fetch_add(GAMMA, Ordering::Relaxed)
+            .wrapping_add(GAMMA);
+        mix(n)
+    }
+}
+
+impl fmt::Debug for SeededRandom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SeededRandom").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn bound_doubles_then_caps_without_overflow() {
+        let b = Backoff::full_jitter(10 * MS, 100 * MS);
+        let bounds: Vec<_> = (0..6).map(|n| b.bound(n)).collect();
+        assert_eq!(
+            bounds,
+            [10 * MS, 20 * MS, 40 * MS, 80 * MS, 100 * MS, 100 * MS]
+        );
+        assert_eq!(b.bound(u32::MAX), 100 * MS);
+        let huge = Backoff::full_jitter(Duration::MAX, Duration::MAX);
+        assert_eq!(huge.bound(3), Duration::MAX);
+    }
+
+    #[test]
+    fn uniform_stays_in_range_and_hits_both_ends() {
+        assert_eq!(uniform(MS, 3 * MS, 0), MS);
+        assert_eq!(uniform(MS, 3 * MS, u64::MAX), 3 * MS);
+        assert_eq!(uniform(5 * MS, 5 * MS, 12345), 5 * MS);
+        // Inverted bounds never panic and collapse to the low end.
+        assert_eq!(uniform(5 * MS, MS, u64::MAX), 5 * MS);
+    }
+
+    #[test]
+    fn full_jitter_mean_is_half_the_bound() {
+        let b = Backoff::full_jitter(100 * MS, 10_000 * MS);
+        let mut j = Jitter::new(42);
+        let n = 20_000;
+        let total: Duration = (0..n).map(|_| b.delay(1, &mut j)).sum();
+        let mean = total / n;
+        // bound(1) = 200 ms: mean within 2% of 100 ms.
+        assert!(mean > 98 * MS && mean < 102 * MS, "{mean:?}");
+    }
+
+    #[test]
+    fn decorrelated_stays_between_base_and_cap() {
+        let b = Backoff::decorrelated(10 * MS, 200 * MS);
+        let mut j = Jitter::new(7);
+        let mut previous = 10 * MS;
+        for _ in 0..1_000 {
+            let d = b.delay(0, &mut j);
+            assert!(d >= 10 * MS && d <= 200 * MS, "{d:?}");
+            assert!(d <= (previous * 3).min(200 * MS));
+            previous = d;
+        }
+    }
+
+    #[test]
+    fn seeds_differ_between_calls_and_sources() {
+        let a = ProcessRandom::new();
+        let b = ProcessRandom::new();
+        let seeds = [a.seed(), a.seed(), b.seed(), b.seed()];
+        for i in 0..seeds.len() {
+            for j in i + 1..seeds.len() {
+                assert_ne!(seeds[i], seeds[j]);
+            }
+        }
+        let s = SeededRandom::new(1);
+        assert_ne!(s.seed(), s.seed());
+    }
+}

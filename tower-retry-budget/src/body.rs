@@ -1,0 +1,410 @@
+//! Replayable request bodies.
+//!
+//! A request can be retried only if its body can be sent again. The layer
+//! has two modes, chosen by a type parameter of [`RetryLayer`]:
+//!
+//! - [`Buffered`] (the default) accepts any [`http_body::Body`]. It wraps
+//!   the body in a [`ReplayBody`] that records the frames (data and
+//!   trailers) as the inner service polls them during the first attempt,
+//!   up to a limit (64 KiB by default), and replays them byte for byte on a
+//!   retry, then continues with the rest of the original body if the first
+//!   attempt did not read it all. A body whose size hint already exceeds
+//!   the limit is passed through without recording; a body that grows past
+//!   the limit while it is sent, or fails, stops being replayable. Either
+//!   way the request is sent once and its failure returned. An empty body
+//!   costs nothing. The inner service sees `Request<ReplayBody<B>>`, with
+//!   `Bytes` data and [`BoxError`] errors, which hyper,
+//!   tonic and reqwest-style clients accept.
+//! - [`CloneBody`] ([`RetryLayer::clone_bodies`]) is for `Clone` bodies such
+//!   as `Full<Bytes>` or `String`: the body is cloned before each attempt
+//!   and the inner service sees `Request<B>` unchanged, with no size limit.
+//!
+//! [`RetryLayer`]: crate::RetryLayer
+//! [`RetryLayer::clone_bodies`]: crate::RetryLayer::clone_bodies
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::error::ReplaySuperseded;
+use crate::BoxError;
+
+/// The default limit of a [`Buffered`] body: 64 KiB.
+pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
+
+/// Replay mode that buffers any body up to a limit (the default); see the
+/// [module docs](self).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Buffered {
+    _p: (),
+}
+
+/// Replay mode for `Clone` bodies, which are cloned for each attempt; see
+/// the [module docs](self).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CloneBody {
+    _p: (),
+}
+
+/// How a replay mode turns the caller's body into the bodies of the
+/// attempts. Implemented by [`Buffered`] and [`CloneBody`] only (sealed).
+pub trait ReplayMode<B>: sealed::Sealed {
+    /// The body type the inner service receives.
+    type Body;
+    /// What the response future keeps in order to replay the body.
+    type Saved;
+
+    /// The first attempt's body, and what is needed to replay it (`None`
+    /// when it cannot be replayed). `retryable` is false when the request
+    /// will not be retried anyway, so nothing needs to be kept.
+    #[doc(hidden)]
+    fn prepare(body: B, limit: usize, retryable: bool) -> (Self::Body, Option<Self::Saved>);
+
+    /// Whether the body can still be replayed (without starting a replay).
+    #[doc(hidden)]
+    fn can_replay(saved: &Self::Saved) -> bool;
+
+    /// The body of another attempt, or `None` when it can no longer be
+    /// replayed. Any body of an earlier attempt is superseded.
+    #[doc(hidden)]
+    fn replay(saved: &Self::Saved) -> Option<Self::Body>;
+}
+
+mod sealed {
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+}
+
+pin_project! {
+    /// A request body that can be sent more than once; see the
+    /// [module docs](self).
+    ///
+    /// Frames are yielded as `Bytes`; errors of the original body are boxed.
+    /// When a retry starts, the body of the previous attempt is superseded
+    /// and fails with [`ReplaySuperseded`] if it is polled again.
+    pub struct ReplayBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Once {
+            #[pin]
+            body: B,
+        },
+        Empty,
+        Tee {
+            shared: Arc<Mutex<Tee<B>>>,
+            generation: u64,
+            // Recorded frames this body has yielded.
+            pos: usize,
+            // Recorded bytes this body has yielded.
+            sent: usize,
+            trailers_sent: bool,
+        },
+    }
+}
+
+/// The state shared by all attempts of one request: the original body and
+/// what has been read of it.
+struct Tee<B> {
+    body: Option<Pin<Box<B>>>,
+    frames: Vec<Bytes>,
+    trailers: Option<HeaderMap>,
+    len: usize,
+    limit: usize,
+    ended: bool,
+    overflowed: bool,
+    failed: bool,
+    generation: u64,
+}
+
+/// What a [`Buffered`] request keeps to replay its body.
+pub struct BufferedReplay<B> {
+    shared: Option<Arc<Mutex<Tee<B>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// === impl Buffered ===
+
+impl sealed::Sealed for Buffered {}
+
+impl<B> ReplayMode<B> for Buffered
+where
+    B: Body,
+{
+    type Body = ReplayBody<B>;
+    type Saved = BufferedReplay<B>;
+
+    fn prepare(
+        body: B,
+        limit: usize,
+        retryable: bool,
+    ) -> (ReplayBody<B>, Option<BufferedReplay<B>>) {
+        if body.is_end_stream() {
+            return (ReplayBody::empty(), Some(BufferedReplay { shared: None }));
+        }
+        if !retryable || body.size_hint().lower() > limit as u64 {
+            return (ReplayBody::once(body), None);
+        }
+        let shared = Arc::new(Mutex::new(Tee {
+            body: Some(Box::pin(body)),
+            frames: Vec::new(),
+            trailers: None,
+            len: 0,
+            limit,
+            ended: false,
+            overflowed: false,
+            failed: false,
+            generation: 0,
+        }));
+        let first = ReplayBody::tee(Arc::clone(&shared), 0);
+        (
+            first,
+            Some(BufferedReplay {
+                shared: Some(shared),
+            }),
+        )
+    }
+
+    fn can_replay(saved: &BufferedReplay<B>) -> bool {
+        saved.shared.as_ref().is_none_or(|shared| {
+            let tee = lock(shared);
+            !tee.overflowed && !tee.failed
+        })
+    }
+
+    fn replay(saved: &BufferedReplay<B>) -> Option<ReplayBody<B>> {
+        let Some(shared) = &saved.shared else {
+            return Some(ReplayBody::empty());
+        };
+        let generation = {
+            let mut tee = lock(shared);
+            if tee.overflowed || tee.failed {
+                return None;
+            }
+            tee.generation += 1;
+            tee.generation
+        };
+        Some(ReplayBody::tee(Arc::clone(shared), generation))
+    }
+}
+
+// === impl CloneBody ===
+
+impl sealed::Sealed for CloneBody {}
+
+impl<B: Clone> ReplayMode<B> for CloneBody {
+    type Body = B;
+    type Saved = B;
+
+    fn prepare(body: B, _limit: usize, retryable: bool) -> (B, Option<B>) {
+        if retryable {
+            (body.clone(), Some(body))
+        } else {
+            (body, None)
+        }
+    }
+
+    fn can_replay(_saved: &B) -> bool {
+        true
+    }
+
+    fn replay(saved: &B) -> Option<B> {
+        Some(saved.clone())
+    }
+}
+
+// === impl ReplayBody ===
+
+impl<B> ReplayBody<B> {
+    fn once(body: B) -> Self {
+        Self {
+            kind: Kind::Once { body },
+        }
+    }
+
+    fn empty() -> Self {
+        Self { kind: Kind::Empty }
+    }
+
+    fn tee(shared: Arc<Mutex<Tee<B>>>, generation: u64) -> Self {
+        Self {
+            kind: Kind::Tee {
+                shared,
+                generation,
+                pos: 0,
+                sent: 0,
+                trailers_sent: false,
+            },
+        }
+    }
+}
+
+impl<B> Body for ReplayBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            KindProj::Empty => Poll::Ready(None),
+            KindProj::Once { body } => body
+                .poll_frame(cx)
+                .map(|frame| frame.map(|r| r.map(|f| f.map_data(into_bytes)).map_err(Into::into))),
+            KindProj::Tee {
+                shared,
+                generation,
+                pos,
+                sent,
+                trailers_sent,
+            } => {
+                let mut tee = lock(shared);
+                if tee.generation != *generation {
+                    return Poll::Ready(Some(Err(ReplaySuperseded::new().into())));
+                }
+                if let Some(data) = tee.frames.get(*pos) {
+                    *pos += 1;
+                    *sent += data.len();
+                    return Poll::Ready(Some(Ok(Frame::data(data.clone()))));
+                }
+                if tee.ended {
+                    if !*trailers_sent {
+                        *trailers_sent = true;
+                        if let Some(trailers) = &tee.trailers {
+                            return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
+                        }
+                    }
+                    return Poll::Ready(None);
+                }
+                let Some(body) = tee.body.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let frame = match body.as_mut().poll_frame(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(frame) => frame,
+                };
+                match frame {
+                    None => {
+                        tee.ended = true;
+                        tee.body = None;
+                        *trailers_sent = true;
+                        Poll::Ready(None)
+                    }
+                    Some(Err(e)) => {
+                        tee.failed = true;
+                        tee.frames = Vec::new();
+                        Poll::Ready(Some(Err(e.into())))
+                    }
+                    Some(Ok(frame)) => {
+                        let frame = frame.map_data(into_bytes);
+                        let tee = &mut *tee;
+                        if let Some(data) = frame.data_ref() {
+                            if !tee.overflowed && tee.len + data.len() <= tee.limit {
+                                tee.len += data.len();
+                                tee.frames.push(data.clone());
+                                *pos = tee.frames.len();
+                                *sent = tee.len;
+                            } else if !tee.overflowed {
+                                tracing::debug!(
+                                    limit = tee.limit,
+                                    "request body over the replay limit; it will not be retried"
+                                );
+                                tee.overflowed = true;
+                                tee.frames = Vec::new();
+                            }
+                        } else if let Some(trailers) = frame.trailers_ref() {
+                            tee.trailers = Some(trailers.clone());
+                            tee.ended = true;
+                            tee.body = None;
+                            *trailers_sent = true;
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Once { body } => body.is_end_stream(),
+            Kind::Tee { .. } => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Once { body } => body.size_hint(),
+            Kind::Tee {
+                shared,
+                generation,
+                sent,
+                ..
+            } => {
+                let tee = lock(shared);
+                if tee.generation != *generation || tee.overflowed {
+                    return SizeHint::default();
+                }
+                let recorded = tee.len.saturating_sub(*sent) as u64;
+                match &tee.body {
+                    None => SizeHint::with_exact(recorded),
+                    Some(body) => {
+                        let rest = body.size_hint();
+                        let mut hint = SizeHint::new();
+                        hint.set_lower(rest.lower().saturating_add(recorded));
+                        if let Some(upper) = rest.upper() {
+                            hint.set_upper(upper.saturating_add(recorded));
+                        }
+                        hint
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn into_bytes<D: Buf>(mut data: D) -> Bytes {
+    data.copy_to_bytes(data.remaining())
+}
+
+impl<B> fmt::Debug for ReplayBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Once { .. } => "once",
+            Kind::Empty => "empty",
+            Kind::Tee { .. } => "replayable",
+        };
+        f.debug_struct("ReplayBody").field("kind", &kind).finish()
+    }
+}
+
+// === impl BufferedReplay ===
+
+impl<B> fmt::Debug for BufferedReplay<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferedReplay")
+            .field("empty", &self.shared.is_none())
+            .finish()
+    }
+}

@@ -1,0 +1,362 @@
+//! The response future of [`Retry`](crate::Retry).
+
+use std::error::Error;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use crate::backoff::Jitter;
+use crate::body::ReplayMode;
+use crate::error::{AttemptsExhausted, BudgetExhausted, DeadlineTooClose};
+use crate::hook::AttemptHandle;
+use crate::outcome::{GaveUp, StopReason};
+use crate::policy::{is_local_rejection, Policy, Verdict};
+use crate::service::Shared;
+use crate::{BoxError, GRPC_PREVIOUS_RPC_ATTEMPTS, NO_RETRY_HEADER};
+
+pin_project! {
+    /// Response future of [`Retry`](crate::Retry).
+    ///
+    /// Drives the attempts of one request: waits for the current attempt,
+    /// classifies its outcome, sleeps the backoff, waits for the inner
+    /// service to be ready and sends the next attempt, until an outcome is
+    /// final. Dropping it cancels the attempt or the backoff in progress.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<S, B, M>
+    where
+        M: ReplayMode<B>,
+        S: Service<Request<M::Body>>,
+    {
+        #[pin]
+        state: State<S::Future>,
+        retry: Option<Retrying<S, M::Saved, M::Body>>,
+        shared: Arc<Shared<dyn Policy>>,
+        hook: Option<AttemptHandle<S::Response>>,
+        deadline: Option<Instant>,
+        attempt: u32,
+        started: Instant,
+        jitter: Option<Jitter>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Attempt {
+            #[pin]
+            future: F,
+        },
+        Backoff {
+            #[pin]
+            sleep: Sleep,
+        },
+        Ready,
+        Done,
+    }
+}
+
+/// What a retryable request keeps for its retries.
+struct Retrying<S, Saved, Body> {
+    template: Parts,
+    saved: Saved,
+    service: S,
+    /// The body of the next attempt, taken from `saved` when the retry was
+    /// decided (which supersedes the previous attempt's body).
+    next: Option<Body>,
+}
+
+enum Step<T> {
+    Return(Result<T, BoxError>),
+    Sleep(Duration),
+}
+
+// === impl ResponseFuture ===
+
+impl<S, B, M> ResponseFuture<S, B, M>
+where
+    M: ReplayMode<B>,
+    S: Service<Request<M::Body>>,
+{
+    pub(crate) fn new(
+        future: S::Future,
+        shared: Arc<Shared<dyn Policy>>,
+        started: Instant,
+        hook: Option<AttemptHandle<S::Response>>,
+        deadline: Option<Instant>,
+        retry: Option<(Parts, M::Saved, S)>,
+    ) -> Self {
+        Self {
+            state: State::Attempt { future },
+            retry: retry.map(|(template, saved, service)| Retrying {
+                template,
+                saved,
+                service,
+                next: None,
+            }),
+            shared,
+            hook,
+            deadline,
+            attempt: 1,
+            started,
+            jitter: None,
+        }
+    }
+}
+
+impl<S, B, M, ResB: 'static> Future for ResponseFuture<S, B, M>
+where
+    M: ReplayMode<B>,
+    S: Service<Request<M::Body>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResB>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Attempt { future } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    if let Some(hook) = this.hook.as_ref() {
+                        let elapsed = Instant::now().saturating_duration_since(*this.started);
+                        let outcome = match &result {
+                            Ok(response) => Ok(response),
+                            Err(e) => Err(&**e as &(dyn Error + 'static)),
+                        };
+                        hook.record(outcome, elapsed);
+                    }
+                    let step = decide::<M, B, S, ResB>(
+                        result,
+                        this.shared,
+                        this.retry,
+                        *this.attempt,
+                        *this.deadline,
+                        this.jitter,
+                    );
+                    match step {
+                        Step::Return(out) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(out);
+                        }
+                        Step::Sleep(delay) => this.state.set(State::Backoff {
+                            sleep: tokio::time::sleep(delay),
+                        }),
+                    }
+                }
+                StateProj::Backoff { sleep } => {
+                    ready!(sleep.poll(cx));
+                    this.state.set(State::Ready);
+                }
+                StateProj::Ready => {
+                    let Some(retrying) = this.retry.as_mut() else {
+                        unreachable!("a retry is only scheduled for a retryable request");
+                    };
+                    if let Err(e) = ready!(retrying.service.poll_ready(cx)) {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(e.into()));
+                    }
+                    if let Some(hook) = this.hook.as_ref() {
+                        if let Err(e) = hook.before_retry() {
+                            tracing::debug!(
+                                attempt = *this.attempt + 1,
+                                error = %e,
+                                "retry stopped by the attempt hook"
+                            );
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(e));
+                        }
+                        *this.started = Instant::now();
+                    }
+                    let Some(body) = retrying.next.take() else {
+                        unreachable!("a retry is scheduled with its body");
+                    };
+                    let mut request = Request::from_parts(retrying.template.clone(), body);
+                    let config = &this.shared.config;
+                    mark_attempt(
+                        request.headers_mut(),
+                        *this.attempt,
+                        config.attempt_header.as_ref(),
+                    );
+                    *this.attempt += 1;
+                    let future = retrying.service.call(request);
+                    this.state.set(State::Attempt { future });
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}
+
+/// Classifies one attempt's outcome and decides between returning it and
+/// retrying (in which case the next request is prepared and the delay
+/// returned).
+fn decide<M, B, S, ResB>(
+    mut result: Result<Response<ResB>, BoxError>,
+    shared: &Shared<dyn Policy>,
+    retry: &mut Option<Retrying<S, M::Saved, M::Body>>,
+    attempt: u32,
+    deadline: Option<Instant>,
+    jitter: &mut Option<Jitter>,
+) -> Step<Response<ResB>>
+where
+    M: ReplayMode<B>,
+{
+    let verdict = match &mut result {
+        Ok(response) => {
+            // The "do not retry" signal travels one hop only.
+            let signalled = !response.headers().is_empty()
+                && response.headers_mut().remove(NO_RETRY_HEADER).is_some();
+            let verdict = shared
+                .policy
+                .classify_response(response.status(), response.headers());
+            if signalled && verdict.is_retryable() {
+                Verdict::Failure
+            } else {
+                verdict
+            }
+        }
+        Err(e) if is_local_rejection(&**e) => Verdict::Failure,
+        Err(e) => shared.policy.classify_error(&**e),
+    };
+    let (reason, after) = match verdict {
+        Verdict::Success => return Step::Return(result),
+        Verdict::Failure => {
+            return Step::Return(give_up(result, StopReason::NotRetryable, attempt, false))
+        }
+        Verdict::Retry { reason, after } => (reason, after),
+    };
+
+    let config = &shared.config;
+    let stop = match retry.as_mut() {
+        None => Err(StopReason::NotRetryable),
+        Some(_) if attempt >= config.max_attempts => Err(StopReason::Attempts),
+        Some(_) if after.is_some_and(|a| a > config.max_server_delay) => {
+            Err(StopReason::NotRetryable)
+        }
+        Some(retrying) if !M::can_replay(&retrying.saved) => Err(StopReason::NotRetryable),
+        Some(retrying) => {
+            let jitter = jitter.get_or_insert_with(|| Jitter::new(shared.random.seed()));
+            let delay = config
+                .backoff
+                .delay(attempt - 1, jitter)
+                .max(after.unwrap_or_default());
+            let now = Instant::now();
+            if deadline.is_some_and(|d| {
+                d.saturating_duration_since(now) < delay.saturating_add(config.min_remaining)
+            }) {
+                Err(StopReason::Deadline)
+            } else if !shared.budget.withdraw_at(now) {
+                tracing::debug!(attempt, reason, "retry refused by the retry budget");
+                Err(StopReason::Budget)
+            } else if let Some(body) = M::replay(&retrying.saved) {
+                retrying.next = Some(body);
+                tracing::debug!(
+                    attempt = attempt + 1,
+                    delay_ms = delay.as_millis() as u64,
+                    reason,
+                    "retrying request"
+                );
+                Ok(delay)
+            } else {
+                Err(StopReason::NotRetryable)
+            }
+        }
+    };
+    match stop {
+        Ok(delay) => Step::Sleep(delay),
+        Err(why) => Step::Return(give_up(result, why, attempt, true)),
+    }
+}
+
+/// Marks a retry with its attempt number: `grpc-previous-rpc-attempts`
+/// (attempts before this one) on gRPC requests, the configured header
+/// (this attempt's number) on others.
+fn mark_attempt(headers: &mut HeaderMap, previous: u32, http_header: Option<&http::HeaderName>) {
+    if is_grpc(headers) {
+        headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(previous));
+    } else if let Some(name) = http_header {
+        headers.insert(name.clone(), HeaderValue::from(previous + 1));
+    }
+}
+
+/// Whether the content type is `application/grpc` or one of its `+proto`,
+/// `+json`, `;...` variants.
+fn is_grpc(headers: &HeaderMap) -> bool {
+    const PREFIX: &[u8] = b"application/grpc";
+    headers.get(CONTENT_TYPE).is_some_and(|v| {
+        let v = v.as_bytes();
+        v.len() >= PREFIX.len()
+            && v[..PREFIX.len()].eq_ignore_ascii_case(PREFIX)
+            && matches!(v.get(PREFIX.len()), None | Some(b'+' | b';'))
+    })
+}
+
+/// The final outcome when the layer stops: a response says why in a
+/// [`GaveUp`] extension (and, when a limit stopped a retryable failure,
+/// with [`NO_RETRY_HEADER`]); an error stopped by a limit is wrapped in the
+/// error that names it.
+fn give_up<ResB>(
+    result: Result<Response<ResB>, BoxError>,
+    reason: StopReason,
+    attempts: u32,
+    retryable: bool,
+) -> Result<Response<ResB>, BoxError> {
+    let limit = retryable
+        && matches!(
+            reason,
+            StopReason::Attempts | StopReason::Budget | StopReason::Deadline
+        );
+    if retryable {
+        tracing::debug!(attempts, %reason, "giving up on a retryable failure");
+    }
+    match result {
+        Ok(mut response) => {
+            if limit {
+                response
+                    .headers_mut()
+                    .insert(NO_RETRY_HEADER, HeaderValue::from_static("1"));
+            }
+            response
+                .extensions_mut()
+                .insert(GaveUp::new(reason, attempts));
+            Ok(response)
+        }
+        Err(e) if limit => Err(match reason {
+            StopReason::Attempts => AttemptsExhausted::new(attempts, e).into(),
+            StopReason::Budget => BudgetExhausted::new(attempts, e).into(),
+            _ => DeadlineTooClose::new(attempts, e).into(),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+impl<S, B, M> fmt::Debug for ResponseFuture<S, B, M>
+where
+    M: ReplayMode<B>,
+    S: Service<Request<M::Body>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Attempt { .. } => "attempt",
+            State::Backoff { .. } => "backoff",
+            State::Ready => "ready",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .field("attempt", &self.attempt)
+            .field("retryable", &self.retry.is_some())
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}

@@ -1,0 +1,498 @@
+//! What is retried: the replaceable classification of requests, responses
+//! and errors.
+
+use std::error::Error;
+use std::time::{Duration, SystemTime};
+
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+
+/// The header that makes a non-idempotent request retryable:
+/// `idempotency-key`.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// gRPC's server pushback, in milliseconds: `grpc-retry-pushback-ms`. A
+/// negative or malformed value means "do not retry".
+pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+/// gRPC's status in a trailers-only response: `grpc-status`.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// gRPC status 14, UNAVAILABLE.
+const GRPC_UNAVAILABLE: &[u8] = b"14";
+
+/// What the [`Policy`] says about the outcome of one attempt.
+///
+/// # Example
+///
+/// ```
+/// use http::{HeaderMap, StatusCode};
+/// use tower_retry_budget::{DefaultPolicy, Policy, Verdict};
+///
+/// let policy = DefaultPolicy::new();
+/// let headers = HeaderMap::new();
+/// assert_eq!(policy.classify_response(StatusCode::OK, &headers), Verdict::Success);
+/// assert_eq!(policy.classify_response(StatusCode::NOT_FOUND, &headers), Verdict::Failure);
+/// assert!(policy.classify_response(StatusCode::BAD_GATEWAY, &headers).is_retryable());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not a failure: returned as is.
+    Success,
+    /// A failure that must not be retried (it would fail the same way, or
+    /// retrying would only add load): returned as is.
+    Failure,
+    /// A transient failure, retried if the request, the attempts, the
+    /// deadline and the budget allow it.
+    Retry {
+        /// A short label for logs (`"503"`, `"transport error"`, ...).
+        reason: &'static str,
+        /// The least delay the server asked for (`Retry-After`,
+        /// `grpc-retry-pushback-ms`), waited on top of the backoff.
+        after: Option<Duration>,
+    },
+}
+
+/// The replaceable rules of what is retried.
+///
+/// Every method has a default, the documented rules of this crate, so a
+/// policy overrides only what it changes; the defaults are also public
+/// functions ([`is_idempotent`], [`classify_response`], [`classify_error`])
+/// for policies that want to refine rather than replace them.
+///
+/// Whatever the policy says, the layer never retries a response that
+/// carries [`NO_RETRY_HEADER`](crate::NO_RETRY_HEADER), nor an error that
+/// [`is_local_rejection`] recognises (this crate's and `tower-deadline`'s
+/// errors, and other local rejections).
+///
+/// The trait is object safe: `Arc<dyn Policy>` and `Box<dyn Policy>` are
+/// policies too.
+///
+/// # Example
+///
+/// Also retry `500 Internal Server Error`, and treat `PATCH` as idempotent:
+///
+/// ```
+/// use http::{HeaderMap, Method, StatusCode};
+/// use tower_retry_budget::{policy, Policy, RetryLayer, Verdict};
+///
+/// #[derive(Debug, Clone)]
+/// struct MyPolicy;
+///
+/// impl Policy for MyPolicy {
+///     fn is_retryable_request(&self, method: &Method, headers: &HeaderMap) -> bool {
+///         method == Method::PATCH || policy::is_idempotent(method, headers)
+///     }
+///
+///     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict {
+///         if status == StatusCode::INTERNAL_SERVER_ERROR {
+///             return Verdict::Retry { reason: "500", after: None };
+///         }
+///         policy::classify_response(status, headers)
+///     }
+/// }
+///
+/// let layer = RetryLayer::new().policy(MyPolicy);
+/// # let _ = layer;
+/// ```
+pub trait Policy: Send + Sync + 'static {
+    /// Whether a request may be sent more than once. Default:
+    /// [`is_idempotent`].
+    fn is_retryable_request(&self, method: &Method, headers: &HeaderMap) -> bool {
+        is_idempotent(method, headers)
+    }
+
+    /// The verdict on a response, from its status and headers. Default:
+    /// [`classify_response`].
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict {
+        classify_response(status, headers)
+    }
+
+    /// The verdict on an error of the inner service. Default:
+    /// [`classify_error`].
+    fn classify_error(&self, error: &(dyn Error + 'static)) -> Verdict {
+        classify_error(error)
+    }
+}
+
+/// The default [`Policy`]: the crate's documented rules and nothing else.
+///
+/// - Retryable requests: `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`,
+///   `TRACE`, or any request with an `Idempotency-Key` header.
+/// - Retryable responses: 502, 503 and 504; 429 only with `Retry-After`;
+///   a trailers-only gRPC response with `grpc-status: 14` (UNAVAILABLE).
+///   `Retry-After` (delta seconds or HTTP date) and
+///   `grpc-retry-pushback-ms` set the least delay; a negative or malformed
+///   pushback means never. Every other status is not retried.
+/// - Retryable errors: all (connection errors, timeouts), except local
+///   rejections ([`is_local_rejection`]).
+///
+/// # Example
+///
+/// ```
+/// use http::{HeaderMap, Method};
+/// use tower_retry_budget::{DefaultPolicy, Policy};
+///
+/// let policy = DefaultPolicy::new();
+/// assert!(policy.is_retryable_request(&Method::GET, &HeaderMap::new()));
+/// assert!(!policy.is_retryable_request(&Method::POST, &HeaderMap::new()));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultPolicy {
+    _p: (),
+}
+
+// === impl DefaultPolicy ===
+
+impl DefaultPolicy {
+    /// The default rules.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self { _p: () }
+    }
+}
+
+impl Policy for DefaultPolicy {}
+
+impl<P: Policy + ?Sized> Policy for std::sync::Arc<P> {
+    fn is_retryable_request(&self, method: &Method, headers: &HeaderMap) -> bool {
+        (**self).is_retryable_request(method, headers)
+    }
+
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict {
+        (**self).classify_response(status, headers)
+    }
+
+    fn classify_error(&self, error: &(dyn Error + 'static)) -> Verdict {
+        (**self).classify_error(error)
+    }
+}
+
+impl<P: Policy + ?Sized> Policy for Box<P> {
+    fn is_retryable_request(&self, method: &Method, headers: &HeaderMap) -> bool {
+        (**self).is_retryable_request(method, headers)
+    }
+
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict {
+        (**self).classify_response(status, headers)
+    }
+
+    fn classify_error(&self, error: &(dyn Error + 'static)) -> Verdict {
+        (**self).classify_error(error)
+    }
+}
+
+// === impl Verdict ===
+
+impl Verdict {
+    /// Whether this is [`Verdict::Retry`].
+    #[must_use]
+    pub const fn is_retryable(&self) -> bool {
+        matches!(self, Verdict::Retry { .. })
+    }
+}
+
+/// The default idempotency rule: the method is `GET`, `HEAD`, `OPTIONS`,
+/// `PUT`, `DELETE` or `TRACE`, or the request carries an `Idempotency-Key`
+/// header.
+///
+/// # Example
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, Method};
+/// use tower_retry_budget::policy::{is_idempotent, IDEMPOTENCY_KEY};
+///
+/// let mut headers = HeaderMap::new();
+/// assert!(!is_idempotent(&Method::POST, &headers));
+/// headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("order-42"));
+/// assert!(is_idempotent(&Method::POST, &headers));
+/// ```
+#[must_use]
+pub fn is_idempotent(method: &Method, headers: &HeaderMap) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    ) || headers.contains_key(IDEMPOTENCY_KEY)
+}
+
+/// The default verdict on a response; see [`DefaultPolicy`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{HeaderMap, HeaderValue, StatusCode};
+/// use tower_retry_budget::{policy::classify_response, Verdict};
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(classify_response(StatusCode::TOO_MANY_REQUESTS, &headers), Verdict::Failure);
+/// headers.insert("retry-after", HeaderValue::from_static("2"));
+/// assert_eq!(
+///     classify_response(StatusCode::TOO_MANY_REQUESTS, &headers),
+///     Verdict::Retry { reason: "429", after: Some(Duration::from_secs(2)) },
+/// );
+/// ```
+#[must_use]
+pub fn classify_response(status: StatusCode, headers: &HeaderMap) -> Verdict {
+    let (reason, needs_delay) = match status.as_u16() {
+        502 => ("502", false),
+        503 => ("503", false),
+        504 => ("504", false),
+        429 => ("429", true),
+        200 => match headers.get(GRPC_STATUS).map(HeaderValue::as_bytes) {
+            None | Some(b"0") => return Verdict::Success,
+            Some(GRPC_UNAVAILABLE) => ("grpc unavailable", false),
+            Some(_) => return Verdict::Failure,
+        },
+        _ if status.is_client_error() || status.is_server_error() => return Verdict::Failure,
+        _ => return Verdict::Success,
+    };
+    let after = match headers.get(GRPC_RETRY_PUSHBACK_MS) {
+        Some(value) => match parse_pushback(value) {
+            Some(after) => Some(after),
+            // Negative or malformed: the server asks us not to retry.
+            None => return Verdict::Failure,
+        },
+        None => headers
+            .get(RETRY_AFTER)
+            .and_then(|v| parse_retry_after(v, SystemTime::now())),
+    };
+    if needs_delay && after.is_none() {
+        return Verdict::Failure;
+    }
+    Verdict::Retry { reason, after }
+}
+
+/// The default verdict on an error: retry it, unless
+/// [`is_local_rejection`] recognises it.
+///
+/// # Example
+///
+/// ```
+/// use std::io;
+/// use tower_retry_budget::{policy::classify_error, Verdict};
+///
+/// let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+/// assert!(classify_error(&reset).is_retryable());
+/// ```
+#[must_use]
+pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
+    if is_local_rejection(error) {
+        Verdict::Failure
+    } else {
+        Verdict::Retry {
+            reason: "error",
+            after: None,
+        }
+    }
+}
+
+/// Whether an error, or any error in its `source()` chain, is a local
+/// rejection that retrying would only make worse; the layer never retries
+/// these, whatever its policy says.
+///
+/// Recognised: every error of this crate ([`crate::error`]: the retries
+/// already ended below, so this tier must not start again), and, with the
+/// `deadline` feature, `tower-deadline`'s `DeadlineExceeded` and
+/// `InsufficientBudget` (the caller's budget is spent).
+///
+/// # Example
+///
+/// ```
+/// use std::io;
+/// use tower_retry_budget::policy::is_local_rejection;
+///
+/// assert!(!is_local_rejection(&io::Error::from(io::ErrorKind::TimedOut)));
+/// ```
+#[must_use]
+pub fn is_local_rejection(error: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if is_local_rejection_one(e) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// The list of local rejections, checked on each error of a chain. Add new
+/// kinds here.
+fn is_local_rejection_one(e: &(dyn Error + 'static)) -> bool {
+    use crate::error::{AttemptsExhausted, BudgetExhausted, DeadlineTooClose, ReplaySuperseded};
+
+    if e.is::<AttemptsExhausted>()
+        || e.is::<BudgetExhausted>()
+        || e.is::<DeadlineTooClose>()
+        || e.is::<ReplaySuperseded>()
+    {
+        return true;
+    }
+    #[cfg(feature = "deadline")]
+    {
+        use tower_deadline::error::{DeadlineExceeded, InsufficientBudget};
+        if e.is::<DeadlineExceeded>() || e.is::<InsufficientBudget>() {
+            return true;
+        }
+    }
+    // The bulkhead's `BulkheadFull` (local overload) belongs here too.
+    false
+}
+
+/// Parses `Retry-After`: delta seconds (`"120"`) or an HTTP date (`"Wed, 21
+/// Oct 2015 07:28:00 GMT"`, and the two obsolete date forms), as a delay
+/// from `now`. A date in the past is a zero delay; a malformed value is
+/// `None`.
+///
+/// # Example
+///
+/// ```
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+/// use http::HeaderValue;
+/// use tower_retry_budget::policy::parse_retry_after;
+///
+/// let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470);
+/// let secs = HeaderValue::from_static("120");
+/// assert_eq!(parse_retry_after(&secs, now), Some(Duration::from_secs(120)));
+/// let date = HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT");
+/// assert_eq!(parse_retry_after(&date, now), Some(Duration::from_secs(10)));
+/// ```
+#[must_use]
+pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    let text = value.to_str().ok()?.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        // Saturate absurdly long delays rather than failing.
+        return Some(Duration::from_secs(text.parse().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Parses `grpc-retry-pushback-ms`: `Some(delay)` for a non-negative integer
+/// of milliseconds, `None` (do not retry) for anything else.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderValue;
+/// use tower_retry_budget::policy::parse_pushback;
+///
+/// assert_eq!(parse_pushback(&HeaderValue::from_static("250")), Some(Duration::from_millis(250)));
+/// assert_eq!(parse_pushback(&HeaderValue::from_static("-1")), None);
+/// ```
+#[must_use]
+pub fn parse_pushback(value: &HeaderValue) -> Option<Duration> {
+    let text = value.to_str().ok()?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(Duration::from_millis(text.parse().unwrap_or(u64::MAX)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470);
+        let parse = |s: &'static str| parse_retry_after(&HeaderValue::from_static(s), now);
+        assert_eq!(parse("0"), Some(Duration::ZERO));
+        assert_eq!(parse(" 3 "), Some(Duration::from_secs(3)));
+        assert_eq!(
+            parse("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::from_secs(10))
+        );
+        // RFC 850 and asctime forms.
+        assert_eq!(
+            parse("Wednesday, 21-Oct-15 07:28:00 GMT"),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            parse("Wed Oct 21 07:28:00 2015"),
+            Some(Duration::from_secs(10))
+        );
+        // In the past: retry now.
+        assert_eq!(parse("Wed, 21 Oct 2015 07:00:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(parse("-1"), None);
+        assert_eq!(parse("soon"), None);
+        assert_eq!(parse(""), None);
+        assert_eq!(
+            parse("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+    }
+
+    #[test]
+    fn pushback_forms() {
+        let parse = |s: &'static str| parse_pushback(&HeaderValue::from_static(s));
+        assert_eq!(parse("0"), Some(Duration::ZERO));
+        assert_eq!(parse("1500"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse("-5"), None);
+        assert_eq!(parse("1.5"), None);
+        assert_eq!(parse(""), None);
+    }
+
+    #[test]
+    fn statuses() {
+        let none = HeaderMap::new();
+        for code in [502, 503, 504] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert!(classify_response(status, &none).is_retryable(), "{code}");
+        }
+        for code in [400, 401, 403, 404, 409, 422, 429, 500, 501] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert_eq!(classify_response(status, &none), Verdict::Failure, "{code}");
+        }
+        for code in [200, 201, 204, 301, 304] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert_eq!(classify_response(status, &none), Verdict::Success, "{code}");
+        }
+    }
+
+    #[test]
+    fn pushback_overrides_retry_after_and_negative_means_never() {
+        let h = headers(&[("grpc-retry-pushback-ms", "-1"), ("retry-after", "1")]);
+        assert_eq!(
+            classify_response(StatusCode::SERVICE_UNAVAILABLE, &h),
+            Verdict::Failure
+        );
+        let h = headers(&[("grpc-status", "14"), ("grpc-retry-pushback-ms", "40")]);
+        assert_eq!(
+            classify_response(StatusCode::OK, &h),
+            Verdict::Retry {
+                reason: "grpc unavailable",
+                after: Some(Duration::from_millis(40))
+            }
+        );
+        let h = headers(&[("grpc-status", "8")]);
+        assert_eq!(classify_response(StatusCode::OK, &h), Verdict::Failure);
+        let h = headers(&[("grpc-status", "0")]);
+        assert_eq!(classify_response(StatusCode::OK, &h), Verdict::Success);
+    }
+
+    #[test]
+    fn idempotency() {
+        let none = HeaderMap::new();
+        for m in ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"] {
+            assert!(is_idempotent(
+                &Method::from_bytes(m.as_bytes()).unwrap(),
+                &none
+            ));
+        }
+        for m in ["POST", "PATCH", "CONNECT"] {
+            assert!(!is_idempotent(
+                &Method::from_bytes(m.as_bytes()).unwrap(),
+                &none
+            ));
+        }
+        let keyed = headers(&[("idempotency-key", "abc")]);
+        assert!(is_idempotent(&Method::POST, &keyed));
+    }
+}

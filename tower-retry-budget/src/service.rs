@@ -1,0 +1,224 @@
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::backoff::RandomSource;
+use crate::body::{Buffered, ReplayMode};
+use crate::budget::{Counters, RetryBudget};
+use crate::future::ResponseFuture;
+use crate::hook::AttemptHandle;
+use crate::layer::Config;
+use crate::policy::{DefaultPolicy, Policy};
+use crate::{BoxError, RetryLayer};
+
+/// Middleware that retries transient failures of idempotent requests, with
+/// jittered backoff, within a budget and before the caller's deadline.
+///
+/// Built by [`RetryLayer`]; see the [crate docs](crate) for the rules. For
+/// each request it:
+///
+/// 1. counts the request in the [`RetryBudget`];
+/// 2. if the request may be retried (the [`Policy`] says it is idempotent,
+///    more than one attempt is allowed and its body can be replayed), keeps
+///    a copy of its head and a way to replay its body, and a clone of the
+///    inner service for the retries;
+/// 3. sends it, and classifies the outcome with the [`Policy`]; a response
+///    carrying [`NO_RETRY_HEADER`](crate::NO_RETRY_HEADER) is never retried
+///    and the header is removed;
+/// 4. for a retryable failure, retries after the backoff unless the
+///    attempts, the deadline or the budget forbid it, in that order of
+///    checking; the retry carries the attempt number on the wire and asks
+///    the request's [`AttemptHandle`], if any, first;
+/// 5. otherwise returns the outcome, saying why it stopped (see
+///    [`GaveUp`](crate::GaveUp) and [`crate::error`]).
+///
+/// # Clone
+///
+/// Clones share the budget, the counters, the random source and the
+/// configuration (one `Arc`), and clone the inner service.
+///
+/// # Example
+///
+/// ```
+/// use tower::{service_fn, BoxError, ServiceExt};
+/// use tower_retry_budget::body::ReplayBody;
+/// use tower_retry_budget::Retry;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), BoxError> {
+/// let inner = service_fn(|_req: http::Request<ReplayBody<String>>| async {
+///     Ok::<_, BoxError>(http::Response::new("hello"))
+/// });
+/// let response = Retry::new(inner).oneshot(http::Request::new(String::new())).await?;
+/// assert_eq!(*response.body(), "hello");
+/// # Ok(())
+/// # }
+/// ```
+pub struct Retry<S, P = DefaultPolicy, M = Buffered> {
+    inner: S,
+    shared: Arc<Shared<P>>,
+    _mode: PhantomData<fn() -> M>,
+}
+
+/// Everything the services of one layer share. The policy comes last so
+/// that `Arc<Shared<P>>` coerces to `Arc<Shared<dyn Policy>>`.
+pub(crate) struct Shared<P: ?Sized> {
+    pub(crate) config: Config,
+    pub(crate) budget: Arc<RetryBudget>,
+    pub(crate) random: Arc<dyn RandomSource>,
+    pub(crate) policy: P,
+}
+
+// === impl Retry ===
+
+impl<S> Retry<S> {
+    /// Wraps `inner` with the defaults of [`RetryLayer::new`], and a budget
+    /// of its own.
+    pub fn new(inner: S) -> Self {
+        RetryLayer::new().layer(inner)
+    }
+
+    /// A layer that wraps services in [`Retry`]; the same as
+    /// [`RetryLayer::new`].
+    pub fn layer() -> RetryLayer {
+        RetryLayer::new()
+    }
+}
+
+impl<S, P, M> Retry<S, P, M> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<P>>) -> Self {
+        Self {
+            inner,
+            shared,
+            _mode: PhantomData,
+        }
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The counters of the shared budget: requests, retries, retries
+    /// refused.
+    #[must_use]
+    pub fn counters(&self) -> Counters {
+        self.shared.budget.counters()
+    }
+}
+
+impl<S: Clone, P, M> Clone for Retry<S, P, M> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<S: fmt::Debug, P, M> fmt::Debug for Retry<S, P, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .field("budget", &self.shared.budget)
+            .field("policy", &std::any::type_name::<P>())
+            .finish()
+    }
+}
+
+impl<S, P, M, B, ResB> Service<Request<B>> for Retry<S, P, M>
+where
+    M: ReplayMode<B>,
+    S: Service<Request<M::Body>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError>,
+    P: Policy,
+    ResB: 'static,
+{
+    type Response = Response<ResB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, B, M>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let now = Instant::now();
+        let shared = &self.shared;
+        shared.budget.deposit_at(now);
+
+        let (parts, body) = request.into_parts();
+        let hook = parts
+            .extensions
+            .get::<AttemptHandle<Response<ResB>>>()
+            .cloned();
+        let deadline = deadline(&parts.extensions);
+        let retryable = shared.config.max_attempts > 1
+            && shared
+                .policy
+                .is_retryable_request(&parts.method, &parts.headers);
+        let (body, saved) = M::prepare(body, shared.config.body_limit, retryable);
+
+        let shared: Arc<Shared<dyn Policy>> = self.shared.clone();
+        match saved {
+            Some(saved) if retryable => {
+                let template = parts.clone();
+                // Call the service that was polled ready; keep the other
+                // for the retries, which poll it again first.
+                let clone = self.inner.clone();
+                let mut ready = mem::replace(&mut self.inner, clone);
+                let future = ready.call(Request::from_parts(parts, body));
+                ResponseFuture::new(
+                    future,
+                    shared,
+                    now,
+                    hook,
+                    deadline,
+                    Some((template, saved, ready)),
+                )
+            }
+            _ => {
+                let future = self.inner.call(Request::from_parts(parts, body));
+                ResponseFuture::new(future, shared, now, hook, deadline, None)
+            }
+        }
+    }
+}
+
+/// The earliest of the request's deadline and the task-local one.
+#[cfg(feature = "deadline")]
+fn deadline(extensions: &http::Extensions) -> Option<Instant> {
+    use tower_deadline::Deadline;
+
+    let from_request = Deadline::from_extensions(extensions);
+    let in_scope = Deadline::current();
+    match (from_request, in_scope) {
+        (Some(a), Some(b)) => Some(a.earliest(b).instant()),
+        (a, b) => a.or(b).map(Deadline::instant),
+    }
+}
+
+#[cfg(not(feature = "deadline"))]
+fn deadline(_extensions: &http::Extensions) -> Option<Instant> {
+    None
+}

@@ -1,0 +1,99 @@
+//! Observability: a tracing event per retry and per budget refusal, and
+//! counters readable from the layer.
+
+mod support;
+
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+
+use support::{get, Log, Scripted};
+use tower::{Layer, ServiceExt};
+use tower_retry_budget::{RetryBudget, RetryLayer, SeededRandom};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+/// Records every event as "message key=value ...".
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<String>>>);
+
+struct Line(String);
+
+impl Visit for Line {
+    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+        if field.name() == "message" {
+            self.0.insert_str(0, &format!("{value:?}"));
+        } else {
+            self.0.push_str(&format!(" {}={value:?}", field.name()));
+        }
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut line = Line(String::new());
+        event.record(&mut line);
+        self.0.lock().unwrap().push(line.0);
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+impl Capture {
+    fn lines(&self, starting: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with(starting))
+            .cloned()
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn each_retry_and_each_refusal_is_an_event() {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+
+    let log = Log::new();
+    let budget = Arc::new(
+        RetryBudget::new()
+            .ratio(0.0)
+            .min_per_sec(1)
+            .window(std::time::Duration::from_secs(2)),
+    );
+    let layer = RetryLayer::new()
+        .budget(budget)
+        .random(SeededRandom::new(5));
+    let svc = layer.layer(Scripted::always(&log, 503));
+    let _ = svc.clone().oneshot(get()).await.unwrap();
+    let _ = svc.oneshot(get()).await.unwrap();
+
+    let retries = capture.lines("retrying request");
+    assert_eq!(retries.len(), 2, "{retries:?}");
+    assert!(
+        retries[0].contains(" attempt=2 ")
+            && retries[0].contains(" delay_ms=")
+            && retries[0].ends_with("reason=\"503\""),
+        "{}",
+        retries[0]
+    );
+    assert!(retries[1].contains(" attempt=3 "), "{}", retries[1]);
+
+    let refusals = capture.lines("retry refused by the retry budget");
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert!(refusals[0].contains(" attempt=1 "), "{}", refusals[0]);
+
+    let c = layer.counters();
+    assert_eq!((c.requests, c.retries, c.refused_by_budget), (2, 2, 1));
+    assert_eq!(log.count(), 4);
+}

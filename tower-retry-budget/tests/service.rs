@@ -1,0 +1,164 @@
+//! The service: readiness, clones, dropping, and object safety of the
+//! public traits.
+
+mod support;
+
+use std::error::Error;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use support::{get, status, Log, Scripted};
+use tokio_test::{assert_pending, assert_ready, assert_ready_ok};
+use tower::{BoxError, Layer, ServiceExt};
+use tower_retry_budget::{
+    AttemptHandle, AttemptHook, DefaultPolicy, Policy, ProcessRandom, RandomSource, RetryLayer,
+    SeededRandom, Verdict,
+};
+use tower_test::mock;
+
+fn layer() -> RetryLayer<DefaultPolicy, tower_retry_budget::body::CloneBody> {
+    RetryLayer::new()
+        .random(SeededRandom::new(71))
+        .clone_bodies()
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn ready_call_passes_through() {
+    let (mut svc, mut handle) = mock::spawn_layer::<Request<String>, Response<String>, _>(layer());
+    assert_ready_ok!(svc.poll_ready());
+    let mut fut = tokio_test::task::spawn(svc.call(get()));
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.uri(), "http://dependency/items");
+    send.send_response(status(200));
+    let response = assert_ready_ok!(fut.poll());
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn inner_pending_propagates() {
+    let (mut svc, mut handle) = mock::spawn_layer::<Request<String>, Response<String>, _>(layer());
+    handle.allow(0);
+    assert_pending!(svc.poll_ready());
+    handle.allow(1);
+    assert!(svc.is_woken());
+    assert_ready_ok!(svc.poll_ready());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_waits_for_readiness_in_the_future_not_in_poll_ready() {
+    let (mut svc, mut handle) = mock::spawn_layer::<Request<String>, Response<String>, _>(layer());
+    handle.allow(1);
+    assert_ready_ok!(svc.poll_ready());
+    let mut fut = tokio_test::task::spawn(svc.call(get()));
+    assert_pending!(fut.poll());
+    let (_req, send) = handle.next_request().await.unwrap();
+    send.send_response(status(503));
+    // Backoff, then the inner service is not ready: the future waits.
+    assert_pending!(fut.poll());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_pending!(fut.poll());
+    handle.allow(1);
+    assert_pending!(fut.poll());
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req.headers()["x-retry-attempt"], "2");
+    send.send_response(status(200));
+    assert_eq!(assert_ready_ok!(fut.poll()).status(), 200);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn dropping_the_future_during_backoff_stops_retries() {
+    let log = Log::new();
+    let svc = RetryLayer::new()
+        .random(SeededRandom::new(1))
+        .layer(Scripted::always(&log, 503));
+    let mut fut = tokio_test::task::spawn(svc.oneshot(get()));
+    assert_pending!(fut.poll());
+    assert_eq!(log.count(), 1);
+    drop(fut);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(log.count(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn inner_readiness_errors_end_the_retries() {
+    let (mut svc, mut handle) = mock::spawn_layer::<Request<String>, Response<String>, _>(layer());
+    assert_ready_ok!(svc.poll_ready());
+    let mut fut = tokio_test::task::spawn(svc.call(get()));
+    assert_pending!(fut.poll());
+    let (_req, send) = handle.next_request().await.unwrap();
+    send.send_response(status(503));
+    handle.send_error("connection pool closed");
+    assert_pending!(fut.poll());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let err = assert_ready!(fut.poll()).unwrap_err();
+    assert_eq!(err.to_string(), "connection pool closed");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn clones_share_the_budget_and_counters() {
+    let log = Log::new();
+    let svc = RetryLayer::new()
+        .random(SeededRandom::new(2))
+        .layer(Scripted::fails_then_ok(&log, 503, 1));
+    let clone = svc.clone();
+    let _ = svc.clone().oneshot(get()).await.unwrap();
+    let _ = clone.clone().oneshot(get()).await.unwrap();
+    let c = clone.counters();
+    assert_eq!((c.requests, c.retries, c.refused_by_budget), (2, 1, 0));
+    assert_eq!(svc.counters(), c);
+}
+
+#[test]
+fn debug_output_is_useful() {
+    let layer = RetryLayer::new();
+    let text = format!("{layer:?}");
+    assert!(text.contains("max_attempts: 3"), "{text}");
+    assert!(text.contains("ratio: Some(0.1)"), "{text}");
+}
+
+// === object safety (compile-only) ===
+
+#[derive(Debug)]
+struct Hook;
+
+impl AttemptHook<Response<String>> for Hook {
+    fn before_retry(&self) -> Result<(), BoxError> {
+        Ok(())
+    }
+    fn record(&self, _: Result<&Response<String>, &(dyn Error + 'static)>, _: Duration) {}
+}
+
+#[allow(dead_code)]
+fn object_safety(
+    _policy: &dyn Policy,
+    _random: &dyn RandomSource,
+    _hook: &dyn AttemptHook<Response<String>>,
+) {
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn trait_objects_work_as_policy_random_source_and_hook() {
+    let policy: Arc<dyn Policy> = Arc::new(DefaultPolicy::new());
+    let boxed: Box<dyn Policy> = Box::new(DefaultPolicy::new());
+    assert!(boxed.is_retryable_request(&Method::GET, &HeaderMap::new()));
+    assert_eq!(
+        boxed.classify_response(StatusCode::OK, &HeaderMap::new()),
+        Verdict::Success
+    );
+    let random: Box<dyn RandomSource> = Box::new(ProcessRandom::new());
+    let _ = random.seed();
+    let hook: Arc<dyn AttemptHook<Response<String>>> = Arc::new(Hook);
+    let handle = AttemptHandle::from_arc(hook);
+    assert!(handle.before_retry().is_ok());
+
+    let log = Log::new();
+    let svc = RetryLayer::new()
+        .policy(policy)
+        .random(SeededRandom::new(3))
+        .layer(Scripted::fails_then_ok(&log, 503, 1));
+    let mut request = get();
+    request.extensions_mut().insert(handle);
+    assert_eq!(svc.oneshot(request).await.unwrap().status(), 200);
+    assert_eq!(log.count(), 2);
+}
