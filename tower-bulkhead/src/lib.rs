@@ -1,5 +1,246 @@
-//! Fail-fast concurrency compartments (bulkheads) for tower services.
+//! Fail-fast concurrency compartments (bulkheads) for tower services: a
+//! slow dependency fills its own compartment and is refused in
+//! microseconds, while calls to everything else go on untouched.
 //!
-//! This crate is being built: it will provide a bulkhead layer that caps the
-//! calls in flight to one dependency (or one key: host, route, tenant) and
-//! rejects at once when the compartment is full instead of queueing.
+//! # Example
+//!
+//! ```
+//! use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
+//! use tower_bulkhead::error::BulkheadFull;
+//! use tower_bulkhead::BulkheadLayer;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), BoxError> {
+//! // A payments client that hangs until we say so.
+//! let (recover, recovered) = tokio::sync::watch::channel(false);
+//! let payments = service_fn(move |amount: u32| {
+//!     let mut recovered = recovered.clone();
+//!     async move {
+//!         recovered.wait_for(|up| *up).await?;
+//!         Ok::<_, BoxError>(amount)
+//!     }
+//! });
+//!
+//! let layer = BulkheadLayer::new("payments", 2);
+//! let handle = layer.handle();
+//! let mut client = ServiceBuilder::new().layer(layer).service(payments);
+//!
+//! // Two calls take the compartment's two slots and hang...
+//! let first = tokio::spawn(client.ready().await?.call(10));
+//! let second = tokio::spawn(client.ready().await?.call(20));
+//! assert_eq!(handle.in_flight(), 2);
+//!
+//! // ...so the third is refused at once, without calling payments.
+//! let err = client.ready().await?.call(30).await.unwrap_err();
+//! assert!(err.is::<BulkheadFull>());
+//! assert_eq!(handle.rejected(), 1);
+//!
+//! recover.send(true)?;
+//! assert_eq!(first.await??, 10);
+//! assert_eq!(second.await??, 20);
+//! assert_eq!(handle.in_flight(), 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! A *compartment* is a concurrency limit: a counter of calls in flight and
+//! a maximum. In `call`, the bulkhead takes a slot of the request's
+//! compartment with one compare-and-swap; if none is free, the call is
+//! refused at once (or after a bounded wait, see `max_wait`). The slot is
+//! held by the response future and given back when it completes, fails or
+//! is dropped, so cancellation never leaks a slot. Nothing is queued.
+//!
+//! | knob | default | meaning |
+//! |---|---|---|
+//! | [`new(name, limit)`](BulkheadLayer::new) | required | the compartment's name (in errors, logs, handles) and its limit; `0` refuses everything |
+//! | [`max_wait`](BulkheadLayer::max_wait) | none | wait up to this long, in the response future, for a slot before refusing |
+//! | [`per_key`](BulkheadLayer::per_key) | one compartment | a key function over the request; one compartment of `limit` per key |
+//! | [`max_keys`](BulkheadLayer::max_keys) | [`DEFAULT_MAX_KEYS`] (1024) | bound on live keyed compartments |
+//! | [`idle_timeout`](BulkheadLayer::idle_timeout) | [`DEFAULT_IDLE_TIMEOUT`] (60 s) | unused this long and not busy, a keyed compartment may be evicted |
+//! | [`fallback_limit`](BulkheadLayer::fallback_limit) | the per-key limit | limit of the compartment shared by new keys past `max_keys` |
+//! | [`retry_after`](HttpBulkheadLayer::retry_after) | [`DEFAULT_RETRY_AFTER`] (1 s) | HTTP mode: `Retry-After` of the 503, whole seconds rounded up |
+//! | [`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end) | off | HTTP mode: keep the slot until the response body is sent or dropped |
+//!
+//! There are two flavours with the same compartments:
+//!
+//! - [`Bulkhead`] (from [`BulkheadLayer`]), for clients: a refused call
+//!   fails with [`BulkheadFull`](error::BulkheadFull) in a [`BoxError`].
+//! - [`HttpBulkhead`] (from [`HttpBulkheadLayer`] or
+//!   [`BulkheadLayer::http`]), for servers: a refused request is answered
+//!   `503 Service Unavailable` with `Retry-After` and
+//!   [`NO_RETRY_HEADER`] (`x-tower-no-retry: 1`), or, when its content type is
+//!   `application/grpc...`, an HTTP 200 trailers-only response with
+//!   `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-message: bulkhead full`
+//!   (and the no-retry mark). The inner error type passes through.
+//!
+//! **Keys.** With [`per_key`](BulkheadLayer::per_key), each key (a host, a
+//! route, a tenant) gets its own compartment, so one saturated key leaves
+//! the others untouched. At most `max_keys` compartments live at once;
+//! compartments with nothing in flight that went unused for `idle_timeout`
+//! are evicted, and past the bound new keys share one fallback compartment
+//! (named `name/fallback`), so keys chosen by an attacker cannot grow
+//! memory. See [`KeyedHandle`].
+//!
+//! **State.** The compartments are created by the layer's constructor and
+//! shared by every clone of the layer and every service it wraps, however
+//! many times `Layer::layer` is called (`axum::serve` may call it once per
+//! connection): the limit is global to the layer value.
+//!
+//! **Observability.** [`BulkheadLayer::handle`] gives a
+//! [`CompartmentHandle`] (or a [`KeyedHandle`] for keyed bulkheads) with the
+//! calls in flight and the calls refused per compartment. Each refusal is
+//! also a `WARN` event of [`tracing`](https://docs.rs/tracing) with the
+//! compartment's name, at most one per compartment per second; the next
+//! event reports how many were `suppressed` in between.
+//!
+//! # Readiness
+//!
+//! The bulkhead *rejects*; it never waits for capacity in `poll_ready`.
+//! `poll_ready` forwards the inner service's readiness only, and the slot is
+//! taken in `call`. A slot reserved in `poll_ready` would be held by every
+//! clone that was made ready but not yet called, and axum clones the
+//! service for every request, which is a known source of stalls. The
+//! optional bounded wait (`max_wait`) happens in the response future: the
+//! service made ready for that call is kept by the future and called once a
+//! slot is free, which is why the inner service must be `Clone`.
+//!
+//! # Errors
+//!
+//! [`Bulkhead`]'s error is [`BoxError`]: the inner service's error as is, or
+//! [`BulkheadFull`](error::BulkheadFull), which names the compartment, its
+//! limit, and whether the call waited. Downcast it, even under other
+//! layers that box errors again; see the [`error`] module. It means **local
+//! overload, not a dependency failure**: circuit breakers must not count
+//! it, retry layers must not retry it. [`HttpBulkhead`] adds no error.
+//!
+//! # Ordering
+//!
+//! On the client, put the bulkhead *below* the retry layer and *above* the
+//! per-attempt timeout, so that it caps the attempts in flight to the
+//! dependency:
+//!
+//! ```text
+//! DeadlineLayer        one budget for the logical call
+//!   BreakerLayer       ignores BulkheadFull (not the dependency's fault)
+//!     RetryLayer       does not retry BulkheadFull; sleeps hold no slot
+//!       BulkheadLayer  caps attempts in flight; refuses when full
+//!         timeout      frees the slot of a hung attempt
+//!           transport
+//! ```
+//!
+//! Contrast with the bulkhead *above* the retry layer:
+//!
+//! ```text
+//! BulkheadLayer        caps logical calls...
+//!   RetryLayer         ...each holding its slot through every backoff sleep
+//!     transport        and every attempt
+//! ```
+//!
+//! There, a slot stays taken while its call sleeps between attempts, so a
+//! compartment of 10 can be full while nothing at all is in flight to the
+//! dependency, and refusals begin exactly when the dependency recovers.
+//! Without any timeout below it, a hung dependency keeps its slots forever:
+//! the compartment then isolates it (that is its purpose), but never lets it
+//! back in. On servers, put the deadline layer outside the bulkhead, so
+//! that an expired request's future is dropped and its slot freed.
+//!
+//! Unlike `tower::limit::ConcurrencyLimit` (which makes callers wait in
+//! `poll_ready`) plus `tower::load_shed::LoadShed` (which turns that wait
+//! into an error), the bulkhead decides in `call`, works with services that
+//! are cloned per request, partitions by key, and speaks HTTP.
+//!
+//! # Using with axum
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{extract::Request, routing::get, Router};
+//! use tower_bulkhead::HttpBulkheadLayer;
+//!
+//! // At most 64 requests per tenant at once; the rest get 503 at once.
+//! let layer = HttpBulkheadLayer::new("tenants", 64)
+//!     .per_key(|req: &Request| req.headers().get("x-tenant").cloned())
+//!     .max_keys(10_000)
+//!     .retry_after(Duration::from_secs(2));
+//! let handle = layer.handle();
+//!
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(layer);
+//! # let _ = (app, handle);
+//! ```
+//!
+//! `Router::layer` needs no error handling: rejections are responses. Use
+//! [`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end) when
+//! handlers stream bodies from the dependency the compartment protects.
+//!
+//! # Why reject instead of queue?
+//!
+//! When a dependency slows down, every call to it waits longer, and every
+//! waiting call holds a task, a connection, memory, and its caller's time.
+//! A queue in front of the slow dependency only moves that waiting: its
+//! callers still wait (now in the queue), the queue grows at the arrival
+//! rate minus the dependency's shrinking throughput, and every queued call
+//! is likely to be answered after its caller has given up. Little's law
+//! does the rest: in-flight work grows until something else runs out, and
+//! then calls to *healthy* dependencies fail too. A bulkhead refuses the
+//! excess in microseconds instead: the callers get a clear, cheap answer
+//! they can act on (degrade, use a cache, fail the request), the dependency
+//! gets no more load than it can take, and the rest of the process keeps
+//! its resources. The optional `max_wait` absorbs short bursts; it is
+//! bounded in time, never an unbounded queue.
+//!
+//! # Pitfalls
+//!
+//! - A compartment is per layer *value*: build the layer once and reuse it
+//!   (clone it) for every stack that shares the dependency. Two layers built
+//!   with the same name are two compartments.
+//! - The setters that shape compartments (`per_key`, `max_keys`,
+//!   `idle_timeout`, `fallback_limit`) create new ones: take handles after
+//!   configuring.
+//! - Without a timeout below it, a hung dependency keeps its slots.
+//! - In [`Head`](release::Head) mode (the default) a streaming response
+//!   body is no longer counted once its head is out; use
+//!   [`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end).
+//! - Keyed compartments take a short lock and read the clock per call, and
+//!   allocate if the key function does; prefer cheap keys.
+//! - Evicting a keyed compartment forgets its counters.
+//!
+//! # Feature flags
+//!
+//! This crate has no optional features.
+//!
+//! # Minimum supported Rust version
+//!
+//! The MSRV is the `rust-version` in `Cargo.toml`, the stable toolchain this
+//! crate is built and tested with; raising it is not a breaking change but
+//! is noted in the changelog.
+
+mod answer;
+pub mod body;
+mod compartment;
+pub mod error;
+pub mod future;
+mod layer;
+pub mod partition;
+pub mod release;
+mod service;
+
+pub use compartment::{CompartmentHandle, Stats};
+pub use layer::{BulkheadLayer, HttpBulkheadLayer, DEFAULT_RETRY_AFTER};
+pub use partition::{KeyedHandle, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
+pub use service::{Bulkhead, HttpBulkhead};
+
+/// The boxed error type of [`Bulkhead`], as in tower.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The header that tells an upstream retry layer not to retry this answer:
+/// `x-tower-no-retry`, with the value `1`.
+///
+/// It is the same wire signal as the one `tower-retry-budget` defines and
+/// honours (that crate owns its definition; the crates of this toolkit do
+/// not depend on each other for it). [`HttpBulkhead`] puts it on its 503
+/// and gRPC answers: the rejection is local overload, and retrying it would
+/// only add load where there is too much already.
+pub const NO_RETRY_HEADER: http::HeaderName = http::HeaderName::from_static("x-tower-no-retry");

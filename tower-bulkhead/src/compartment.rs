@@ -1,0 +1,432 @@
+//! One compartment: a concurrency limit made of a few atomics, the permits
+//! that occupy it, and the read-only views of it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::BulkheadFull;
+
+/// The least time between two rejection events of one compartment.
+const LOG_INTERVAL_MS: u64 = 1_000;
+/// `last_log_ms` before the first event.
+const NEVER: u64 = u64::MAX;
+
+/// The future a waiting call polls: a permit, or the rejection once
+/// `max_wait` has passed. Boxed, because it only exists on the slow path.
+pub(crate) type Acquire = Pin<Box<dyn Future<Output = Result<Permit, BulkheadFull>> + Send + Sync>>;
+
+/// A concurrency limit shared by every call routed to it.
+///
+/// The hot path is one compare-and-swap to take a slot and one
+/// `fetch_sub` plus one load to give it back; waiting calls (only with
+/// `max_wait`) park on a [`Notify`] and are woken one per released slot.
+pub struct Compartment {
+    in_flight: AtomicUsize,
+    waiters: AtomicUsize,
+    limit: usize,
+    name: Arc<str>,
+    rejected: AtomicU64,
+    notify: Notify,
+    /// Milliseconds since `epoch` of the last lookup (keyed compartments
+    /// only; used for idle eviction).
+    last_used_ms: AtomicU64,
+    last_log_ms: AtomicU64,
+    suppressed: AtomicU64,
+    epoch: Instant,
+}
+
+/// One occupied slot of a [`Compartment`]; dropping it frees the slot and
+/// wakes one waiting call, if any.
+///
+/// It moves from `call` into the response future and, in body mode, into
+/// the response body, so every way those end (completion, error, drop,
+/// panic unwinding) gives the slot back.
+pub struct Permit {
+    compartment: Arc<Compartment>,
+}
+
+/// Counts a waiting call for as long as it waits, so that a release knows
+/// whether anyone needs a wake-up.
+struct WaiterGuard<'a>(&'a Compartment);
+
+/// What `call` decided for one request.
+pub(crate) enum Admission {
+    /// A slot was free: call the inner service now.
+    Go(Permit),
+    /// Full, but `max_wait` allows waiting for a slot in the future.
+    Wait(Acquire),
+    /// Full: refuse now.
+    Full(BulkheadFull),
+}
+
+/// A point-in-time reading of one compartment's counters.
+///
+/// The counters are read one after the other without a lock, so under load
+/// the figures of one snapshot may be a few calls apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    in_flight: usize,
+    limit: usize,
+    rejected: u64,
+}
+
+/// A read-only view of one compartment: its name, limit and live counters.
+///
+/// Get one from [`BulkheadLayer::handle`](crate::BulkheadLayer::handle),
+/// [`HttpBulkheadLayer::handle`](crate::HttpBulkheadLayer::handle) or, for
+/// the fallback of a keyed bulkhead,
+/// [`KeyedHandle::fallback`](crate::KeyedHandle::fallback).
+///
+/// # Clone
+///
+/// Clones look at the same compartment as the original.
+#[derive(Clone)]
+pub struct CompartmentHandle {
+    compartment: Arc<Compartment>,
+}
+
+// === impl Compartment ===
+
+impl Compartment {
+    pub(crate) fn new(name: Arc<str>, limit: usize) -> Self {
+        Self::with_epoch(name, limit, Instant::now())
+    }
+
+    pub(crate) fn with_epoch(name: Arc<str>, limit: usize, epoch: Instant) -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            waiters: AtomicUsize::new(0),
+            limit,
+            name,
+            rejected: AtomicU64::new(0),
+            notify: Notify::new(),
+            last_used_ms: AtomicU64::new(0),
+            last_log_ms: AtomicU64::new(NEVER),
+            suppressed: AtomicU64::new(0),
+            epoch,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        Stats {
+            in_flight: self.in_flight.load(Ordering::Relaxed).min(self.limit),
+            limit: self.limit,
+            rejected: self.rejected.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn touch(&self, now_ms: u64) {
+        self.last_used_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn last_used_ms(&self) -> u64 {
+        self.last_used_ms.load(Ordering::Relaxed)
+    }
+
+    /// Takes a slot if one is free.
+    ///
+    /// `SeqCst` pairs with [`release`](Self::release): a waiter registers in
+    /// `waiters` and then reads `in_flight` here, a release writes
+    /// `in_flight` and then reads `waiters`, so at least one of them sees the
+    /// other and no wake-up is lost. On x86 this costs nothing over
+    /// `Acquire`.
+    #[inline]
+    fn try_take(&self) -> bool {
+        let mut current = self.in_flight.load(Ordering::SeqCst);
+        loop {
+            if current >= self.limit {
+                return false;
+            }
+            match self.in_flight.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    #[inline]
+    fn release(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Counts a rejection, logs it (rate limited) and builds the error.
+    #[cold]
+    pub(crate) fn reject(&self, waited: Option<Duration>) -> BulkheadFull {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.log_rejection(waited);
+        BulkheadFull::new(self.name.clone(), self.limit, waited)
+    }
+
+    /// At most one `WARN` event per compartment per [`LOG_INTERVAL_MS`];
+    /// the rejections in between are counted and reported with the next
+    /// event as `suppressed`.
+    fn log_rejection(&self, waited: Option<Duration>) {
+        if !tracing::enabled!(tracing::Level::WARN) {
+            return;
+        }
+        let now_ms = millis_since(self.epoch, Instant::now());
+        let last = self.last_log_ms.load(Ordering::Relaxed);
+        let due = last == NEVER || now_ms >= last.saturating_add(LOG_INTERVAL_MS);
+        if due
+            && self
+                .last_log_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                compartment = %self.name,
+                limit = self.limit,
+                suppressed,
+                waited_ms = waited.map_or(0, |w| w.as_millis() as u64),
+                "bulkhead full; call rejected"
+            );
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl fmt::Debug for Compartment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stats = self.stats();
+        f.debug_struct("Compartment")
+            .field("name", &self.name)
+            .field("limit", &self.limit)
+            .field("in_flight", &stats.in_flight)
+            .field("rejected", &stats.rejected)
+            .finish()
+    }
+}
+
+pub(crate) fn millis_since(epoch: Instant, now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(epoch).as_millis()).unwrap_or(u64::MAX)
+}
+
+// === impl Admission ===
+
+impl Admission {
+    /// Takes a slot of `compartment` if one is free; otherwise waits (if
+    /// `max_wait` is set and not zero) or refuses.
+    #[inline]
+    pub(crate) fn decide(compartment: &Arc<Compartment>, max_wait: Option<Duration>) -> Self {
+        if let Some(permit) = Permit::try_acquire(compartment) {
+            return Self::Go(permit);
+        }
+        match max_wait {
+            Some(wait) if !wait.is_zero() => {
+                Self::Wait(Permit::acquire_within(compartment.clone(), wait))
+            }
+            _ => Self::Full(compartment.reject(None)),
+        }
+    }
+}
+
+// === impl Permit ===
+
+impl Permit {
+    /// A permit of `compartment`, if it has a free slot. Never waits.
+    #[inline]
+    pub(crate) fn try_acquire(compartment: &Arc<Compartment>) -> Option<Self> {
+        if compartment.try_take() {
+            Some(Self {
+                compartment: compartment.clone(),
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Waits up to `max_wait` for a slot of `compartment`; the rejection
+    /// after that is counted like any other.
+    ///
+    /// Waiters are woken in the order they started waiting (one per freed
+    /// slot), but the wait is not a strict queue: a call that arrives just
+    /// as a slot frees may take it first, and the woken waiter then waits
+    /// again for what is left of its time.
+    pub(crate) fn acquire_within(compartment: Arc<Compartment>, max_wait: Duration) -> Acquire {
+        Box::pin(async move {
+            let outcome = tokio::time::timeout(max_wait, wait_for_slot(&compartment)).await;
+            match outcome {
+                Ok(()) => Ok(Self { compartment }),
+                Err(_elapsed) => Err(compartment.reject(Some(max_wait))),
+            }
+        })
+    }
+}
+
+/// Resolves once this call holds a slot of `compartment` (the caller turns
+/// it into a [`Permit`]); dropping it before then leaves no trace.
+async fn wait_for_slot(compartment: &Compartment) {
+    let _registered = WaiterGuard::new(compartment);
+    loop {
+        let mut notified = pin!(compartment.notify.notified());
+        // Join the queue before looking at the counter, so that a release
+        // between the look and the wait still wakes us.
+        notified.as_mut().enable();
+        if compartment.try_take() {
+            return;
+        }
+        notified.await;
+    }
+}
+
+impl Drop for Permit {
+    #[inline]
+    fn drop(&mut self) {
+        self.compartment.release();
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("compartment", &self.compartment.name)
+            .finish()
+    }
+}
+
+// === impl WaiterGuard ===
+
+impl<'a> WaiterGuard<'a> {
+    fn new(compartment: &'a Compartment) -> Self {
+        compartment.waiters.fetch_add(1, Ordering::SeqCst);
+        Self(compartment)
+    }
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+// === impl Stats ===
+
+impl Stats {
+    /// Calls holding a slot right now (taken and not yet released).
+    #[must_use]
+    pub const fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The compartment's capacity: the most calls it lets through at once.
+    #[must_use]
+    pub const fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Free slots right now: `limit - in_flight`.
+    #[must_use]
+    pub const fn available(&self) -> usize {
+        self.limit.saturating_sub(self.in_flight)
+    }
+
+    /// Calls refused since the compartment was created, at once or after
+    /// waiting `max_wait`.
+    #[must_use]
+    pub const fn rejected(&self) -> u64 {
+        self.rejected
+    }
+}
+
+// === impl CompartmentHandle ===
+
+impl CompartmentHandle {
+    pub(crate) fn new(compartment: Arc<Compartment>) -> Self {
+        Self { compartment }
+    }
+
+    /// The compartment's name, as carried by
+    /// [`BulkheadFull::compartment`].
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.compartment.name
+    }
+
+    /// Reads all counters at once; see [`Stats`].
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        self.compartment.stats()
+    }
+
+    /// Calls holding a slot right now.
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.stats().in_flight
+    }
+
+    /// Calls refused so far.
+    #[must_use]
+    pub fn rejected(&self) -> u64 {
+        self.compartment.rejected.load(Ordering::Relaxed)
+    }
+
+    /// The most calls the compartment lets through at once.
+    #[must_use]
+    pub fn limit(&self) -> usize {
+        self.compartment.limit
+    }
+}
+
+impl fmt::Debug for CompartmentHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.compartment, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compartment(limit: usize) -> Arc<Compartment> {
+        Arc::new(Compartment::new("test".into(), limit))
+    }
+
+    #[test]
+    fn permits_count_against_the_limit_and_release_on_drop() {
+        let c = compartment(2);
+        let a = Permit::try_acquire(&c).unwrap();
+        let b = Permit::try_acquire(&c).unwrap();
+        assert!(Permit::try_acquire(&c).is_none());
+        assert_eq!(c.stats().in_flight(), 2);
+        drop(a);
+        assert_eq!(c.stats().available(), 1);
+        let _c = Permit::try_acquire(&c).unwrap();
+        drop(b);
+        assert_eq!(c.stats().in_flight(), 1);
+    }
+
+    #[test]
+    fn zero_limit_rejects_everything() {
+        let c = compartment(0);
+        assert!(Permit::try_acquire(&c).is_none());
+    }
+
+    #[test]
+    fn reject_counts_and_names_the_compartment() {
+        let c = compartment(1);
+        let err = c.reject(None);
+        assert_eq!(err.compartment(), "test");
+        assert_eq!(c.stats().rejected(), 1);
+    }
+}

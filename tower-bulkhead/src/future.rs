@@ -1,0 +1,306 @@
+//! Response futures of [`Bulkhead`](crate::Bulkhead) and
+//! [`HttpBulkhead`](crate::HttpBulkhead).
+//!
+//! Both carry the call's slot (its permit) from `call` until the inner
+//! future completes, so completing, failing or dropping the future gives the
+//! slot back. With `max_wait`, a call that found its compartment full waits
+//! for a slot here, in the future, never in `poll_ready`.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::answer;
+use crate::compartment::{Acquire, Permit};
+use crate::error::BulkheadFull;
+use crate::release::Release;
+use crate::BoxError;
+
+pin_project! {
+    /// Response future of [`Bulkhead`](crate::Bulkhead).
+    ///
+    /// Resolves to the inner service's response, its error boxed, or a
+    /// [`BulkheadFull`] error. The slot is released as soon as the inner
+    /// future completes, or when this future is dropped.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S, Req>,
+    }
+}
+
+pin_project! {
+    /// Response future of [`HttpBulkhead`](crate::HttpBulkhead).
+    ///
+    /// Resolves to the inner service's response or error, or to the
+    /// bulkhead's own answer (503 with `Retry-After`, or gRPC
+    /// RESOURCE_EXHAUSTED) when the compartment was full. In
+    /// [`Head`](crate::release::Head) mode the slot is released when the
+    /// inner future completes; in [`BodyEnd`](crate::release::BodyEnd) mode
+    /// it moves into the response body.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct HttpResponseFuture<S, Req, M>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S, Req>,
+        grpc: bool,
+        retry_after_secs: u64,
+        _release: PhantomData<fn() -> M>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req>
+    where
+        S: Service<Req>,
+    {
+        Called {
+            #[pin]
+            future: S::Future,
+            permit: Option<Permit>,
+        },
+        // Boxed: only the slow path pays for it, and the future of the happy
+        // path stays small (no request or service inline).
+        Waiting {
+            waiting: Box<Waiting<S, Req>>,
+        },
+        Rejected {
+            error: Option<BulkheadFull>,
+        },
+        Done,
+    }
+}
+
+/// A call waiting for a slot. The service is the clone that was made ready
+/// for this call; it is called once a slot is free.
+struct Waiting<S, Req> {
+    acquire: Acquire,
+    service: Option<S>,
+    request: Option<Req>,
+}
+
+/// How the shared state machine ended.
+enum Outcome<T, E> {
+    Response(T, Option<Permit>),
+    Inner(E),
+    Full(BulkheadFull),
+}
+
+// === impl State ===
+
+impl<S, Req> State<S, Req>
+where
+    S: Service<Req>,
+{
+    fn called(future: S::Future, permit: Permit) -> Self {
+        Self::Called {
+            future,
+            permit: Some(permit),
+        }
+    }
+
+    fn waiting(acquire: Acquire, service: S, request: Req) -> Self {
+        Self::Waiting {
+            waiting: Box::new(Waiting {
+                acquire,
+                service: Some(service),
+                request: Some(request),
+            }),
+        }
+    }
+
+    fn rejected(error: BulkheadFull) -> Self {
+        Self::Rejected { error: Some(error) }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Called { .. } => "called",
+            Self::Waiting { .. } => "waiting",
+            Self::Rejected { .. } => "rejected",
+            Self::Done => "done",
+        }
+    }
+
+    #[inline]
+    fn poll_outcome(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Outcome<S::Response, S::Error>> {
+        loop {
+            match self.as_mut().project() {
+                StateProj::Called { future, permit } => {
+                    let output = ready!(future.poll(cx));
+                    // The finished inner future stays until this one is
+                    // dropped (polling it again is the caller's error, as
+                    // for any future); the slot is handed on now.
+                    let permit = permit.take();
+                    return Poll::Ready(match output {
+                        Ok(response) => Outcome::Response(response, permit),
+                        Err(error) => Outcome::Inner(error),
+                    });
+                }
+                StateProj::Waiting { waiting } => match ready!(waiting.acquire.as_mut().poll(cx)) {
+                    Ok(permit) => {
+                        let (Some(mut service), Some(request)) =
+                            (waiting.service.take(), waiting.request.take())
+                        else {
+                            unreachable!("a waiting call holds its service and request");
+                        };
+                        let future = service.call(request);
+                        self.set(Self::called(future, permit));
+                    }
+                    Err(full) => {
+                        self.set(Self::Done);
+                        return Poll::Ready(Outcome::Full(full));
+                    }
+                },
+                StateProj::Rejected { error } => {
+                    let error = error.take();
+                    self.set(Self::Done);
+                    if let Some(error) = error {
+                        return Poll::Ready(Outcome::Full(error));
+                    }
+                }
+                StateProj::Done => panic!("bulkhead response future polled after completion"),
+            }
+        }
+    }
+}
+
+// === impl ResponseFuture ===
+
+impl<S, Req> ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    pub(crate) fn called(future: S::Future, permit: Permit) -> Self {
+        Self {
+            state: State::called(future, permit),
+        }
+    }
+
+    pub(crate) fn waiting(acquire: Acquire, service: S, request: Req) -> Self {
+        Self {
+            state: State::waiting(acquire, service, request),
+        }
+    }
+
+    pub(crate) fn rejected(error: BulkheadFull) -> Self {
+        Self {
+            state: State::rejected(error),
+        }
+    }
+}
+
+impl<S, Req> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match ready!(self.project().state.poll_outcome(cx)) {
+            Outcome::Response(response, _permit) => Ok(response),
+            Outcome::Inner(error) => Err(error.into()),
+            Outcome::Full(full) => Err(full.into()),
+        })
+    }
+}
+
+impl<S, Req> fmt::Debug for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("state", &self.state.name())
+            .finish()
+    }
+}
+
+// === impl HttpResponseFuture ===
+
+impl<S, Req, M> HttpResponseFuture<S, Req, M>
+where
+    S: Service<Req>,
+{
+    pub(crate) fn called(future: S::Future, permit: Permit) -> Self {
+        Self::with_state(State::called(future, permit), false, 0)
+    }
+
+    pub(crate) fn waiting(
+        acquire: Acquire,
+        service: S,
+        request: Req,
+        grpc: bool,
+        retry_after_secs: u64,
+    ) -> Self {
+        Self::with_state(
+            State::waiting(acquire, service, request),
+            grpc,
+            retry_after_secs,
+        )
+    }
+
+    pub(crate) fn rejected(error: BulkheadFull, grpc: bool, retry_after_secs: u64) -> Self {
+        Self::with_state(State::rejected(error), grpc, retry_after_secs)
+    }
+
+    fn with_state(state: State<S, Req>, grpc: bool, retry_after_secs: u64) -> Self {
+        Self {
+            state,
+            grpc,
+            retry_after_secs,
+            _release: PhantomData,
+        }
+    }
+}
+
+impl<S, ReqBody, B, M> Future for HttpResponseFuture<S, Request<ReqBody>, M>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+    B: Default,
+    M: Release,
+{
+    type Output = Result<Response<M::Body<B>>, S::Error>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        Poll::Ready(match ready!(this.state.poll_outcome(cx)) {
+            Outcome::Response(response, permit) => Ok(M::finish(response, permit)),
+            Outcome::Inner(error) => Err(error),
+            Outcome::Full(_) => Ok(M::answer(answer::bulkhead_full(
+                *this.grpc,
+                *this.retry_after_secs,
+            ))),
+        })
+    }
+}
+
+impl<S, Req, M> fmt::Debug for HttpResponseFuture<S, Req, M>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpResponseFuture")
+            .field("state", &self.state.name())
+            .field("grpc", &self.grpc)
+            .finish()
+    }
+}

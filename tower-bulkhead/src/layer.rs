@@ -1,0 +1,377 @@
+use std::fmt;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use crate::compartment::CompartmentHandle;
+use crate::partition::{KeyedConfig, KeyedHandle, PerKey, Single};
+use crate::release::{BodyEnd, Head};
+use crate::service::{Bulkhead, HttpBulkhead};
+use crate::{DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
+
+/// The default `Retry-After` of the HTTP answer: one second.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Caps the calls in flight through the services it wraps and refuses the
+/// rest at once with a typed error; a [`Layer`] that produces
+/// [`Bulkhead`].
+///
+/// The compartment (or, with [`per_key`](Self::per_key), the registry of
+/// compartments) is created here, in the constructor, and shared by every
+/// service this layer wraps: `layer` may be called once per connection, as
+/// `axum::serve` does, and all connections still share one limit.
+///
+/// Defaults: no waiting (`max_wait` off), one compartment.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_bulkhead::BulkheadLayer;
+///
+/// // At most 32 calls to the payments service at once; a call that finds
+/// // them all busy may wait up to 5 ms for a slot, then fails.
+/// let layer = BulkheadLayer::new("payments", 32).max_wait(Duration::from_millis(5));
+/// let handle = layer.handle();
+/// assert_eq!(handle.in_flight(), 0);
+/// assert_eq!(handle.limit(), 32);
+/// ```
+///
+/// # Clone
+///
+/// Clones share the compartments (and so the limit and the counters). The
+/// setters that shape compartments ([`per_key`](Self::per_key),
+/// [`max_keys`](BulkheadLayer::max_keys),
+/// [`idle_timeout`](BulkheadLayer::idle_timeout),
+/// [`fallback_limit`](BulkheadLayer::fallback_limit)) start afresh with new
+/// ones: configure first, then clone, wrap and take [`handle`](Self::handle)s.
+#[derive(Clone)]
+#[must_use]
+pub struct BulkheadLayer<K = Single> {
+    partition: K,
+    max_wait: Option<Duration>,
+}
+
+/// Like [`BulkheadLayer`], for HTTP servers: a full compartment is answered
+/// with `503 Service Unavailable` (gRPC: RESOURCE_EXHAUSTED) instead of an
+/// error; a [`Layer`] that produces [`HttpBulkhead`].
+///
+/// The `M` parameter says when a call's slot is given back:
+/// [`Head`] (the default) when the response head is ready, [`BodyEnd`]
+/// (after [`hold_until_body_end`](Self::hold_until_body_end)) when the
+/// response body has been sent or dropped.
+///
+/// Defaults: no waiting, one compartment, `Retry-After: 1`
+/// ([`DEFAULT_RETRY_AFTER`]), release at [`Head`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_bulkhead::HttpBulkheadLayer;
+///
+/// let layer = HttpBulkheadLayer::new("api", 256)
+///     .retry_after(Duration::from_secs(2))
+///     .hold_until_body_end();
+/// assert_eq!(layer.handle().limit(), 256);
+/// ```
+///
+/// # Clone
+///
+/// As for [`BulkheadLayer`]: clones share the compartments.
+#[must_use]
+pub struct HttpBulkheadLayer<K = Single, M = Head> {
+    inner: BulkheadLayer<K>,
+    retry_after_secs: u64,
+    _release: PhantomData<fn() -> M>,
+}
+
+// === impl BulkheadLayer ===
+
+impl BulkheadLayer<Single> {
+    /// A layer with one compartment named `name` that lets at most `limit`
+    /// calls through at once.
+    ///
+    /// The name identifies the compartment in errors, answers' logs and
+    /// handles; use the dependency's name. A `limit` of zero refuses every
+    /// call (a kill switch).
+    pub fn new(name: impl Into<Arc<str>>, limit: usize) -> Self {
+        Self {
+            partition: Single::new(name.into(), limit),
+            max_wait: None,
+        }
+    }
+
+    /// One compartment per key instead of one for all: `key_fn` computes
+    /// the key of each request (a host, a route, a tenant), and every key
+    /// gets its own compartment of the same `limit`, so a saturated key
+    /// leaves the others untouched.
+    ///
+    /// The number of live compartments is bounded (see
+    /// [`max_keys`](BulkheadLayer::max_keys)); idle ones are evicted after
+    /// [`idle_timeout`](BulkheadLayer::idle_timeout), and past the bound new
+    /// keys share a fallback compartment. See
+    /// [`KeyedHandle`](crate::KeyedHandle) for the details.
+    ///
+    /// Keyed selection takes a short lock and reads the clock on every
+    /// call; it allocates only if `key_fn` does (prefer keys that are cheap
+    /// to build, like `&'static str` route names or a cloned
+    /// `http::uri::Authority`).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_bulkhead::BulkheadLayer;
+    ///
+    /// let layer = BulkheadLayer::new("upstream", 16)
+    ///     .per_key(|req: &http::Request<()>| req.uri().host().map(str::to_owned))
+    ///     .max_keys(100);
+    /// let handle = layer.handle();
+    /// assert!(handle.is_empty());
+    /// ```
+    pub fn per_key<Req, F, Q>(self, key_fn: F) -> BulkheadLayer<PerKey<F, Q>>
+    where
+        F: Fn(&Req) -> Q,
+        Q: Hash + Eq + fmt::Debug,
+    {
+        let limit = self.partition.limit();
+        let config = KeyedConfig {
+            name: self.partition.name(),
+            limit,
+            max_keys: DEFAULT_MAX_KEYS,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            fallback_limit: limit,
+        };
+        BulkheadLayer {
+            partition: PerKey::new(key_fn, config),
+            max_wait: self.max_wait,
+        }
+    }
+
+    /// A view of the compartment's counters, shared with every service
+    /// this layer wraps.
+    #[must_use]
+    pub fn handle(&self) -> CompartmentHandle {
+        self.partition.handle()
+    }
+}
+
+impl<F, Q> BulkheadLayer<PerKey<F, Q>>
+where
+    Q: Hash + Eq,
+{
+    /// The most keyed compartments alive at once (default
+    /// [`DEFAULT_MAX_KEYS`], 1024). New keys past it share the fallback
+    /// compartment. Zero sends every request to the fallback.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.partition = self.partition.reconfigure(|c| c.max_keys = max_keys);
+        self
+    }
+
+    /// How long a keyed compartment with no call in flight or waiting
+    /// must go unused before it may be evicted (default
+    /// [`DEFAULT_IDLE_TIMEOUT`], 60 s). Eviction forgets its counters.
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.partition = self.partition.reconfigure(|c| c.idle_timeout = idle);
+        self
+    }
+
+    /// The limit of the fallback compartment shared by new keys once
+    /// `max_keys` compartments are alive (default: the per-key limit).
+    pub fn fallback_limit(mut self, limit: usize) -> Self {
+        self.partition = self.partition.reconfigure(|c| c.fallback_limit = limit);
+        self
+    }
+
+    /// A view of the keyed compartments and the fallback, shared with every
+    /// service this layer wraps.
+    #[must_use]
+    pub fn handle(&self) -> KeyedHandle<Q> {
+        self.partition.handle()
+    }
+}
+
+impl<K> BulkheadLayer<K> {
+    /// Lets a call that finds its compartment full wait up to `max_wait`
+    /// for a slot before it is refused (default: no waiting, refuse at
+    /// once). The wait happens in the response future, never in
+    /// `poll_ready`, and the waiters are bounded by the callers, not queued
+    /// without limit. Zero means no waiting.
+    ///
+    /// Waiting needs a clone of the inner service (the one made ready for
+    /// the call is kept for it), hence the `S: Clone` bound on the service.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The HTTP flavour of this layer, with the same compartments: full
+    /// compartments answer `503` (gRPC: RESOURCE_EXHAUSTED) instead of
+    /// failing. See [`HttpBulkheadLayer`].
+    pub fn http(self) -> HttpBulkheadLayer<K> {
+        HttpBulkheadLayer {
+            inner: self,
+            retry_after_secs: DEFAULT_RETRY_AFTER.as_secs(),
+            _release: PhantomData,
+        }
+    }
+}
+
+impl<S, K: Clone> Layer<S> for BulkheadLayer<K> {
+    type Service = Bulkhead<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Bulkhead::from_parts(inner, self.partition.clone(), self.max_wait)
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for BulkheadLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadLayer")
+            .field("partition", &self.partition)
+            .field("max_wait", &self.max_wait)
+            .finish()
+    }
+}
+
+// === impl HttpBulkheadLayer ===
+
+impl HttpBulkheadLayer<Single, Head> {
+    /// An HTTP layer with one compartment named `name` that lets at most
+    /// `limit` requests through at once; the same as
+    /// `BulkheadLayer::new(name, limit).http()`.
+    pub fn new(name: impl Into<Arc<str>>, limit: usize) -> Self {
+        BulkheadLayer::new(name, limit).http()
+    }
+}
+
+impl<M> HttpBulkheadLayer<Single, M> {
+    /// One compartment per key; see [`BulkheadLayer::per_key`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_bulkhead::HttpBulkheadLayer;
+    ///
+    /// // One compartment of 8 per tenant, named by a request header.
+    /// let layer = HttpBulkheadLayer::new("tenants", 8).per_key(|req: &http::Request<()>| {
+    ///     req.headers().get("x-tenant").cloned()
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn per_key<Req, F, Q>(self, key_fn: F) -> HttpBulkheadLayer<PerKey<F, Q>, M>
+    where
+        F: Fn(&Req) -> Q,
+        Q: Hash + Eq + fmt::Debug,
+    {
+        HttpBulkheadLayer {
+            inner: self.inner.per_key(key_fn),
+            retry_after_secs: self.retry_after_secs,
+            _release: PhantomData,
+        }
+    }
+
+    /// A view of the compartment's counters; see
+    /// [`BulkheadLayer::handle`].
+    #[must_use]
+    pub fn handle(&self) -> CompartmentHandle {
+        self.inner.handle()
+    }
+}
+
+impl<F, Q, M> HttpBulkheadLayer<PerKey<F, Q>, M>
+where
+    Q: Hash + Eq,
+{
+    /// See [`BulkheadLayer::max_keys`].
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.inner = self.inner.max_keys(max_keys);
+        self
+    }
+
+    /// See [`BulkheadLayer::idle_timeout`].
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.inner = self.inner.idle_timeout(idle);
+        self
+    }
+
+    /// See [`BulkheadLayer::fallback_limit`].
+    pub fn fallback_limit(mut self, limit: usize) -> Self {
+        self.inner = self.inner.fallback_limit(limit);
+        self
+    }
+
+    /// A view of the keyed compartments; see [`KeyedHandle`].
+    #[must_use]
+    pub fn handle(&self) -> KeyedHandle<Q> {
+        self.inner.handle()
+    }
+}
+
+impl<K, M> HttpBulkheadLayer<K, M> {
+    /// See [`BulkheadLayer::max_wait`]. A request that waited in vain gets
+    /// the same answer as one refused at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.inner = self.inner.max_wait(max_wait);
+        self
+    }
+
+    /// The `Retry-After` of the 503 answer (default
+    /// [`DEFAULT_RETRY_AFTER`], one second), rounded up to whole seconds as
+    /// the header requires. gRPC answers carry no `Retry-After`.
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after_secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        self
+    }
+
+    /// Keep each request's slot until its response body has been sent to
+    /// the end, has failed, or has been dropped, instead of releasing it
+    /// when the response head is ready. Use it when the body streams from
+    /// the dependency, so that the slot covers the whole time the
+    /// dependency is busy. The response body becomes
+    /// [`ResponseBody<B>`](crate::body::ResponseBody).
+    pub fn hold_until_body_end(self) -> HttpBulkheadLayer<K, BodyEnd> {
+        HttpBulkheadLayer {
+            inner: self.inner,
+            retry_after_secs: self.retry_after_secs,
+            _release: PhantomData,
+        }
+    }
+}
+
+impl<S, K: Clone, M> Layer<S> for HttpBulkheadLayer<K, M> {
+    type Service = HttpBulkhead<S, K, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HttpBulkhead::from_parts(
+            inner,
+            self.inner.partition.clone(),
+            self.inner.max_wait,
+            self.retry_after_secs,
+        )
+    }
+}
+
+impl<K: Clone, M> Clone for HttpBulkheadLayer<K, M> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            retry_after_secs: self.retry_after_secs,
+            _release: PhantomData,
+        }
+    }
+}
+
+impl<K: fmt::Debug, M> fmt::Debug for HttpBulkheadLayer<K, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpBulkheadLayer")
+            .field("partition", &self.inner.partition)
+            .field("max_wait", &self.inner.max_wait)
+            .field("retry_after_secs", &self.retry_after_secs)
+            .field("release", &std::any::type_name::<M>())
+            .finish()
+    }
+}

@@ -1,0 +1,266 @@
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::answer;
+use crate::compartment::Admission;
+use crate::future::{HttpResponseFuture, ResponseFuture};
+use crate::layer::{BulkheadLayer, HttpBulkheadLayer};
+use crate::partition::{Partition, Single};
+use crate::release::{Head, Release};
+use crate::BoxError;
+
+/// Middleware that caps the calls in flight to the inner service and
+/// refuses the rest at once with [`BulkheadFull`](crate::error::BulkheadFull).
+///
+/// For each call it takes a slot of the request's compartment in `call`;
+/// if none is free it fails at once, or waits up to `max_wait` inside the
+/// response future. The slot is held by the response future and released
+/// when it completes or is dropped.
+///
+/// `poll_ready` only forwards the inner service's readiness; see the crate
+/// docs, "Readiness".
+///
+/// # Clone
+///
+/// Clones share the compartments (limit, counters) and clone the inner
+/// service.
+#[derive(Clone)]
+pub struct Bulkhead<S, K = Single> {
+    inner: S,
+    partition: K,
+    max_wait: Option<Duration>,
+}
+
+/// Middleware that caps the requests in flight to the inner HTTP service
+/// and answers the rest with `503 Service Unavailable`, or for gRPC requests
+/// a trailers-only RESOURCE_EXHAUSTED.
+///
+/// The 503 carries `Retry-After` (whole seconds) and
+/// [`NO_RETRY_HEADER`](crate::NO_RETRY_HEADER)`: 1`; the gRPC answer (HTTP
+/// 200, `content-type: application/grpc`, `grpc-status: 8`, `grpc-message:
+/// bulkhead full`) carries the no-retry mark too. The error type stays the
+/// inner service's, so it fits `axum::Router::layer`; the response body
+/// type must implement [`Default`] (the answers have an empty body), as
+/// axum's and tonic's bodies do.
+///
+/// With the [`BodyEnd`](crate::release::BodyEnd) release mode the slot is
+/// kept by the response body until it has been sent or dropped.
+///
+/// # Clone
+///
+/// Clones share the compartments (limit, counters) and clone the inner
+/// service.
+pub struct HttpBulkhead<S, K = Single, M = Head> {
+    inner: S,
+    partition: K,
+    max_wait: Option<Duration>,
+    retry_after_secs: u64,
+    _release: PhantomData<fn() -> M>,
+}
+
+// === impl Bulkhead ===
+
+impl<S> Bulkhead<S, Single> {
+    /// Wraps `inner` in a new compartment named `name` with room for
+    /// `limit` calls; the same as `BulkheadLayer::new(name, limit).layer(inner)`.
+    pub fn new(inner: S, name: impl Into<Arc<str>>, limit: usize) -> Self {
+        tower_layer::Layer::layer(&BulkheadLayer::new(name, limit), inner)
+    }
+
+    /// A layer that wraps services in [`Bulkhead`]; the same as
+    /// [`BulkheadLayer::new`].
+    pub fn layer(name: impl Into<Arc<str>>, limit: usize) -> BulkheadLayer {
+        BulkheadLayer::new(name, limit)
+    }
+}
+
+impl<S, K> Bulkhead<S, K> {
+    pub(crate) fn from_parts(inner: S, partition: K, max_wait: Option<Duration>) -> Self {
+        Self {
+            inner,
+            partition,
+            max_wait,
+        }
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, K, Req> Service<Req> for Bulkhead<S, K>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    K: Partition<Req>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Req>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Req) -> Self::Future {
+        let max_wait = self.max_wait;
+        let admission = self
+            .partition
+            .with_compartment(&request, |c| Admission::decide(c, max_wait));
+        match admission {
+            Admission::Go(permit) => ResponseFuture::called(self.inner.call(request), permit),
+            Admission::Wait(acquire) => {
+                let ready = take_ready(&mut self.inner);
+                ResponseFuture::waiting(acquire, ready, request)
+            }
+            Admission::Full(error) => ResponseFuture::rejected(error),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for Bulkhead<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bulkhead")
+            .field("inner", &self.inner)
+            .field("partition", &self.partition)
+            .field("max_wait", &self.max_wait)
+            .finish()
+    }
+}
+
+/// Takes the service that was made ready for this call, leaving a clone in
+/// its place (which the next `poll_ready` drives), so a waiting call can
+/// call it later.
+fn take_ready<S: Clone>(service: &mut S) -> S {
+    let clone = service.clone();
+    mem::replace(service, clone)
+}
+
+// === impl HttpBulkhead ===
+
+impl<S> HttpBulkhead<S, Single, Head> {
+    /// Wraps `inner` in a new compartment named `name` with room for
+    /// `limit` requests; the same as
+    /// `HttpBulkheadLayer::new(name, limit).layer(inner)`.
+    pub fn new(inner: S, name: impl Into<Arc<str>>, limit: usize) -> Self {
+        tower_layer::Layer::layer(&HttpBulkheadLayer::new(name, limit), inner)
+    }
+
+    /// A layer that wraps services in [`HttpBulkhead`]; the same as
+    /// [`HttpBulkheadLayer::new`].
+    pub fn layer(name: impl Into<Arc<str>>, limit: usize) -> HttpBulkheadLayer {
+        HttpBulkheadLayer::new(name, limit)
+    }
+}
+
+impl<S, K, M> HttpBulkhead<S, K, M> {
+    pub(crate) fn from_parts(
+        inner: S,
+        partition: K,
+        max_wait: Option<Duration>,
+        retry_after_secs: u64,
+    ) -> Self {
+        Self {
+            inner,
+            partition,
+            max_wait,
+            retry_after_secs,
+            _release: PhantomData,
+        }
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, K, M, ReqBody, B> Service<Request<ReqBody>> for HttpBulkhead<S, K, M>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>> + Clone,
+    B: Default,
+    K: Partition<Request<ReqBody>>,
+    M: Release,
+{
+    type Response = Response<M::Body<B>>;
+    type Error = S::Error;
+    type Future = HttpResponseFuture<S, Request<ReqBody>, M>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let max_wait = self.max_wait;
+        let admission = self
+            .partition
+            .with_compartment(&request, |c| Admission::decide(c, max_wait));
+        match admission {
+            Admission::Go(permit) => HttpResponseFuture::called(self.inner.call(request), permit),
+            Admission::Wait(acquire) => {
+                let grpc = answer::is_grpc(request.headers());
+                let ready = take_ready(&mut self.inner);
+                HttpResponseFuture::waiting(acquire, ready, request, grpc, self.retry_after_secs)
+            }
+            Admission::Full(error) => {
+                let grpc = answer::is_grpc(request.headers());
+                HttpResponseFuture::rejected(error, grpc, self.retry_after_secs)
+            }
+        }
+    }
+}
+
+impl<S: Clone, K: Clone, M> Clone for HttpBulkhead<S, K, M> {
+    fn clone(&self) -> Self {
+        Self::from_parts(
+            self.inner.clone(),
+            self.partition.clone(),
+            self.max_wait,
+            self.retry_after_secs,
+        )
+    }
+}
+
+impl<S: fmt::Debug, K: fmt::Debug, M> fmt::Debug for HttpBulkhead<S, K, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpBulkhead")
+            .field("inner", &self.inner)
+            .field("partition", &self.partition)
+            .field("max_wait", &self.max_wait)
+            .field("retry_after_secs", &self.retry_after_secs)
+            .field("release", &std::any::type_name::<M>())
+            .finish()
+    }
+}
