@@ -53,8 +53,8 @@
 //!    or a `grpc-retry-pushback-ms` sets the least delay; a negative or
 //!    malformed pushback means never. Whatever the policy says, a response
 //!    carrying [`NO_RETRY_HEADER`] and a local rejection
-//!    ([`policy::is_local_rejection`]: this crate's errors and
-//!    `tower-deadline`'s) are never retried.
+//!    ([`policy::is_local_rejection`]: this crate's errors,
+//!    `tower-deadline`'s and `tower-bulkhead`'s) are never retried.
 //! 2. **May the request be repeated?** It must be idempotent (`GET`,
 //!    `HEAD`, `OPTIONS`, `PUT`, `DELETE`, `TRACE`) or carry an
 //!    `Idempotency-Key` header; the rule is the policy's
@@ -266,6 +266,8 @@
 //! - `deadline` (default): read the deadline from `tower-deadline` (the
 //!   request's extensions and the task-local scope) and never retry its
 //!   errors. Without it, retries are not limited by a deadline.
+//! - `bulkhead` (default): never retry a `tower-bulkhead` rejection
+//!   (`BulkheadFull`, found anywhere in the error's `source()` chain).
 //! - `tower`: implement `tower::retry::budget::Budget` for [`RetryBudget`],
 //!   so it can back `tower::retry` policies too.
 //!

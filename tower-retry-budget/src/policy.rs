@@ -291,7 +291,9 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
 /// Recognised: every error of this crate ([`crate::error`]: the retries
 /// already ended below, so this tier must not start again), and, with the
 /// `deadline` feature, `tower-deadline`'s `DeadlineExceeded` and
-/// `InsufficientBudget` (the caller's budget is spent).
+/// `InsufficientBudget` (the caller's budget is spent); with the `bulkhead`
+/// feature, `tower-bulkhead`'s `BulkheadFull` (local overload: the
+/// dependency was not called).
 ///
 /// # Example
 ///
@@ -332,7 +334,14 @@ fn is_local_rejection_one(e: &(dyn Error + 'static)) -> bool {
             return true;
         }
     }
-    // The bulkhead's `BulkheadFull` (local overload) belongs here too.
+    #[cfg(feature = "bulkhead")]
+    {
+        // Local overload: the dependency was not even called, and a retry
+        // would only add load where there is too much already.
+        if e.is::<tower_bulkhead::error::BulkheadFull>() {
+            return true;
+        }
+    }
     false
 }
 

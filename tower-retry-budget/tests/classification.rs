@@ -232,6 +232,26 @@ async fn deadline_errors_are_never_retried() {
     assert!(err.is::<DeadlineExceeded>(), "{err}");
 }
 
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn bulkhead_rejections_are_never_retried() {
+    use tower_bulkhead::error::BulkheadFull;
+    use tower_bulkhead::BulkheadLayer;
+
+    // A full compartment (limit 0) below the retry layer: the rejection is
+    // local overload, and retrying it would only add load.
+    let log = Log::new();
+    let bulkhead = BulkheadLayer::new("payments", 0);
+    let stats = bulkhead.handle();
+    let svc = ServiceBuilder::new()
+        .layer(layer())
+        .layer(bulkhead)
+        .service(Scripted::always(&log, 200));
+    let err = svc.oneshot(get()).await.unwrap_err();
+    assert!(err.is::<BulkheadFull>(), "{err}");
+    assert_eq!(stats.rejected(), 1, "the rejection must not be retried");
+    assert_eq!(log.count(), 0);
+}
+
 #[derive(Debug, Clone)]
 struct AlsoRetry500;
 
