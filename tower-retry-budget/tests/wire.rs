@@ -23,6 +23,29 @@ fn header_names_are_the_documented_ones() {
     assert_eq!(GRPC_PREVIOUS_RPC_ATTEMPTS, "grpc-previous-rpc-attempts");
 }
 
+#[test]
+fn the_bulkhead_writes_the_same_no_retry_header() {
+    // The two crates cannot share the constant (no dependency from the
+    // bulkhead on this crate); this test keeps the wire signal in step.
+    assert_eq!(tower_bulkhead::NO_RETRY_HEADER, NO_RETRY_HEADER);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_bulkhead_503_is_not_retried_and_its_mark_is_stripped() {
+    // A server-side bulkhead (HTTP mode) answers 503 with the mark; a client
+    // retry layer above it must neither retry nor pass the mark on.
+    let log = Log::new();
+    let bulkhead = tower_bulkhead::HttpBulkheadLayer::new("orders", 0);
+    let stats = bulkhead.handle();
+    let svc = layer().layer(bulkhead.layer(Scripted::always(&log, 200)));
+    let response = svc.oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().get(NO_RETRY_HEADER).is_none());
+    assert!(response.headers().get("retry-after").is_some());
+    assert_eq!(stats.rejected(), 1);
+    assert_eq!(log.count(), 0);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn http_retries_carry_the_attempt_number() {
     let log = Log::new();
