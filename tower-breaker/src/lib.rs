@@ -1,6 +1,335 @@
-//! A circuit breaker for tower services.
+//! A circuit breaker for tower services that counts every attempt and
+//! probes with one call.
 //!
-//! This crate is being built: it will provide a breaker (closed, open,
-//! half-open with a single probe) that counts every retry attempt while stacked
-//! outside the retry layer, with state that can be shared across processes
-//! through Redis.
+//! When a dependency is down, callers get a cheap
+//! [`CircuitOpen`](error::CircuitOpen) error in nanoseconds instead of a
+//! wait of seconds; when it comes back, one probe, not the whole backlog,
+//! tests it.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
+//! use tower_breaker::error::CircuitOpen;
+//! use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, State};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! // A dependency that is down.
+//! let dependency = service_fn(|_req: http::Request<String>| async {
+//!     let mut response = http::Response::new(String::new());
+//!     *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+//!     Ok::<_, BoxError>(response)
+//! });
+//!
+//! let breaker = Breaker::with_config(
+//!     "inventory",
+//!     BreakerConfig::new().count_window(20).minimum_calls(10),
+//! );
+//! let client = ServiceBuilder::new()
+//!     .layer(BreakerLayer::new(breaker.clone()))
+//!     .service(dependency);
+//!
+//! // Ten failures in a row: 100% of the window, past the minimum of 10.
+//! for _ in 0..10 {
+//!     let response = client.clone().oneshot(http::Request::new(String::new())).await?;
+//!     assert_eq!(response.status(), 503);
+//! }
+//! assert_eq!(breaker.snapshot().state, State::Open);
+//!
+//! // Now calls fail at once, without reaching the dependency.
+//! let err = client.clone().oneshot(http::Request::new(String::new())).await.unwrap_err();
+//! let open = err.downcast_ref::<CircuitOpen>().unwrap();
+//! assert_eq!(open.breaker(), "inventory");
+//! assert!(open.retry_after() <= Duration::from_millis(5500));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//!
+//! ```text
+//!            failure rate or slow-call rate >= threshold
+//!            (after minimum_calls), or N failures in a row
+//!   ┌────────┐ ────────────────────────────────────────────▶ ┌──────┐
+//!   │ Closed │                                               │ Open │ ◀─┐
+//!   └────────┘ ◀──────────┐                                  └──────┘   │
+//!        ▲                │ successes_to_close               │          │ a probe fails or is slow,
+//!        │ (fresh window, │ probe successes in a row         │ the open │ or no probe completes
+//!        │  growth reset, │                                  │ period   │ within max_half_open_wait
+//!        │  optional      │         ┌───────────┐            │ is over  │ (period grows: x growth,
+//!        │  ramp-up)      └──────── │ Half-open │ ◀──────────┘ (next    │  capped, jittered)
+//!        │                          └───────────┘   call)      ─────────┘
+//! ```
+//!
+//! - **Closed**: every call passes; its outcome goes into the window. A
+//!   call is admitted with one atomic load. The window is *count based*
+//!   (the last N outcomes, a lock-free ring of atomic slots with the counts
+//!   aggregated in one word) or *time based* (the last N buckets of time,
+//!   rolled over by compare-and-swap). When a failure or a slow success is
+//!   recorded and the window holds at least `minimum_calls`, the circuit
+//!   opens if the failure rate or the slow-call rate reaches its threshold
+//!   (rates are compared exactly, in millionths). The rule is checked only
+//!   when a bad outcome arrives, so successes can never open the circuit.
+//! - **Open**: calls are rejected without calling the inner service, with
+//!   a [`CircuitOpen`](error::CircuitOpen) saying how long until the probe.
+//!   The period starts at `open_period`, is multiplied by `open_growth` on
+//!   each re-open in a row (capped at `max_open_period`), and carries
+//!   ±`jitter` so a fleet does not probe in lockstep. There is no timer
+//!   and no background task: the first call after the period moves the
+//!   circuit to half-open (until then the [snapshot](Breaker::snapshot)
+//!   still says open, with a `retry_after` of zero).
+//! - **Half-open**: at most `permitted_probes` calls are in flight at once;
+//!   everyone else is rejected. A probe that fails (or is slow) re-opens
+//!   with the longer period; `successes_to_close` successes in a row close
+//!   with a fresh window and the growth reset. A probe whose future is
+//!   dropped frees its slot; if no probe completes within
+//!   `max_half_open_wait`, the circuit re-opens, so it can never wedge.
+//! - **Generations**: every transition bumps a generation number kept in
+//!   the same atomic word as the state. A call remembers the generation it
+//!   was admitted in, and its outcome is discarded if the circuit has moved
+//!   on since (a slow call admitted before an opening cannot count against
+//!   the window of a later closed period). Transitions are
+//!   compare-and-swaps on that word, so exactly one caller makes each.
+//! - **Manual modes** ([`Mode`], switched with [`Breaker::set_mode`]):
+//!   forced open, forced closed (counts, never opens), disabled (no
+//!   counting, always pass) and metrics only (the machine runs and emits
+//!   its events, but never rejects).
+//!
+//! Every knob, on [`BreakerConfig`], and its default (chosen for a breaker
+//! per HTTP dependency):
+//!
+//! | knob | default | meaning |
+//! |---|---|---|
+//! | [`count_window`](BreakerConfig::count_window) / [`time_window`](BreakerConfig::time_window) | last 20 calls | what is judged |
+//! | [`minimum_calls`](BreakerConfig::minimum_calls) | 10 | calls in the window before judging (capped at a count window's size) |
+//! | [`failure_rate`](BreakerConfig::failure_rate) | 0.5 | open when failures / calls reaches it |
+//! | [`slow_calls`](BreakerConfig::slow_calls) | off (rate 0.5 once on) | a success this slow counts as slow; open when slow / calls reaches the rate |
+//! | [`consecutive_failures`](BreakerConfig::consecutive_failures) | off | also open after this many failures in a row |
+//! | [`open_period`](BreakerConfig::open_period) | 5 s | first open period |
+//! | [`open_growth`](BreakerConfig::open_growth) | x2 | growth per re-open in a row |
+//! | [`max_open_period`](BreakerConfig::max_open_period) | 60 s | cap (after jitter) |
+//! | [`jitter`](BreakerConfig::jitter) | ±10% | random share of each period |
+//! | [`permitted_probes`](BreakerConfig::permitted_probes) | 1 | probes in flight at once |
+//! | [`successes_to_close`](BreakerConfig::successes_to_close) | 1 | probe successes in a row that close |
+//! | [`max_half_open_wait`](BreakerConfig::max_half_open_wait) | 30 s | re-open if the probes never complete |
+//! | [`ramp_up`](BreakerConfig::ramp_up) | off | after closing, admit a share of calls growing to 100% over this period |
+//! | [`rejection_event_interval`](BreakerConfig::rejection_event_interval) | 1 s | least interval between `circuit_rejected` events |
+//! | [`random`](BreakerConfig::random) | [`ProcessRandom`] | source of the jitter (tests inject [`SeededRandom`]) |
+//! | [`listener`](BreakerConfig::listener) | none | told about every [`Transition`] |
+//! | [`store`](BreakerConfig::store) / [`refresh_interval`](BreakerConfig::refresh_interval) | none / 1 s | share the decision across processes ([`store`]) |
+//!
+//! Why these defaults: 20 calls with a minimum of 10 is the "half of the
+//! last 20 calls" rule of thumb, and 10 calls keep one unlucky pair of
+//! errors from opening the circuit. 5 s is long enough for a dependency
+//! under load to drain its queue, short enough that a blip costs users
+//! little; doubling up to a minute keeps a dependency that recovers in
+//! bursts from being hammered every 5 s. One probe is the point of the
+//! pattern (the backlog must not be the test), and the 30 s half-open wait
+//! is longer than any sane client timeout, so only a hung probe hits it.
+//!
+//! Timing details: open deadlines are kept in whole milliseconds (rounded
+//! down), relative to a [`tokio::time::Instant`] taken when the breaker was
+//! built, so paused test time applies. The closed path reads no clock,
+//! unless the window is time based (one read per outcome) or slow-call
+//! detection is on (two reads per call) or a store is configured (one read
+//! per call, to see whether a refresh is due).
+//!
+//! Observability: `tracing` events `circuit_opened` (warn; with the
+//! breaker's name, the cause, the rates, the window's counts and the open
+//! period), `circuit_half_open` and `circuit_closed` (info),
+//! `circuit_mode_changed`, and `circuit_rejected` (warn, at most once per
+//! `rejection_event_interval` per breaker, with the rejected total);
+//! [`Breaker::snapshot`] for the state, the window's counts and rates and
+//! the [`Totals`] (successful, failed, slow, ignored, **rejected**, stale,
+//! opened); a [`Listener`] for alarms.
+//!
+//! # Readiness
+//!
+//! [`CircuitBreaker`] forwards the inner service's `poll_ready` and decides
+//! in `call`: it is a "reject" design, like `tower::load_shed`. It never
+//! returns `Pending` because the circuit is open, never holds anything
+//! between `poll_ready` and `call`, and so works with axum, which clones
+//! services per request and ignores backpressure.
+//!
+//! # Errors
+//!
+//! In client mode (the default) and plain mode the error is
+//! [`BoxError`]: either the inner service's error, unchanged, or
+//! [`error::CircuitOpen`], which names the breaker and says when it will
+//! probe; downcast to tell them apart (see the [`error`] module). In server
+//! mode ([`BreakerLayer::http_answers`]) the breaker adds no error: open
+//! means `503 Service Unavailable` with `Retry-After` (whole seconds until
+//! the probe, rounded up) and `x-tower-no-retry: 1`, or for gRPC requests
+//! an HTTP 200 trailers-only answer with `grpc-status: 14` (UNAVAILABLE);
+//! the inner error passes through.
+//!
+//! What counts as a failure is the [`Classify`] policy's call; the
+//! [`DefaultClassifier`] counts transport errors, timeouts and `5xx` as
+//! failures, `4xx` as successes (they describe the caller), and does not
+//! count a `tower-bulkhead` rejection or another breaker's
+//! [`CircuitOpen`](error::CircuitOpen) at all (the dependency was not
+//! called). A call whose future is dropped (cancelled by the caller) is not
+//! counted either.
+//!
+//! # Ordering
+//!
+//! Put the breaker **outside** the retry layer, and let it count every
+//! attempt:
+//!
+//! ```text
+//! DeadlineLayer      one budget for the whole logical call
+//! BreakerLayer       fails fast while open; counts every attempt via the hook
+//! RetryLayer         backoff, budget; asks the breaker before each retry
+//! BulkheadLayer      caps attempts in flight; its rejections are not counted
+//! transport
+//! ```
+//!
+//! In client mode the breaker puts an attempt handle
+//! (`tower_retry_budget::AttemptHandle`, feature `retry`) into every
+//! request's extensions. A `tower_retry_budget::Retry` below finds it,
+//! records each attempt's outcome on it (so the breaker's window sees
+//! three failures when the dependency saw three calls), and asks it before
+//! each retry: once the circuit has opened, the retry loop stops at once
+//! and returns the breaker's [`CircuitOpen`](error::CircuitOpen). The
+//! breaker then does not count the final outcome again. Without a retry
+//! layer below, nothing uses the handle and the breaker counts each call
+//! once.
+//!
+//! The two naive orders are both wrong:
+//!
+//! ```text
+//! BreakerLayer           RetryLayer
+//!   RetryLayer             BreakerLayer
+//!     transport              transport
+//! ```
+//!
+//! On the left without the hook, the breaker sees one failure where the
+//! dependency saw three, and opens three times too late. On the right, the
+//! retry layer keeps retrying calls the breaker rejects (and three tiers of
+//! it multiply the load during recovery).
+//!
+//! ## Why count every attempt?
+//!
+//! Envoy's outlier detection and Finagle's failure accrual count every
+//! request sent to a host, retries included: retries are load, and each
+//! failed attempt is evidence. resilience4j warns against it, because a
+//! breaker that counts retries opens sooner than the share of failed
+//! *requests* would suggest. Both are true; what matters is that the
+//! thresholds are read the right way. A breaker that only sees the outcome
+//! of a whole retry loop, on the other hand, is simply wrong: it reports
+//! one failure where the dependency took three calls.
+//! This crate counts attempts, so the thresholds mean "share of attempts
+//! that failed". With 3 attempts per request and a dependency that fails
+//! each attempt with probability p, the window sees p, not p³: a 50%
+//! threshold opens at 50% attempt failures, even though, thanks to the
+//! retries, only about 12% of requests failed. Set thresholds for the
+//! attempt failure rate you consider an outage, and remember that a count
+//! window of 20 holds about 7 requests' worth of attempts during an outage.
+//!
+//! # Using with axum
+//!
+//! axum calls `Layer::layer` once per connection; the circuit lives in the
+//! [`Breaker`], so every connection shares it.
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use tower_breaker::{Breaker, BreakerLayer};
+//!
+//! let breaker = Breaker::new("app");
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(BreakerLayer::new(breaker.clone()).http_answers());
+//! # let _ = app;
+//! ```
+//!
+//! A breaker in front of a whole server protects it from itself (it opens
+//! when handlers keep failing); a breaker per dependency, in the client
+//! stack the handlers use, is usually what you want
+//! ([`KeyedBreakerLayer`] gives one per host or route).
+//!
+//! # Why a circuit breaker?
+//!
+//! A dependency that fails rarely does damage by failing; it does damage by
+//! making callers *wait*. Every doomed call holds a task, a connection and
+//! a slot of concurrency until its timeout fires, and retries multiply the
+//! waiting. Timeouts bound one call; the breaker bounds how many calls wait
+//! at all once the dependency is clearly unhealthy, turns the wait into an
+//! immediate, typed error the caller can answer with a fallback, and lets
+//! the dependency recover without the backlog landing on it at once.
+//!
+//! # Pitfalls
+//!
+//! - Create the [`Breaker`] once and share it; a breaker built inside a
+//!   per-request closure never sees more than one call.
+//! - One breaker per dependency (or per host): a single global breaker
+//!   turns an outage of one dependency into an outage of all.
+//! - Thresholds are shares of *attempts* when a retry layer is below (see
+//!   above); the `4xx` of a misbehaving caller never count.
+//! - A [`Listener`] runs on the thread of the call that made the
+//!   transition: keep it short and never block in it.
+//! - With the hook, each HTTP request costs an allocation and an
+//!   extensions insert; turn it off with
+//!   [`count_attempts(false)`](BreakerLayer::count_attempts) when no retry
+//!   layer sits below.
+//! - The snapshot of an open circuit whose period is over still says open
+//!   until the next call moves it (there is no background task).
+//! - Server mode judges the response head: a gRPC status sent in trailers
+//!   after a body is not seen.
+//!
+//! # Feature flags
+//!
+//! | feature | default | what |
+//! |---|---|---|
+//! | `retry` | on | implement `tower-retry-budget`'s attempt hook, so every attempt of a retry layer below is counted and retries stop when the circuit opens |
+//! | `bulkhead` | on | recognise `tower-bulkhead`'s `BulkheadFull` (local overload) and never count it |
+//! | `deadline` | on | recognise `tower-deadline`'s `InsufficientBudget` (the caller ran out of time before the call) and never count it; its `DeadlineExceeded` is a timeout and counts as a failure either way |
+//!
+//! Without them the breaker works alone, counting each call once.
+//!
+//! # Minimum supported Rust version
+//!
+//! The MSRV is the `rust-version` in `Cargo.toml`, the stable toolchain this
+//! crate is built and tested with; raising it is not a breaking change but
+//! is noted in the changelog.
+
+mod answer;
+mod breaker;
+pub mod classify;
+mod config;
+pub mod error;
+pub mod future;
+#[cfg(feature = "retry")]
+mod hook;
+mod keyed;
+mod layer;
+pub mod mode;
+mod random;
+mod service;
+mod snapshot;
+mod state;
+pub mod store;
+mod window;
+
+pub use breaker::{Breaker, Permit};
+pub use classify::{classify_fn, Classify, DefaultClassifier, ErrorsOnly, Outcome};
+pub use config::{
+    BreakerConfig, WindowKind, DEFAULT_FAILURE_RATE, DEFAULT_JITTER, DEFAULT_MAX_HALF_OPEN_WAIT,
+    DEFAULT_MAX_OPEN_PERIOD, DEFAULT_MINIMUM_CALLS, DEFAULT_OPEN_GROWTH, DEFAULT_OPEN_PERIOD,
+    DEFAULT_PERMITTED_PROBES, DEFAULT_REFRESH_INTERVAL, DEFAULT_REJECTION_EVENT_INTERVAL,
+    DEFAULT_SLOW_CALL_RATE, DEFAULT_SUCCESSES_TO_CLOSE, DEFAULT_WINDOW_SIZE,
+};
+pub use keyed::{
+    BreakerRegistry, KeyedBreakerLayer, KeyedCircuitBreaker, DEFAULT_IDLE_EVICTION,
+    DEFAULT_MAX_KEYS,
+};
+pub use layer::BreakerLayer;
+pub use random::{ProcessRandom, RandomSource, SeededRandom};
+pub use service::CircuitBreaker;
+pub use snapshot::{Cause, Listener, Snapshot, Totals, Transition, WindowCounts};
+pub use state::{Mode, State};
+
+/// The boxed error type of [`CircuitBreaker`] in client and plain modes, as
+/// in tower.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

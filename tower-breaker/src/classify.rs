@@ -1,0 +1,275 @@
+//! What counts as a failure: the replaceable classification of responses
+//! and errors.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+use http::{HeaderValue, Response};
+
+use crate::error::CircuitOpen;
+
+/// How one call (or attempt) counts for the breaker.
+///
+/// A [`Success`](Outcome::Success) that took at least the slow-call
+/// threshold (when one is configured) counts as slow.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::{Breaker, Outcome};
+///
+/// let breaker = Breaker::new("x");
+/// breaker.try_acquire().unwrap().record(Outcome::Ignored);
+/// assert_eq!(breaker.snapshot().window.calls, 0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The dependency answered well.
+    Success,
+    /// The dependency failed: counts towards opening.
+    Failure,
+    /// Says nothing about the dependency (local overload, a rejection by
+    /// another breaker, a caller that gave up): not counted at all.
+    Ignored,
+}
+
+/// The replaceable rules of what counts as a failure, for responses of
+/// type `Res`.
+///
+/// The error side has a default, [`classify_error`], so most
+/// classifiers only decide about responses. Closures are classifiers
+/// through [`classify_fn`].
+///
+/// The trait is object safe: `Arc<dyn Classify<Res>>` is a classifier too.
+///
+/// # Example
+///
+/// Count 429 as a failure too (the dependency is shedding load):
+///
+/// ```
+/// use tower_breaker::{classify, Classify, Outcome};
+///
+/// #[derive(Debug, Clone)]
+/// struct Also429;
+///
+/// impl<B> Classify<http::Response<B>> for Also429 {
+///     fn classify_response(&self, response: &http::Response<B>) -> Outcome {
+///         if response.status() == http::StatusCode::TOO_MANY_REQUESTS {
+///             return Outcome::Failure;
+///         }
+///         classify::DefaultClassifier.classify_response(response)
+///     }
+/// }
+///
+/// let too_many = http::Response::builder().status(429).body(()).unwrap();
+/// assert_eq!(Also429.classify_response(&too_many), Outcome::Failure);
+/// ```
+pub trait Classify<Res>: Send + Sync + 'static {
+    /// How a response counts.
+    fn classify_response(&self, response: &Res) -> Outcome;
+
+    /// How an error of the inner service counts. Default:
+    /// [`classify_error`].
+    fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
+        classify_error(error)
+    }
+}
+
+/// The default classifier of HTTP responses.
+///
+/// - `5xx` responses are failures; every other status is a success (a 4xx
+///   describes the caller, not the dependency).
+/// - A trailers-only gRPC response (its status in the headers) with
+///   `grpc-status` 2 UNKNOWN, 4 DEADLINE_EXCEEDED, 13 INTERNAL, 14
+///   UNAVAILABLE or 15 DATA_LOSS is a failure; other gRPC statuses are
+///   successes. (A status sent in the trailers after a body is not seen:
+///   the breaker judges the response head.)
+/// - Errors: see [`classify_error`].
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::{Classify, DefaultClassifier, Outcome};
+///
+/// let response = |status: u16| http::Response::builder().status(status).body(()).unwrap();
+/// assert_eq!(DefaultClassifier.classify_response(&response(200)), Outcome::Success);
+/// assert_eq!(DefaultClassifier.classify_response(&response(404)), Outcome::Success);
+/// assert_eq!(DefaultClassifier.classify_response(&response(503)), Outcome::Failure);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultClassifier;
+
+/// A classifier for any response type: every response is a success, errors
+/// follow [`classify_error`]. The default of
+/// [`BreakerLayer::plain`](crate::BreakerLayer::plain), for services whose
+/// responses are not HTTP.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::{Classify, ErrorsOnly, Outcome};
+///
+/// assert_eq!(ErrorsOnly.classify_response(&"anything"), Outcome::Success);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ErrorsOnly;
+
+/// A classifier from a closure over the call's result; see [`classify_fn`].
+#[derive(Clone, Copy)]
+pub struct ClassifyFn<F> {
+    f: F,
+}
+
+/// A classifier from a closure that sees the call's result: `Ok(&response)`
+/// or `Err(&error)`.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::{classify, classify_fn, Classify, Outcome};
+///
+/// let classifier = classify_fn(|result: Result<&u16, &(dyn std::error::Error + 'static)>| {
+///     match result {
+///         Ok(&code) if code >= 500 => Outcome::Failure,
+///         Ok(_) => Outcome::Success,
+///         Err(e) => classify::classify_error(e),
+///     }
+/// });
+/// assert_eq!(classifier.classify_response(&502), Outcome::Failure);
+/// ```
+pub fn classify_fn<F>(f: F) -> ClassifyFn<F> {
+    ClassifyFn { f }
+}
+
+/// The default classification of errors.
+///
+/// Walks the error and its `source()` chain:
+///
+/// - a [`CircuitOpen`] (another breaker refused the call; the dependency
+///   was not called) is [`Outcome::Ignored`];
+/// - with the `bulkhead` feature, `tower_bulkhead::error::BulkheadFull`
+///   (local overload, the dependency was not called) is
+///   [`Outcome::Ignored`];
+/// - with the `deadline` feature, `tower_deadline::error::InsufficientBudget`
+///   (the caller's budget was spent before the call was made) is
+///   [`Outcome::Ignored`];
+/// - everything else is a [`Outcome::Failure`]: transport errors, timeouts
+///   (including `tower_deadline::error::DeadlineExceeded`: the dependency
+///   did not answer in time) and any unknown error.
+///
+/// A caller that drops the response future (cancellation) produces no
+/// error at all and is not counted.
+///
+/// # Example
+///
+/// ```
+/// use std::io;
+/// use tower_breaker::{classify::classify_error, Outcome};
+///
+/// let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+/// assert_eq!(classify_error(&refused), Outcome::Failure);
+/// ```
+#[must_use]
+pub fn classify_error(error: &(dyn Error + 'static)) -> Outcome {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if is_local(e) {
+            return Outcome::Ignored;
+        }
+        next = e.source();
+    }
+    Outcome::Failure
+}
+
+fn is_local(e: &(dyn Error + 'static)) -> bool {
+    if e.is::<CircuitOpen>() {
+        return true;
+    }
+    #[cfg(feature = "bulkhead")]
+    if e.is::<tower_bulkhead::error::BulkheadFull>() {
+        return true;
+    }
+    #[cfg(feature = "deadline")]
+    if e.is::<tower_deadline::error::InsufficientBudget>() {
+        return true;
+    }
+    false
+}
+
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+
+/// gRPC status codes that say the server or the network failed.
+fn is_grpc_failure(status: &HeaderValue) -> bool {
+    matches!(status.as_bytes(), b"2" | b"4" | b"13" | b"14" | b"15")
+}
+
+// === impl DefaultClassifier ===
+
+impl<B> Classify<Response<B>> for DefaultClassifier {
+    fn classify_response(&self, response: &Response<B>) -> Outcome {
+        if response.status().is_server_error() {
+            return Outcome::Failure;
+        }
+        let headers = response.headers();
+        if headers.is_empty() {
+            return Outcome::Success;
+        }
+        match headers.get(GRPC_STATUS) {
+            Some(status) if is_grpc_failure(status) => Outcome::Failure,
+            _ => Outcome::Success,
+        }
+    }
+}
+
+// === impl ErrorsOnly ===
+
+impl<Res> Classify<Res> for ErrorsOnly {
+    fn classify_response(&self, _response: &Res) -> Outcome {
+        Outcome::Success
+    }
+}
+
+// === impl ClassifyFn ===
+
+impl<Res, F> Classify<Res> for ClassifyFn<F>
+where
+    F: Fn(Result<&Res, &(dyn Error + 'static)>) -> Outcome + Send + Sync + 'static,
+{
+    fn classify_response(&self, response: &Res) -> Outcome {
+        (self.f)(Ok(response))
+    }
+
+    fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
+        (self.f)(Err(error))
+    }
+}
+
+impl<F> fmt::Debug for ClassifyFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClassifyFn")
+            .field("f", &std::any::type_name::<F>())
+            .finish()
+    }
+}
+
+impl<Res, C: Classify<Res> + ?Sized> Classify<Res> for Arc<C> {
+    fn classify_response(&self, response: &Res) -> Outcome {
+        (**self).classify_response(response)
+    }
+
+    fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
+        (**self).classify_error(error)
+    }
+}
+
+/// Classifies a result with `classifier`.
+pub(crate) fn outcome<Res, C: Classify<Res> + ?Sized>(
+    classifier: &C,
+    result: Result<&Res, &(dyn Error + 'static)>,
+) -> Outcome {
+    match result {
+        Ok(response) => classifier.classify_response(response),
+        Err(error) => classifier.classify_error(error),
+    }
+}

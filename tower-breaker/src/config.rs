@@ -1,0 +1,359 @@
+//! The configuration of a [`Breaker`](crate::Breaker).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::random::{ProcessRandom, RandomSource};
+use crate::snapshot::{DebugListener, Listener};
+use crate::store::Store;
+
+/// The default count window: the last 20 calls.
+pub const DEFAULT_WINDOW_SIZE: usize = 20;
+/// The default least number of calls in the window before the rates are
+/// judged: 10.
+pub const DEFAULT_MINIMUM_CALLS: u32 = 10;
+/// The default failure-rate threshold: 50%.
+pub const DEFAULT_FAILURE_RATE: f64 = 0.5;
+/// The default slow-call-rate threshold, once slow-call detection is on:
+/// 50%.
+pub const DEFAULT_SLOW_CALL_RATE: f64 = 0.5;
+/// The default first open period: 5 s.
+pub const DEFAULT_OPEN_PERIOD: Duration = Duration::from_secs(5);
+/// The default cap of the growing open period: 60 s.
+pub const DEFAULT_MAX_OPEN_PERIOD: Duration = Duration::from_secs(60);
+/// The default growth of the open period on each re-open in a row: x2.
+pub const DEFAULT_OPEN_GROWTH: f64 = 2.0;
+/// The default jitter of the open period: ±10%.
+pub const DEFAULT_JITTER: f64 = 0.1;
+/// The default number of concurrent probes in half-open: 1.
+pub const DEFAULT_PERMITTED_PROBES: u32 = 1;
+/// The default number of probe successes in a row that close: 1.
+pub const DEFAULT_SUCCESSES_TO_CLOSE: u32 = 1;
+/// The default longest wait for probes to complete in half-open: 30 s.
+pub const DEFAULT_MAX_HALF_OPEN_WAIT: Duration = Duration::from_secs(30);
+/// The default least interval between two `circuit_rejected` events of one
+/// breaker: 1 s.
+pub const DEFAULT_REJECTION_EVENT_INTERVAL: Duration = Duration::from_secs(1);
+/// The default interval between two reads of a shared store: 1 s.
+pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Which outcomes the breaker judges: the last N calls, or the calls of the
+/// last N time buckets.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::{BreakerConfig, WindowKind};
+///
+/// let config = BreakerConfig::new().time_window(10, Duration::from_secs(1));
+/// assert_eq!(
+///     config.window_kind(),
+///     WindowKind::Time { buckets: 10, bucket: Duration::from_secs(1) }
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    /// The last `size` outcomes (1 to 16,383).
+    Count {
+        /// How many outcomes.
+        size: usize,
+    },
+    /// The outcomes of the last `buckets` buckets of `bucket` each (1 to
+    /// 3,600 buckets); the window slides one bucket at a time.
+    Time {
+        /// How many buckets.
+        buckets: usize,
+        /// The length of one bucket.
+        bucket: Duration,
+    },
+}
+
+/// Every knob of a [`Breaker`](crate::Breaker), with the defaults of the
+/// [crate docs](crate#semantics).
+///
+/// The defaults suit a breaker per HTTP dependency: judge the last 20
+/// calls once there are 10, open at 50% failures, stay open 5 s (then 10,
+/// 20, 40 and 60 s on each re-open in a row, ±10%), probe with one call,
+/// close on its success.
+///
+/// Setters take and return `self`; out-of-range values are clamped to the
+/// nearest valid one (documented on each setter) rather than refused.
+///
+/// # Clone
+///
+/// Cloning is cheap; the random source, the listener and the store are
+/// shared (`Arc`) by the clones and by every breaker built from them.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::{Breaker, BreakerConfig};
+///
+/// let config = BreakerConfig::new()
+///     .count_window(50)
+///     .minimum_calls(20)
+///     .failure_rate(0.25)
+///     .slow_calls(Duration::from_millis(800), 0.5)
+///     .open_period(Duration::from_secs(2))
+///     .max_open_period(Duration::from_secs(30))
+///     .permitted_probes(2)
+///     .successes_to_close(3);
+/// let breaker = Breaker::with_config("catalog", config);
+/// # let _ = breaker;
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct BreakerConfig {
+    pub(crate) window: WindowKind,
+    pub(crate) minimum_calls: u32,
+    pub(crate) failure_rate: f64,
+    pub(crate) slow_call_duration: Option<Duration>,
+    pub(crate) slow_call_rate: f64,
+    pub(crate) consecutive_failures: Option<u32>,
+    pub(crate) open_period: Duration,
+    pub(crate) max_open_period: Duration,
+    pub(crate) open_growth: f64,
+    pub(crate) jitter: f64,
+    pub(crate) permitted_probes: u32,
+    pub(crate) successes_to_close: u32,
+    pub(crate) max_half_open_wait: Duration,
+    pub(crate) ramp_up: Option<Duration>,
+    pub(crate) rejection_event_interval: Duration,
+    pub(crate) random: Arc<dyn RandomSource>,
+    pub(crate) listener: Option<Arc<dyn Listener>>,
+    pub(crate) store: Option<Arc<dyn Store>>,
+    pub(crate) refresh_interval: Duration,
+}
+
+// === impl BreakerConfig ===
+
+impl BreakerConfig {
+    /// Every default (see the [crate docs](crate#semantics)).
+    pub fn new() -> Self {
+        Self {
+            window: WindowKind::Count {
+                size: DEFAULT_WINDOW_SIZE,
+            },
+            minimum_calls: DEFAULT_MINIMUM_CALLS,
+            failure_rate: DEFAULT_FAILURE_RATE,
+            slow_call_duration: None,
+            slow_call_rate: DEFAULT_SLOW_CALL_RATE,
+            consecutive_failures: None,
+            open_period: DEFAULT_OPEN_PERIOD,
+            max_open_period: DEFAULT_MAX_OPEN_PERIOD,
+            open_growth: DEFAULT_OPEN_GROWTH,
+            jitter: DEFAULT_JITTER,
+            permitted_probes: DEFAULT_PERMITTED_PROBES,
+            successes_to_close: DEFAULT_SUCCESSES_TO_CLOSE,
+            max_half_open_wait: DEFAULT_MAX_HALF_OPEN_WAIT,
+            ramp_up: None,
+            rejection_event_interval: DEFAULT_REJECTION_EVENT_INTERVAL,
+            random: Arc::new(ProcessRandom::new()),
+            listener: None,
+            store: None,
+            refresh_interval: DEFAULT_REFRESH_INTERVAL,
+        }
+    }
+
+    /// Judge the last `size` outcomes (default 20; clamped to 1..=16,383).
+    /// Recording an outcome costs no clock read.
+    pub fn count_window(mut self, size: usize) -> Self {
+        self.window = WindowKind::Count {
+            size: size.clamp(1, crate::window::MAX_COUNT_WINDOW),
+        };
+        self
+    }
+
+    /// Judge the outcomes of the last `buckets` buckets of `bucket` each
+    /// (for example 10 buckets of 1 s: the last 10 seconds); `buckets` is
+    /// clamped to 1..=3,600 and `bucket` to at least 1 ms. Recording an
+    /// outcome reads the clock once.
+    pub fn time_window(mut self, buckets: usize, bucket: Duration) -> Self {
+        self.window = WindowKind::Time {
+            buckets: buckets.clamp(1, 3600),
+            bucket: bucket.max(Duration::from_millis(1)),
+        };
+        self
+    }
+
+    /// The least number of calls in the window before its rates are judged
+    /// (default 10; at least 1). With a count window it is capped at the
+    /// window's size, or the circuit could never open.
+    pub fn minimum_calls(mut self, calls: u32) -> Self {
+        self.minimum_calls = calls.max(1);
+        self
+    }
+
+    /// Open when the share of failures in the window reaches `rate`
+    /// (default 0.5; clamped to 0.0..=1.0; reaching means `>=`).
+    pub fn failure_rate(mut self, rate: f64) -> Self {
+        self.failure_rate = clamp_rate(rate);
+        self
+    }
+
+    /// Turn on slow-call detection (off by default): a success that took
+    /// `duration` or longer counts as slow, and the circuit opens when the
+    /// share of slow calls in the window reaches `rate` (clamped to
+    /// 0.0..=1.0). It costs two clock reads per call.
+    pub fn slow_calls(mut self, duration: Duration, rate: f64) -> Self {
+        self.slow_call_duration = Some(duration);
+        self.slow_call_rate = clamp_rate(rate);
+        self
+    }
+
+    /// Also open after `failures` failures in a row in the closed state,
+    /// whatever the window says (off by default; at least 1).
+    pub fn consecutive_failures(mut self, failures: u32) -> Self {
+        self.consecutive_failures = Some(failures.max(1));
+        self
+    }
+
+    /// The first open period (default 5 s).
+    pub fn open_period(mut self, period: Duration) -> Self {
+        self.open_period = period;
+        self
+    }
+
+    /// The longest open period, however many re-opens in a row (default
+    /// 60 s); it caps the period after jitter.
+    pub fn max_open_period(mut self, period: Duration) -> Self {
+        self.max_open_period = period;
+        self
+    }
+
+    /// The factor by which the open period grows on each re-open in a row
+    /// (a failed probe, or no probe within the half-open wait); default 2,
+    /// at least 1 (no growth).
+    pub fn open_growth(mut self, factor: f64) -> Self {
+        self.open_growth = if factor.is_finite() {
+            factor.max(1.0)
+        } else {
+            1.0
+        };
+        self
+    }
+
+    /// The jitter of each open period, as a share of it: the period is
+    /// multiplied by a random factor in `[1 - jitter, 1 + jitter]`
+    /// (default 0.1; clamped to 0.0..=1.0; 0 disables it).
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = clamp_rate(jitter);
+        self
+    }
+
+    /// How many probes may be in flight at once in half-open (default 1; at
+    /// least 1).
+    pub fn permitted_probes(mut self, probes: u32) -> Self {
+        self.permitted_probes = probes.clamp(1, 1 << 19);
+        self
+    }
+
+    /// How many probe successes in a row close the circuit (default 1; at
+    /// least 1).
+    pub fn successes_to_close(mut self, successes: u32) -> Self {
+        self.successes_to_close = successes.clamp(1, 1 << 19);
+        self
+    }
+
+    /// The longest time the circuit stays half-open waiting for its probes
+    /// (default 30 s). When it runs out, the circuit re-opens with the
+    /// longer period, so a probe that never completes cannot wedge it.
+    pub fn max_half_open_wait(mut self, wait: Duration) -> Self {
+        self.max_half_open_wait = wait;
+        self
+    }
+
+    /// After closing, admit a share of calls that grows linearly from 0 to
+    /// 100% over `period`, so a dependency that just recovered is not
+    /// flooded by the backlog (off by default). The others are rejected
+    /// with a [`CircuitOpen`](crate::error::CircuitOpen) whose
+    /// `retry_after` is zero.
+    pub fn ramp_up(mut self, period: Duration) -> Self {
+        self.ramp_up = (!period.is_zero()).then_some(period);
+        self
+    }
+
+    /// The least interval between two `circuit_rejected` events of this
+    /// breaker (default 1 s).
+    pub fn rejection_event_interval(mut self, interval: Duration) -> Self {
+        self.rejection_event_interval = interval;
+        self
+    }
+
+    /// The random source of the jitter and of the ramp-up (default
+    /// [`ProcessRandom`]).
+    pub fn random(mut self, random: impl RandomSource) -> Self {
+        self.random = Arc::new(random);
+        self
+    }
+
+    /// A listener told about every transition (default none).
+    pub fn listener(mut self, listener: impl Listener) -> Self {
+        self.listener = Some(Arc::new(listener));
+        self
+    }
+
+    /// Share the decision (open until when, who probes) through `store`
+    /// (default none: the breaker's own atomics decide). See
+    /// [`crate::store`].
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// How often, at most, a breaker with a store reads the shared decision
+    /// (default 1 s).
+    pub fn refresh_interval(mut self, interval: Duration) -> Self {
+        self.refresh_interval = interval;
+        self
+    }
+
+    /// The window the breaker judges.
+    #[must_use]
+    pub fn window_kind(&self) -> WindowKind {
+        self.window
+    }
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for BreakerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerConfig")
+            .field("window", &self.window)
+            .field("minimum_calls", &self.minimum_calls)
+            .field("failure_rate", &self.failure_rate)
+            .field("slow_call_duration", &self.slow_call_duration)
+            .field("slow_call_rate", &self.slow_call_rate)
+            .field("consecutive_failures", &self.consecutive_failures)
+            .field("open_period", &self.open_period)
+            .field("max_open_period", &self.max_open_period)
+            .field("open_growth", &self.open_growth)
+            .field("jitter", &self.jitter)
+            .field("permitted_probes", &self.permitted_probes)
+            .field("successes_to_close", &self.successes_to_close)
+            .field("max_half_open_wait", &self.max_half_open_wait)
+            .field("ramp_up", &self.ramp_up)
+            .field("rejection_event_interval", &self.rejection_event_interval)
+            .field("random", &self.random)
+            .field("listener", &DebugListener(&self.listener))
+            .field("store", &self.store)
+            .field("refresh_interval", &self.refresh_interval)
+            .finish()
+    }
+}
+
+fn clamp_rate(rate: f64) -> f64 {
+    if rate.is_nan() {
+        1.0
+    } else {
+        rate.clamp(0.0, 1.0)
+    }
+}

@@ -1,0 +1,427 @@
+//! Where the decision lives: the store trait a shared (fleet-wide) breaker
+//! state plugs into, and [`MemoryStore`].
+//!
+//! Without a store (the default), each [`Breaker`](crate::Breaker) decides
+//! alone with its own atomics. With one
+//! ([`BreakerConfig::store`](crate::BreakerConfig::store)), the breakers of
+//! many processes that share it behave as one circuit, following the "open
+//! until T" design: the store holds, per breaker name, one record with the
+//! time T until which the circuit is open. Its presence is not the state:
+//! the circuit is open only while T is in the future.
+//!
+//! - Each breaker still counts its own calls in its own window. When its
+//!   window trips, it opens locally at once and writes the opening through
+//!   with [`Store::try_open`], which never pushes an existing, later T
+//!   forward; the breaker adopts the store's T.
+//! - Every breaker reads the record with [`Store::read`] at most once per
+//!   [`refresh_interval`](crate::BreakerConfig::refresh_interval) (in a
+//!   spawned task; the call that notices the interval is over does not
+//!   wait), and opens when another process did.
+//! - When its open period is over, a breaker asks
+//!   [`Store::try_acquire_probe`] instead of probing at once: exactly one
+//!   caller fleet-wide wins (by moving T forward one longer open period);
+//!   the others stay open until the new T. Meanwhile its callers are
+//!   rejected, as while open.
+//! - The winner's probe decides: success deletes the record with
+//!   [`Store::close`] (only if it still holds the winner's token) and every
+//!   other breaker closes at its next read; failure leaves T where the
+//!   election put it.
+//!
+//! Store calls happen only on these rare paths, never on the closed path
+//! beyond one clock read to see whether a read is due. When a store call
+//! fails, the breaker **fails open**: it keeps its local decision, counts
+//! the error in [`Totals::store_errors`](crate::Totals::store_errors) and
+//! emits a `circuit_store_failed` event. (Timeouts of store calls belong to
+//! each store implementation.)
+//!
+//! # Example
+//!
+//! Two breakers, as two processes would have, share one [`MemoryStore`]:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tower_breaker::store::MemoryStore;
+//! use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let store = Arc::new(MemoryStore::new());
+//! let config = BreakerConfig::new()
+//!     .count_window(2)
+//!     .minimum_calls(2)
+//!     .store(store.clone())
+//!     .refresh_interval(Duration::from_millis(100));
+//! let a = Breaker::with_config("payments", config.clone());
+//! let b = Breaker::with_config("payments", config);
+//!
+//! for _ in 0..2 {
+//!     a.try_acquire().unwrap().record(Outcome::Failure);
+//! }
+//! assert_eq!(a.snapshot().state, State::Open);
+//! tokio::task::yield_now().await; // the write-through runs
+//!
+//! // `b` never saw a failure; after its next read it rejects too.
+//! tokio::time::advance(Duration::from_millis(150)).await;
+//! let _ = b.try_acquire(); // notices the interval is over, reads
+//! tokio::task::yield_now().await;
+//! assert!(b.try_acquire().is_err());
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::error::Error;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::BoxError;
+
+/// The future of a [`Store`] call.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// The shared decision of a circuit: open until when, and who probes.
+///
+/// Every method takes the breaker's name (implementations namespace their
+/// keys as they like) and works with *durations relative to the store's own
+/// clock*, never absolute times, so that processes with skewed clocks agree.
+/// Each method must be atomic in the store (a conditional write, a
+/// server-side script).
+///
+/// The trait is object safe and is used as `Arc<dyn Store>`; its methods
+/// return boxed futures, which is fine because they are called only on
+/// rare paths.
+///
+/// # Example
+///
+/// A store that is always down; the breaker fails open around it:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::store::{Decision, Election, ProbeToken, Store, StoreError, StoreFuture};
+///
+/// #[derive(Debug)]
+/// struct Down;
+///
+/// impl Store for Down {
+///     fn try_open<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, Duration> {
+///         Box::pin(async { Err(StoreError::new("down")) })
+///     }
+///     fn try_acquire_probe<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, Election> {
+///         Box::pin(async { Err(StoreError::new("down")) })
+///     }
+///     fn close<'a>(&'a self, _: &'a str, _: ProbeToken) -> StoreFuture<'a, bool> {
+///         Box::pin(async { Err(StoreError::new("down")) })
+///     }
+///     fn read<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Decision> {
+///         Box::pin(async { Err(StoreError::new("down")) })
+///     }
+/// }
+/// ```
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Opens the circuit for `open_for`, unless it is already open until a
+    /// later time: sets T = now + `open_for` only if there is no record or
+    /// its T has passed, so concurrent openers never push T forward.
+    /// Returns the time left until the effective T (the existing one or the
+    /// new one).
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration>;
+
+    /// Elects the fleet's prober. When T has passed, exactly one caller wins
+    /// by moving T forward to now + `open_for` (the period the circuit
+    /// stays open if the probe fails) and gets a token for
+    /// [`close`](Store::close); while T is in the future, callers lose and
+    /// learn the time left; with no record at all, the circuit is closed.
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Election>;
+
+    /// Closes the circuit after a successful probe: deletes the record only
+    /// if it still holds `token` (nobody re-opened or re-elected since).
+    /// Returns whether it did.
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool>;
+
+    /// Reads the decision, for the per-process cache.
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision>;
+}
+
+/// The result of [`Store::try_acquire_probe`].
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::store::{Election, ProbeToken};
+///
+/// let e = Election::Won(ProbeToken::new(42));
+/// assert!(matches!(e, Election::Won(t) if t.get() == 42));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Election {
+    /// This caller probes; the token proves it to [`Store::close`].
+    Won(ProbeToken),
+    /// Someone else probes, or the circuit is still open.
+    Lost {
+        /// The time left until T.
+        remaining: Duration,
+    },
+    /// There is no record: the circuit is closed fleet-wide.
+    Closed,
+}
+
+/// The result of [`Store::read`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::store::Decision;
+///
+/// let d = Decision::Open { remaining: Duration::from_secs(3) };
+/// assert_ne!(d, Decision::Closed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// No record.
+    Closed,
+    /// Open for `remaining` more.
+    Open {
+        /// The time left until T.
+        remaining: Duration,
+    },
+    /// A record whose T has passed: a probe may be elected.
+    Expired,
+}
+
+/// Proof of winning a probe election, handed back to [`Store::close`].
+/// What it holds is up to the store (a counter, the T it wrote).
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::store::ProbeToken;
+///
+/// assert_eq!(ProbeToken::new(7).get(), 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProbeToken(u64);
+
+/// A store call failed. The breaker then fails open: it keeps its local
+/// decision.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::store::StoreError;
+///
+/// let e = StoreError::new("connection refused");
+/// assert_eq!(e.to_string(), "circuit store failed: connection refused");
+/// ```
+#[derive(Debug)]
+pub struct StoreError {
+    message: String,
+    source: Option<BoxError>,
+}
+
+/// A process-local [`Store`]: a mutex-guarded map from breaker name to its
+/// record, with times from [`tokio::time::Instant`].
+///
+/// It is the reference implementation of the store semantics, and lets
+/// several breakers of one process (one per tenant, say, or tests standing
+/// for several processes) act as one circuit. The mutex is taken only on
+/// the store's rare paths.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::store::{Decision, Election, MemoryStore, Store};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// let secs = Duration::from_secs;
+/// assert_eq!(store.try_open("db", secs(5)).await.unwrap(), secs(5));
+/// // A second opener does not push T forward.
+/// assert_eq!(store.try_open("db", secs(60)).await.unwrap(), secs(5));
+///
+/// tokio::time::advance(secs(5)).await;
+/// assert_eq!(store.read("db").await.unwrap(), Decision::Expired);
+/// let Election::Won(token) = store.try_acquire_probe("db", secs(10)).await.unwrap() else {
+///     panic!("the first caller wins")
+/// };
+/// assert!(matches!(
+///     store.try_acquire_probe("db", secs(10)).await.unwrap(),
+///     Election::Lost { .. }
+/// ));
+/// assert!(store.close("db", token).await.unwrap());
+/// assert_eq!(store.read("db").await.unwrap(), Decision::Closed);
+/// # }
+/// ```
+pub struct MemoryStore {
+    base: Instant,
+    records: Mutex<HashMap<String, Record>>,
+    tokens: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    until: Instant,
+    token: u64,
+}
+
+// === impl ProbeToken ===
+
+impl ProbeToken {
+    /// A token holding `value`.
+    #[must_use]
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The value it holds.
+    #[must_use]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+// === impl StoreError ===
+
+impl StoreError {
+    /// An error with a message.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error with a message and the underlying error.
+    pub fn with_source(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "circuit store failed: {}", self.message)
+    }
+}
+
+impl Error for StoreError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+// === impl MemoryStore ===
+
+impl MemoryStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            records: Mutex::new(HashMap::new()),
+            tokens: AtomicU64::new(1),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Record>, Instant) -> T) -> T {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut records, Instant::now())
+    }
+
+    fn token(&self) -> u64 {
+        self.tokens.fetch_add(1, Relaxed)
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let records = self.records.lock().map(|r| r.len()).unwrap_or(0);
+        f.debug_struct("MemoryStore")
+            .field("base", &self.base)
+            .field("records", &records)
+            .finish()
+    }
+}
+
+impl Store for MemoryStore {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        let token = self.token();
+        let result = self.with(|records, now| match records.get(name) {
+            Some(r) if r.until > now => r.until - now,
+            _ => {
+                records.insert(
+                    name.to_owned(),
+                    Record {
+                        until: now + open_for,
+                        token,
+                    },
+                );
+                open_for
+            }
+        });
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Election> {
+        let token = self.token();
+        let result = self.with(|records, now| match records.get_mut(name) {
+            None => Election::Closed,
+            Some(r) if r.until > now => Election::Lost {
+                remaining: r.until - now,
+            },
+            Some(r) => {
+                *r = Record {
+                    until: now + open_for,
+                    token,
+                };
+                Election::Won(ProbeToken(token))
+            }
+        });
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        let result = self.with(|records, _| match records.get(name) {
+            Some(r) if r.token == token.0 => {
+                records.remove(name);
+                true
+            }
+            _ => false,
+        });
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        let result = self.with(|records, now| match records.get(name) {
+            None => Decision::Closed,
+            Some(r) if r.until > now => Decision::Open {
+                remaining: r.until - now,
+            },
+            Some(_) => Decision::Expired,
+        });
+        Box::pin(async move { Ok(result) })
+    }
+}

@@ -1,0 +1,222 @@
+//! What counts: 5xx and errors fail, 4xx succeed, bulkhead rejections and
+//! cancellations are not counted, classifiers are replaceable.
+
+mod support;
+
+use std::error::Error;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use support::*;
+use tower::{service_fn, BoxError, Layer, ServiceBuilder};
+use tower_breaker::store::Store;
+use tower_breaker::{
+    classify, classify_fn, Breaker, BreakerLayer, Classify, DefaultClassifier, Listener, Outcome,
+    RandomSource, State,
+};
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn client_errors_never_open_the_circuit() {
+    let b = breaker(4);
+    let calls = CallCounter::default();
+    let svc = BreakerLayer::new(b.clone()).layer(answering(&calls, 404));
+    for _ in 0..100 {
+        assert_eq!(send(&svc).await.unwrap().status(), 404);
+    }
+    let s = b.snapshot();
+    assert_eq!(s.state, State::Closed);
+    assert_eq!(s.totals.successful, 100);
+    for status in [400, 401, 403, 409, 422, 429] {
+        let svc = BreakerLayer::new(b.clone()).layer(answering(&calls, status));
+        send(&svc).await.unwrap();
+    }
+    assert_eq!(b.snapshot().window.failures, 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn server_errors_and_transport_errors_open_the_circuit() {
+    let b = breaker(4);
+    let calls = CallCounter::default();
+    let svc = BreakerLayer::new(b.clone()).layer(answering(&calls, 500));
+    for _ in 0..2 {
+        send(&svc).await.unwrap();
+    }
+    let svc = BreakerLayer::new(b.clone()).layer(failing(&calls));
+    for _ in 0..2 {
+        assert!(send(&svc).await.is_err());
+    }
+    assert_eq!(state(&b), State::Open);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_bulkhead_rejection_is_not_counted() {
+    let b = breaker(2);
+    let calls = CallCounter::default();
+    let (release, wait) = tokio::sync::oneshot::channel::<()>();
+    let wait = Arc::new(tokio::sync::Mutex::new(Some(wait)));
+    let slow = service_fn(move |_req: http::Request<String>| {
+        let wait = wait.clone();
+        calls.hit();
+        async move {
+            if let Some(wait) = wait.lock().await.take() {
+                let _ = wait.await;
+            }
+            Ok::<_, BoxError>(http::Response::new(String::new()))
+        }
+    });
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(b.clone()))
+        .map_err(|e: BoxError| e) // the rejection arrives boxed once more
+        .layer(tower_bulkhead::BulkheadLayer::new("dep", 1))
+        .service(slow);
+    let mut first = Box::pin(send(&client));
+    assert!(first.as_mut().now_or_never().is_none());
+    for _ in 0..10 {
+        let err = send(&client).await.unwrap_err();
+        assert!(err.is::<tower_bulkhead::error::BulkheadFull>());
+    }
+    let s = b.snapshot();
+    assert_eq!(s.state, State::Closed);
+    assert_eq!(s.window.calls, 0);
+    assert_eq!(s.totals.ignored, 10);
+    release.send(()).unwrap();
+    first.await.unwrap();
+    assert_eq!(b.snapshot().window.calls, 1);
+}
+
+#[test]
+fn the_bulkhead_rejection_is_found_in_the_source_chain() {
+    #[derive(Debug)]
+    struct Wrapper(BoxError);
+    impl std::fmt::Display for Wrapper {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+    impl Error for Wrapper {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+    let full = ServiceBuilder::new()
+        .layer(tower_bulkhead::BulkheadLayer::new("dep", 0))
+        .service(service_fn(|_: ()| async { Ok::<_, BoxError>(()) }));
+    let err = futures_util::FutureExt::now_or_never(tower::ServiceExt::oneshot(full, ()))
+        .unwrap()
+        .unwrap_err();
+    let wrapped = Wrapper(err);
+    assert_eq!(classify::classify_error(&wrapped), Outcome::Ignored);
+    let io = std::io::Error::from(std::io::ErrorKind::TimedOut);
+    assert_eq!(classify::classify_error(&io), Outcome::Failure);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_cancelled_call_is_not_counted() {
+    let b = breaker(1);
+    let svc = BreakerLayer::new(b.clone()).layer(service_fn(|_req: http::Request<String>| {
+        std::future::pending::<Result<http::Response<String>, BoxError>>()
+    }));
+    for _ in 0..5 {
+        let mut call = Box::pin(send(&svc));
+        assert!(call.as_mut().now_or_never().is_none());
+    }
+    let s = b.snapshot();
+    assert_eq!(s.window.calls, 0);
+    assert_eq!(s.totals.ignored, 5);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_deadline_exceeded_counts_as_a_failure() {
+    let b = breaker(2);
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(b.clone()))
+        .layer(
+            tower_deadline::ClientDeadlineLayer::new().default_timeout(Duration::from_millis(100)),
+        )
+        .service(service_fn(|_req: http::Request<String>| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<_, BoxError>(http::Response::new(String::new()))
+        }));
+    for _ in 0..2 {
+        let err = send(&client).await.unwrap_err();
+        assert!(err.is::<tower_deadline::error::DeadlineExceeded>());
+    }
+    assert_eq!(state(&b), State::Open);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn grpc_unavailable_in_the_headers_is_a_failure() {
+    let ok = http::Response::builder()
+        .header("grpc-status", "0")
+        .body(())
+        .unwrap();
+    let unavailable = http::Response::builder()
+        .header("grpc-status", "14")
+        .body(())
+        .unwrap();
+    let not_found = http::Response::builder()
+        .header("grpc-status", "5")
+        .body(())
+        .unwrap();
+    assert_eq!(DefaultClassifier.classify_response(&ok), Outcome::Success);
+    assert_eq!(
+        DefaultClassifier.classify_response(&unavailable),
+        Outcome::Failure
+    );
+    assert_eq!(
+        DefaultClassifier.classify_response(&not_found),
+        Outcome::Success
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_classifier_is_replaceable() {
+    let b = breaker(2);
+    let calls = CallCounter::default();
+    let strict = classify_fn(
+        |r: Result<&http::Response<String>, &(dyn Error + 'static)>| match r {
+            Ok(r) if r.status() == 429 => Outcome::Failure,
+            Ok(r) => DefaultClassifier.classify_response(r),
+            Err(e) => classify::classify_error(e),
+        },
+    );
+    let svc = BreakerLayer::new(b.clone())
+        .classifier(strict)
+        .layer(answering(&calls, 429));
+    send(&svc).await.unwrap();
+    send(&svc).await.unwrap();
+    assert_eq!(state(&b), State::Open);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn plain_mode_works_with_any_request() {
+    let b = breaker(2);
+    let svc = BreakerLayer::new(b.clone())
+        .plain()
+        .layer(service_fn(|n: u32| async move {
+            if n == 0 {
+                Err::<u32, BoxError>("zero".into())
+            } else {
+                Ok(n)
+            }
+        }));
+    use tower::ServiceExt;
+    assert_eq!(svc.clone().oneshot(7).await.unwrap(), 7);
+    assert!(svc.clone().oneshot(0).await.is_err());
+    assert!(svc.clone().oneshot(0).await.is_err());
+    assert_eq!(state(&b), State::Open);
+    let err = svc.clone().oneshot(7).await.unwrap_err();
+    assert!(err.is::<tower_breaker::error::CircuitOpen>());
+}
+
+/// Compile-only: the public policy traits are object safe.
+#[allow(dead_code)]
+fn object_safety(
+    _: Box<dyn Classify<http::Response<()>>>,
+    _: Arc<dyn Store>,
+    _: Arc<dyn Listener>,
+    _: Arc<dyn RandomSource>,
+) {
+    let _ = Breaker::new("x");
+}

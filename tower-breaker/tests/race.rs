@@ -1,0 +1,162 @@
+//! Races on the multi-thread runtime: one probe when the open period ends,
+//! consistent figures under concurrent calls.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+use tokio::sync::{Barrier, Semaphore};
+use tower::{service_fn, BoxError, Layer};
+use tower_breaker::{Breaker, BreakerLayer, Outcome, State};
+
+const TASKS: usize = 1000;
+
+/// A dependency that counts its calls and answers once released.
+fn held(
+    called: &Arc<AtomicUsize>,
+    release: &Arc<Semaphore>,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<String>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone
+       + Send {
+    let called = called.clone();
+    let release = release.clone();
+    service_fn(move |_req: http::Request<String>| {
+        called.fetch_add(1, Ordering::SeqCst);
+        let release = release.clone();
+        async move {
+            release.acquire().await.unwrap().forget();
+            Ok::<_, BoxError>(http::Response::new(String::new()))
+        }
+    })
+}
+
+async fn probe_race(permitted: u32) -> usize {
+    let b = Breaker::with_config(
+        "race",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .open_period(Duration::ZERO)
+            .permitted_probes(permitted),
+    );
+    record(&b, Outcome::Failure, 1);
+    // Wait (without a timer) for the open period to be over.
+    while b.snapshot().retry_after != Some(Duration::ZERO) {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(b.snapshot().state, State::Open);
+
+    let called = Arc::new(AtomicUsize::new(0));
+    let rejected = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(Semaphore::new(0));
+    let dependency = held(&called, &release);
+    let svc = BreakerLayer::new(b.clone()).layer(dependency);
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let svc = svc.clone();
+            let barrier = barrier.clone();
+            let rejected = rejected.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let result = send(&svc).await;
+                if let Err(e) = &result {
+                    assert!(e.is::<tower_breaker::error::CircuitOpen>());
+                    rejected.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    while called.load(Ordering::SeqCst) + rejected.load(Ordering::SeqCst) < TASKS {
+        tokio::task::yield_now().await;
+    }
+    let reached = called.load(Ordering::SeqCst);
+    assert_eq!(b.snapshot().state, State::HalfOpen);
+    release.add_permits(TASKS);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    reached
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_of_1000_tasks_probes() {
+    assert_eq!(probe_race(1).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_three_probe_with_three_permitted() {
+    assert_eq!(probe_race(3).await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_outcomes_keep_the_window_consistent() {
+    let b = Breaker::with_config(
+        "race",
+        config()
+            .count_window(64)
+            .minimum_calls(64)
+            .failure_rate(1.0),
+    );
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                for i in 0..5_000 {
+                    let outcome = if (i + t) % 4 == 0 {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    };
+                    b.try_acquire().unwrap().record(outcome);
+                    if i % 64 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let s = b.snapshot();
+    assert_eq!(s.state, State::Closed);
+    assert_eq!(s.window.calls, 64);
+    assert!(s.window.failures <= 64);
+    assert_eq!(s.totals.calls(), 40_000);
+    assert_eq!(s.totals.failed, 10_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_failures_opens_once() {
+    let opened = Arc::new(AtomicUsize::new(0));
+    let o = opened.clone();
+    let b = Breaker::with_config(
+        "race",
+        config().count_window(20).minimum_calls(10).listener(
+            move |t: &tower_breaker::Transition| {
+                if t.to == State::Open {
+                    o.fetch_add(1, Ordering::SeqCst);
+                }
+            },
+        ),
+    );
+    let permits: Vec<_> = (0..200).map(|_| b.try_acquire().unwrap()).collect();
+    let tasks: Vec<_> = permits
+        .into_iter()
+        .map(|p| tokio::spawn(async move { p.record(Outcome::Failure) }))
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(b.snapshot().state, State::Open);
+    assert_eq!(opened.load(Ordering::SeqCst), 1);
+    assert_eq!(b.snapshot().totals.opened, 1);
+}

@@ -1,0 +1,183 @@
+//! Every attempt counted: `BreakerLayer` outside `tower_retry_budget`'s
+//! `RetryLayer` sees each attempt once, stops the retries the moment the
+//! circuit opens, and never counts the final outcome twice.
+
+mod support;
+
+use futures_util::FutureExt;
+use support::*;
+use tower::{BoxError, ServiceBuilder};
+use tower_breaker::error::CircuitOpen;
+use tower_breaker::{Breaker, BreakerLayer, Outcome, State};
+use tower_retry_budget::{RetryLayer, SeededRandom};
+
+fn retry() -> RetryLayer<tower_retry_budget::DefaultPolicy, tower_retry_budget::body::CloneBody> {
+    RetryLayer::new()
+        .max_attempts(3)
+        .random(SeededRandom::new(3))
+        .clone_bodies()
+}
+
+fn counted(window: usize) -> Breaker {
+    Breaker::with_config(
+        "dependency",
+        config()
+            .count_window(window)
+            .minimum_calls(window as u32)
+            .failure_rate(0.5),
+    )
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn two_logical_requests_record_six_failures_and_the_third_never_reaches_the_dependency() {
+    let breaker = counted(6);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry())
+        .service(answering(&calls, 503));
+
+    let first = send(&client).await.unwrap();
+    assert_eq!(first.status(), 503);
+    assert_eq!(calls.calls(), 3);
+    let s = breaker.snapshot();
+    assert_eq!(
+        (s.window.calls, s.window.failures),
+        (3, 3),
+        "three attempts, three records"
+    );
+    assert_eq!(s.state, State::Closed, "3 calls: below the minimum of 6");
+
+    let second = send(&client).await.unwrap();
+    assert_eq!(second.status(), 503);
+    let s = breaker.snapshot();
+    assert_eq!(s.totals.failed, 6, "six recorded failures, not two");
+    assert_eq!(s.state, State::Open);
+    assert_eq!(calls.calls(), 6);
+
+    let third = send(&client).await.unwrap_err();
+    assert!(third.is::<CircuitOpen>());
+    assert_eq!(
+        calls.calls(),
+        6,
+        "the third request never reached the dependency"
+    );
+    assert_eq!(breaker.snapshot().totals.rejected, 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_retry_loop_stops_when_the_circuit_opens_during_it() {
+    let breaker = counted(4);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry())
+        .service(failing(&calls));
+
+    assert!(send(&client).await.is_err());
+    assert_eq!(calls.calls(), 3);
+    // The first attempt of the second request is the 4th failure: the
+    // circuit opens, and the retry asks the breaker first, and stops.
+    let err = send(&client).await.unwrap_err();
+    let open = err
+        .downcast_ref::<CircuitOpen>()
+        .expect("the breaker's error");
+    assert_eq!(open.breaker(), "dependency");
+    assert_eq!(calls.calls(), 4, "no retry after the circuit opened");
+    let s = breaker.snapshot();
+    assert_eq!(s.state, State::Open);
+    assert_eq!(s.totals.failed, 4);
+    assert_eq!(s.totals.rejected, 1, "the refused retry");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_success_through_the_retry_layer_is_counted_once() {
+    let breaker = counted(10);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry())
+        .service(answering(&calls, 200));
+    for _ in 0..3 {
+        assert_eq!(send(&client).await.unwrap().status(), 200);
+    }
+    let s = breaker.snapshot();
+    assert_eq!(s.window.calls, 3);
+    assert_eq!(s.totals.successful, 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn without_a_retry_layer_each_call_is_counted_once() {
+    let breaker = counted(10);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .service(answering(&calls, 503));
+    for _ in 0..4 {
+        send(&client).await.unwrap();
+    }
+    let s = breaker.snapshot();
+    assert_eq!((s.window.calls, s.window.failures), (4, 4));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_failed_probe_inside_a_retry_loop_stops_it() {
+    let breaker = counted(1);
+    record(&breaker, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry())
+        .service(answering(&calls, 503));
+    let err = send(&client).await.unwrap_err();
+    assert!(err.is::<CircuitOpen>());
+    assert_eq!(
+        calls.calls(),
+        1,
+        "one probe, no retries against a re-opened circuit"
+    );
+    assert_eq!(breaker.snapshot().state, State::Open);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_successful_retry_of_a_probe_closes() {
+    // The probe goes through the retry layer and succeeds at once.
+    let breaker = counted(1);
+    record(&breaker, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry())
+        .service(answering(&calls, 200));
+    assert_eq!(send(&client).await.unwrap().status(), 200);
+    assert_eq!(breaker.snapshot().state, State::Closed);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn dropping_a_hooked_probe_frees_its_slot() {
+    let breaker = counted(1);
+    record(&breaker, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry())
+        .service(tower::service_fn(|_req: http::Request<String>| {
+            std::future::pending::<Result<http::Response<String>, BoxError>>()
+        }));
+    let mut probe = Box::pin(send(&client));
+    assert!(probe.as_mut().now_or_never().is_none());
+    assert_eq!(breaker.snapshot().probes_in_flight, 1);
+    drop(probe);
+    assert_eq!(breaker.snapshot().probes_in_flight, 0);
+    assert!(breaker.try_acquire().unwrap().is_probe());
+}
+
+#[test]
+fn the_no_retry_header_is_the_retry_layers() {
+    // The HTTP answers carry this header so the caller's tier does not
+    // retry them.
+    assert_eq!(tower_retry_budget::NO_RETRY_HEADER, "x-tower-no-retry");
+    assert_eq!(tower_bulkhead::NO_RETRY_HEADER, "x-tower-no-retry");
+}

@@ -1,0 +1,181 @@
+//! Breakers sharing one store behave as one circuit; a failing store fails
+//! open.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+use tower_breaker::store::{
+    Decision, Election, MemoryStore, ProbeToken, Store, StoreError, StoreFuture,
+};
+use tower_breaker::{Breaker, Outcome, State};
+
+const REFRESH: Duration = Duration::from_millis(100);
+
+/// Lets spawned store tasks run.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn fleet(store: &Arc<MemoryStore>, n: usize) -> Vec<Breaker> {
+    let store: Arc<dyn Store> = store.clone();
+    (0..n)
+        .map(|_| {
+            Breaker::with_config(
+                "shared",
+                config()
+                    .count_window(2)
+                    .minimum_calls(2)
+                    .store(store.clone())
+                    .refresh_interval(REFRESH),
+            )
+        })
+        .collect()
+}
+
+/// Calls every breaker once, so each notices a due refresh or an election.
+async fn poke(fleet: &[Breaker]) {
+    for b in fleet {
+        if let Ok(p) = b.try_acquire() {
+            p.record(Outcome::Ignored);
+        }
+    }
+    settle().await;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn one_trips_and_all_reject_within_one_refresh_interval() {
+    let store = Arc::new(MemoryStore::new());
+    let fleet = fleet(&store, 5);
+    poke(&fleet).await; // first reads: closed
+    record(&fleet[0], Outcome::Failure, 2);
+    assert_eq!(state(&fleet[0]), State::Open);
+    settle().await;
+    assert!(matches!(
+        store.read("shared").await.unwrap(),
+        Decision::Open { .. }
+    ));
+
+    for b in &fleet[1..] {
+        assert!(b.try_acquire().is_ok(), "not yet: the cache is fresh");
+    }
+    advance(REFRESH).await;
+    poke(&fleet).await;
+    for b in &fleet[1..] {
+        let err = b.try_acquire().unwrap_err();
+        assert!(err.retry_after() <= secs(5));
+        assert_eq!(b.snapshot().totals.failed, 0, "never saw a failure itself");
+        assert_eq!(state(b), State::Open);
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn one_probe_fleet_wide_and_its_success_closes_everyone() {
+    let store = Arc::new(MemoryStore::new());
+    let fleet = fleet(&store, 5);
+    record(&fleet[0], Outcome::Failure, 2);
+    settle().await;
+    advance(REFRESH).await;
+    poke(&fleet).await;
+    assert!(fleet.iter().all(|b| state(b) == State::Open));
+
+    advance(secs(5)).await;
+    poke(&fleet).await; // the open periods end: elections
+    let mut probes = Vec::new();
+    for _ in 0..20 {
+        for b in &fleet {
+            if let Ok(p) = b.try_acquire() {
+                probes.push(p);
+            }
+        }
+        settle().await;
+    }
+    assert_eq!(probes.len(), 1, "exactly one probe in the whole fleet");
+    assert_eq!(
+        fleet.iter().filter(|b| state(b) == State::HalfOpen).count(),
+        1
+    );
+    probes.pop().unwrap().record(Outcome::Success);
+    settle().await;
+    assert_eq!(store.read("shared").await.unwrap(), Decision::Closed);
+    advance(REFRESH).await;
+    poke(&fleet).await;
+    poke(&fleet).await;
+    for b in &fleet {
+        assert_eq!(state(b), State::Closed);
+        assert!(b.try_acquire().is_ok());
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_failed_probe_keeps_the_fleet_open_for_the_longer_period() {
+    let store = Arc::new(MemoryStore::new());
+    let fleet = fleet(&store, 3);
+    record(&fleet[0], Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    poke(&fleet).await;
+    let mut probe = None;
+    for b in &fleet {
+        if let Ok(p) = b.try_acquire() {
+            probe = Some(p);
+        }
+    }
+    let probe = probe.expect("the election winner probes");
+    probe.record(Outcome::Failure);
+    settle().await;
+    match store.read("shared").await.unwrap() {
+        Decision::Open { remaining } => assert!(remaining > secs(9), "{remaining:?}"),
+        other => panic!("still open, got {other:?}"),
+    }
+}
+
+/// A store that always fails.
+#[derive(Debug)]
+struct Down;
+
+impl Store for Down {
+    fn try_open<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, Duration> {
+        Box::pin(async { Err(StoreError::new("down")) })
+    }
+    fn try_acquire_probe<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, Election> {
+        Box::pin(async { Err(StoreError::new("down")) })
+    }
+    fn close<'a>(&'a self, _: &'a str, _: ProbeToken) -> StoreFuture<'a, bool> {
+        Box::pin(async { Err(StoreError::new("down")) })
+    }
+    fn read<'a>(&'a self, _: &'a str) -> StoreFuture<'a, Decision> {
+        Box::pin(async { Err(StoreError::new("down")) })
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_failing_store_fails_open_and_the_local_breaker_keeps_working() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .store(Arc::new(Down))
+            .refresh_interval(REFRESH),
+    );
+    record(&b, Outcome::Success, 3);
+    settle().await;
+    record(&b, Outcome::Failure, 1); // 1 of 2: 50%
+    settle().await;
+    assert_eq!(state(&b), State::Open, "the local decision stands");
+    advance(secs(5)).await;
+    assert!(b.try_acquire().is_err(), "electing");
+    settle().await;
+    let probe = b
+        .try_acquire()
+        .expect("the failed election falls back to a local probe");
+    probe.record(Outcome::Success);
+    settle().await;
+    assert_eq!(state(&b), State::Closed);
+    assert!(b.snapshot().totals.store_errors >= 3);
+}

@@ -1,0 +1,130 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use tower::{service_fn, BoxError, Service, ServiceExt};
+use tower_breaker::{Breaker, BreakerConfig, Outcome, SeededRandom, State, Transition};
+
+/// A deterministic configuration: no jitter, a fixed seed.
+pub fn config() -> BreakerConfig {
+    BreakerConfig::new()
+        .jitter(0.0)
+        .random(SeededRandom::new(7))
+}
+
+/// A breaker of `window` calls that opens at 50% once `window` calls are
+/// in, with exact periods.
+pub fn breaker(window: usize) -> Breaker {
+    Breaker::with_config(
+        "test",
+        config().count_window(window).minimum_calls(window as u32),
+    )
+}
+
+/// Records `n` outcomes through permits.
+pub fn record(breaker: &Breaker, outcome: Outcome, n: usize) {
+    for _ in 0..n {
+        breaker
+            .try_acquire()
+            .expect("the breaker should admit")
+            .record(outcome);
+    }
+}
+
+pub fn state(breaker: &Breaker) -> State {
+    breaker.snapshot().state
+}
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+pub async fn advance(d: Duration) {
+    tokio::time::advance(d).await;
+}
+
+/// Counts calls.
+#[derive(Debug, Clone, Default)]
+pub struct CallCounter(Arc<AtomicUsize>);
+
+impl CallCounter {
+    pub fn hit(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst)
+    }
+
+    pub fn calls(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// An HTTP service that answers every call with `status`, counting calls.
+pub fn answering(
+    calls: &CallCounter,
+    status: u16,
+) -> impl Service<Request<String>, Response = Response<String>, Error = BoxError, Future = impl Send>
+       + Clone
+       + Send {
+    let calls = calls.clone();
+    service_fn(move |_req: Request<String>| {
+        calls.hit();
+        async move {
+            let mut r = Response::new(String::new());
+            *r.status_mut() = StatusCode::from_u16(status).unwrap();
+            Ok::<_, BoxError>(r)
+        }
+    })
+}
+
+/// An HTTP service that always fails with an I/O error, counting calls.
+pub fn failing(
+    calls: &CallCounter,
+) -> impl Service<Request<String>, Response = Response<String>, Error = BoxError, Future = impl Send>
+       + Clone
+       + Send {
+    let calls = calls.clone();
+    service_fn(move |_req: Request<String>| {
+        calls.hit();
+        async move {
+            Err::<Response<String>, BoxError>(
+                std::io::Error::from(std::io::ErrorKind::ConnectionReset).into(),
+            )
+        }
+    })
+}
+
+/// Sends one request through a clone of `svc`.
+pub async fn send<S>(svc: &S) -> Result<Response<String>, BoxError>
+where
+    S: Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone,
+{
+    svc.clone().oneshot(Request::new(String::new())).await
+}
+
+/// A listener that keeps every transition.
+#[derive(Debug, Clone, Default)]
+pub struct Transitions(Arc<Mutex<Vec<(State, State)>>>);
+
+impl Transitions {
+    pub fn listener(&self) -> impl Fn(&Transition) + Send + Sync + 'static {
+        let seen = self.0.clone();
+        move |t: &Transition| seen.lock().unwrap().push((t.from, t.to))
+    }
+
+    pub fn seen(&self) -> Vec<(State, State)> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+pub fn ok_infallible(
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone {
+    service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) })
+}

@@ -1,0 +1,329 @@
+//! Closed → open → half-open → closed, with paused time: every threshold at
+//! one call below, at and above, every timed transition one tick before and
+//! after.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tower_breaker::{Breaker, Cause, Outcome, SeededRandom, State};
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn failure_rate_threshold_below_at_and_above() {
+    // Window 10, minimum 10, 50%: 4 failures among 10 stay closed...
+    let b = breaker(10);
+    record(&b, Outcome::Success, 6);
+    record(&b, Outcome::Failure, 4);
+    assert_eq!(state(&b), State::Closed);
+    // ...the 5th failure (5 of 10) opens.
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(state(&b), State::Open);
+
+    // Above: 6 of 10 after the window slides (fresh breaker).
+    let b = breaker(10);
+    record(&b, Outcome::Success, 4);
+    record(&b, Outcome::Failure, 5);
+    assert_eq!(state(&b), State::Closed, "9 calls: below the minimum");
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(state(&b), State::Open, "6 of 10 is above 50%");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn minimum_calls_below_at_and_above() {
+    let b = Breaker::with_config("t", config().count_window(100).minimum_calls(5));
+    record(&b, Outcome::Failure, 4);
+    assert_eq!(state(&b), State::Closed, "4 calls, below the minimum of 5");
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(state(&b), State::Open, "at the minimum");
+
+    let b = Breaker::with_config("t", config().count_window(100).minimum_calls(5));
+    record(&b, Outcome::Success, 5);
+    record(&b, Outcome::Failure, 5);
+    assert_eq!(state(&b), State::Open, "above the minimum, at 50%");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn failure_rate_threshold_is_configurable() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(10)
+            .minimum_calls(10)
+            .failure_rate(0.3),
+    );
+    record(&b, Outcome::Success, 8);
+    record(&b, Outcome::Failure, 2);
+    assert_eq!(state(&b), State::Closed, "20% < 30%");
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(state(&b), State::Open, "30% reaches 30%");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn consecutive_failures_below_at_and_above() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(100)
+            .minimum_calls(100)
+            .consecutive_failures(3),
+    );
+    record(&b, Outcome::Failure, 2);
+    record(&b, Outcome::Success, 1);
+    record(&b, Outcome::Failure, 2);
+    assert_eq!(state(&b), State::Closed, "a success resets the run");
+    assert_eq!(b.snapshot().consecutive_failures, 2);
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(state(&b), State::Open);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn slow_call_rate_opens() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(4)
+            .minimum_calls(4)
+            .slow_calls(ms(100), 0.5),
+    );
+    for elapsed in [99, 99, 100] {
+        b.try_acquire()
+            .unwrap()
+            .record_with_elapsed(Outcome::Success, ms(elapsed));
+    }
+    b.try_acquire()
+        .unwrap()
+        .record_with_elapsed(Outcome::Success, ms(10));
+    assert_eq!(state(&b), State::Closed, "1 slow of 4");
+    b.try_acquire()
+        .unwrap()
+        .record_with_elapsed(Outcome::Success, ms(150));
+    let s = b.snapshot();
+    assert_eq!(s.state, State::Open, "2 slow of 4 reaches 50%");
+    assert_eq!(s.totals.slow, 2);
+
+    // Measured by the permit itself, with paused time.
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .slow_calls(ms(100), 1.0),
+    );
+    let permit = b.try_acquire().unwrap();
+    advance(ms(100)).await;
+    permit.record(Outcome::Success);
+    assert_eq!(state(&b), State::Open);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn open_rejects_then_half_opens_one_tick_after_the_period() {
+    let b = breaker(2);
+    record(&b, Outcome::Failure, 2);
+    assert_eq!(state(&b), State::Open);
+
+    let err = b.try_acquire().unwrap_err();
+    assert_eq!(err.breaker(), "test");
+    assert_eq!(err.retry_after(), secs(5));
+
+    advance(secs(5) - ms(1)).await;
+    let err = b.try_acquire().unwrap_err();
+    assert_eq!(err.retry_after(), ms(1));
+    assert_eq!(b.snapshot().retry_after, Some(ms(1)));
+
+    advance(ms(2)).await;
+    // The snapshot shows the lapse; the next call moves the state.
+    assert_eq!(state(&b), State::Open);
+    assert_eq!(b.snapshot().retry_after, Some(Duration::ZERO));
+    let probe = b
+        .try_acquire()
+        .expect("the first call after the period probes");
+    assert!(probe.is_probe());
+    assert_eq!(state(&b), State::HalfOpen);
+    probe.record(Outcome::Success);
+    assert_eq!(state(&b), State::Closed);
+    assert_eq!(b.snapshot().window.calls, 0, "a fresh window");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_open_period_grows_on_each_reopen_and_is_capped() {
+    let b = breaker(1);
+    record(&b, Outcome::Failure, 1);
+    for expected in [5, 10, 20, 40, 60, 60] {
+        assert_eq!(b.try_acquire().unwrap_err().retry_after(), secs(expected));
+        advance(secs(expected) - ms(1)).await;
+        assert!(
+            b.try_acquire().is_err(),
+            "still open 1 ms before {expected} s"
+        );
+        advance(ms(1)).await;
+        let probe = b.try_acquire().expect("probe");
+        probe.record(Outcome::Failure);
+        assert_eq!(state(&b), State::Open);
+    }
+    // A success resets the growth.
+    advance(secs(60)).await;
+    b.try_acquire().unwrap().record(Outcome::Success);
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(b.try_acquire().unwrap_err().retry_after(), secs(5));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_open_period_is_jittered_within_bounds_and_reproducible() {
+    let periods = |seed: u64| {
+        let b = Breaker::with_config(
+            "t",
+            tower_breaker::BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .jitter(0.1)
+                .random(SeededRandom::new(seed)),
+        );
+        let mut seen = Vec::new();
+        for _ in 0..20 {
+            b.set_mode(tower_breaker::Mode::Automatic);
+            record(&b, Outcome::Failure, 1);
+            seen.push(b.try_acquire().unwrap_err().retry_after());
+        }
+        seen
+    };
+    let a = periods(1);
+    for p in &a {
+        assert!(*p >= ms(4500) && *p <= ms(5500), "{p:?} outside 5 s ± 10%");
+    }
+    assert!(a.iter().any(|p| *p != a[0]), "jitter varies the period");
+    assert_eq!(a, periods(1), "the same seed gives the same periods");
+    assert_ne!(a, periods(2));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn max_half_open_wait_reopens_one_tick_after() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .max_half_open_wait(secs(30)),
+    );
+    record(&b, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    let probe = b.try_acquire().unwrap();
+    assert_eq!(state(&b), State::HalfOpen);
+
+    advance(secs(30) - ms(1)).await;
+    assert!(b.try_acquire().is_err(), "the probe slot is taken");
+    assert_eq!(state(&b), State::HalfOpen);
+    advance(ms(1)).await;
+    assert!(b.try_acquire().is_err());
+    assert_eq!(
+        state(&b),
+        State::Open,
+        "re-opened: the probe never answered"
+    );
+    assert_eq!(
+        b.try_acquire().unwrap_err().retry_after(),
+        secs(10),
+        "with the longer period"
+    );
+    // The hung probe's late success is stale.
+    probe.record(Outcome::Success);
+    assert_eq!(state(&b), State::Open);
+    assert_eq!(b.snapshot().totals.stale, 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn several_successes_needed_to_close() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .successes_to_close(3),
+    );
+    record(&b, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    for i in 0..2 {
+        let p = b.try_acquire().unwrap();
+        assert!(p.is_probe());
+        p.record(Outcome::Success);
+        assert_eq!(state(&b), State::HalfOpen, "after {} successes", i + 1);
+    }
+    b.try_acquire().unwrap().record(Outcome::Success);
+    assert_eq!(state(&b), State::Closed);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn transitions_reach_the_listener_and_the_totals() {
+    let seen = Transitions::default();
+    let causes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let c = causes.clone();
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .listener(seen.listener())
+            .listener(move |t: &tower_breaker::Transition| c.lock().unwrap().push(t.cause)),
+    );
+    // (The second listener replaces the first.)
+    record(&b, Outcome::Failure, 2);
+    advance(secs(5)).await;
+    b.try_acquire().unwrap().record(Outcome::Success);
+    assert_eq!(
+        *causes.lock().unwrap(),
+        [
+            Cause::FailureRate,
+            Cause::OpenPeriodOver,
+            Cause::ProbesSucceeded
+        ]
+    );
+    let s = b.snapshot();
+    assert_eq!(s.totals.opened, 1);
+    assert_eq!(s.totals.failed, 2);
+    assert_eq!(s.totals.successful, 1);
+    assert!(s.last_transition.is_some());
+
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .listener(seen.listener()),
+    );
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(seen.seen(), [(State::Closed, State::Open)]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn ramp_up_admits_a_growing_share() {
+    let b = Breaker::with_config(
+        "t",
+        config().count_window(1).minimum_calls(1).ramp_up(secs(10)),
+    );
+    record(&b, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    b.try_acquire().unwrap().record(Outcome::Success);
+    assert_eq!(state(&b), State::Closed);
+
+    let admitted = |b: &Breaker| {
+        (0..1000)
+            .filter(|_| match b.try_acquire() {
+                Ok(p) => {
+                    p.record(Outcome::Ignored);
+                    true
+                }
+                Err(e) => {
+                    assert_eq!(e.retry_after(), Duration::ZERO);
+                    false
+                }
+            })
+            .count()
+    };
+    advance(ms(1)).await;
+    assert!(admitted(&b) < 50, "almost nothing at the start");
+    advance(secs(5)).await;
+    let half = admitted(&b);
+    assert!((400..600).contains(&half), "about half midway: {half}");
+    advance(secs(5)).await;
+    assert_eq!(admitted(&b), 1000, "everything once the ramp is over");
+}
