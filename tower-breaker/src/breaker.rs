@@ -14,7 +14,7 @@ use crate::error::{CircuitOpen, Name};
 use crate::random::unit;
 use crate::snapshot::{Cause, Snapshot, Totals, Transition, WindowCounts};
 use crate::state::{is_newer, Padded, Word, CLOSED, ELECTING, GEN_MASK, HALF_OPEN, OPEN};
-use crate::store::{Decision, Election, ProbeToken, Store, StoreError};
+use crate::store::{Decision, Election, ProbeToken, Store, StoreError, StoreFailureMode};
 use crate::window::{CountWindow, Counts, TimeWindow, Window, FAIL, OK, SLOW};
 use crate::Mode;
 
@@ -205,6 +205,17 @@ struct StoreLink {
     token: Mutex<Option<ProbeToken>>,
     /// The store is known to hold the current opening.
     shared_open: AtomicBool,
+    /// The last store call failed (cleared by the next one that works).
+    down: AtomicBool,
+    fail_closed: bool,
+}
+
+// === impl StoreLink ===
+
+impl StoreLink {
+    fn take_token(&self) -> Option<ProbeToken> {
+        self.token.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 // === impl Breaker ===
@@ -217,6 +228,40 @@ impl Breaker {
     /// [`tokio::time::Instant`] (so paused test time applies).
     pub fn new(name: impl Into<Arc<str>>) -> Self {
         Self::with_config(name, BreakerConfig::new())
+    }
+
+    /// A breaker with the given configuration, refusing a name its store
+    /// cannot hold ([`Store::check_name`]; without a store every name is
+    /// fine).
+    ///
+    /// [`with_config`](Breaker::with_config) accepts such a name, logs a
+    /// `circuit_store_invalid_name` error, and then every store call fails
+    /// (see [`StoreFailureMode`]).
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`] when it refuses the name.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_breaker::store::MemoryStore;
+    /// use tower_breaker::{Breaker, BreakerConfig};
+    ///
+    /// let config = BreakerConfig::new().store(Arc::new(MemoryStore::new()));
+    /// let breaker = Breaker::try_with_config("payments", config).unwrap();
+    /// # let _ = breaker;
+    /// ```
+    pub fn try_with_config(
+        name: impl Into<Arc<str>>,
+        config: BreakerConfig,
+    ) -> Result<Self, StoreError> {
+        let name = name.into();
+        if let Some(store) = &config.store {
+            store.check_name(&name)?;
+        }
+        Ok(Self::with_config(name, config))
     }
 
     /// A breaker with the given configuration.
@@ -254,7 +299,15 @@ impl Breaker {
             next_refresh_ns: AtomicU64::new(0),
             token: Mutex::new(None),
             shared_open: AtomicBool::new(false),
+            down: AtomicBool::new(false),
+            fail_closed: config.store_failure == StoreFailureMode::FailClosed,
         });
+        if let Some(link) = &store {
+            if let Err(error) = link.store.check_name(&name) {
+                // Every store call would fail; say so once, loudly.
+                tracing::error!(breaker = %name, error = %error, "circuit_store_invalid_name");
+            }
+        }
         // Generation 1: epoch 0 would read as "empty" in the time window.
         let first = Word::new(CLOSED, Mode::Automatic, 1, 0);
         let core = Arc::new(Core {
@@ -371,8 +424,57 @@ impl Breaker {
         };
         core.streak.store(0, Relaxed);
         core.window_epoch.store(to.gen(), Release);
+        if let Some(link) = &core.store {
+            link.take_token();
+        }
         self.core
             .after_transition(from, to, Cause::ModeChanged, Counts::default(), None);
+    }
+
+    /// Reads the shared decision now and adopts it, without waiting for the
+    /// next refresh interval; without a store it does nothing.
+    ///
+    /// A process that has just started knows nothing of the fleet's
+    /// circuit until its first read, and until then lets calls through;
+    /// awaiting this once before serving closes that gap (a short-lived
+    /// process, say a function invocation, should). It also restarts the
+    /// refresh interval.
+    ///
+    /// # Errors
+    ///
+    /// The store's error (or timeout). It is counted and logged as every
+    /// store failure is, and the local decision stands.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_breaker::store::{MemoryStore, Store};
+    /// use tower_breaker::{Breaker, BreakerConfig, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let store = Arc::new(MemoryStore::new());
+    /// store.try_open("search", Duration::from_secs(5)).await.unwrap(); // another process
+    ///
+    /// let breaker = Breaker::with_config("search", BreakerConfig::new().store(store));
+    /// breaker.refresh().await.unwrap();
+    /// assert_eq!(breaker.snapshot().state, State::Open);
+    /// assert!(breaker.try_acquire().is_err());
+    /// # }
+    /// ```
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        let core = &self.core;
+        let Some(link) = &core.store else {
+            return Ok(());
+        };
+        let asked = core.now_ns();
+        link.next_refresh_ns
+            .store(asked + link.refresh_ns.max(1), Relaxed);
+        let result = link.store.read(&core.name).await;
+        core.apply_read(&result, asked);
+        result.map(drop)
     }
 
     /// A picture of the breaker now: state, mode, window, rates, totals.
@@ -533,6 +635,13 @@ impl Core {
                 Mode::Automatic | Mode::MetricsOnly => {}
             }
             match w.state() {
+                CLOSED if core.store_blocks() => {
+                    // Fail closed: the shared decision is unknown.
+                    break Err(Rejection {
+                        retry_after: core.config.refresh_interval,
+                        forced: false,
+                    });
+                }
                 CLOSED if deadline_ns == 0 => return Ok(tracked),
                 CLOSED => {
                     // Ramping up after closing.
@@ -577,9 +686,9 @@ impl Core {
                     });
                 }
                 _ if now >= deadline_ns => {
-                    // The election never answered: probe locally.
+                    // The election never answered.
                     self.store_failed("try_acquire_probe", &StoreError::new("election timed out"));
-                    self.half_open(w, now, Cause::OpenPeriodOver);
+                    self.election_failed(w, now);
                 }
                 _ => {
                     break Err(Rejection {
@@ -769,8 +878,16 @@ impl Core {
         core.opened.fetch_add(1, Relaxed);
         let period = Duration::from_nanos(period);
         self.after_transition(from, to, cause, counts, Some(period));
-        if core.store.is_some() {
-            self.store_open(to, period);
+        if let Some(link) = &core.store {
+            link.shared_open.store(false, Relaxed);
+            // The fleet's prober failed: re-open with its token, so the
+            // longer period and the count of re-opens are shared.
+            let token = if from.state() == HALF_OPEN {
+                link.take_token()
+            } else {
+                None
+            };
+            self.store_open(to, period, token);
         }
         true
     }
@@ -905,13 +1022,51 @@ impl Core {
             let core = &*this;
             let Some(link) = &core.store else { return };
             let asked = core.now_ns();
-            match link.store.read(&core.name).await {
-                Ok(Decision::Open { remaining }) => this.adopt_open(remaining, asked),
-                Ok(Decision::Closed) => this.adopt_closed(asked),
-                Ok(Decision::Expired) => {}
-                Err(e) => this.store_failed("read", &e),
-            }
+            let result = link.store.read(&core.name).await;
+            this.apply_read(&result, asked);
         });
+    }
+
+    /// Adopts what a read of the store said.
+    fn apply_read(self: &Arc<Self>, result: &Result<Decision, StoreError>, asked: u64) {
+        match result {
+            Ok(Decision::Open { remaining }) => {
+                self.store_ok();
+                self.adopt_open(*remaining, asked);
+            }
+            Ok(Decision::Closed) => {
+                self.store_ok();
+                self.adopt_closed(asked);
+                self.rewrite_open();
+            }
+            Ok(Decision::Expired) => {
+                self.store_ok();
+                // The fleet's circuit is open and its probe is due: take
+                // part in the election rather than send everything.
+                self.adopt_open(Duration::ZERO, asked);
+                self.rewrite_open();
+            }
+            Err(e) => self.store_failed("read", e),
+        }
+    }
+
+    /// The store does not hold this process's opening (the write-through
+    /// failed while the store was down, or the store lost its data): write
+    /// it again, so that sharing resumes by itself.
+    fn rewrite_open(self: &Arc<Self>) {
+        let core = &**self;
+        let Some(link) = &core.store else { return };
+        let w = Word(core.word.load(Acquire));
+        let now = core.now_ns();
+        let deadline_ns = w.deadline_ms().saturating_mul(NANOS_PER_MS);
+        if w.state() != OPEN
+            || !w.is_automatic()
+            || link.shared_open.load(Relaxed)
+            || deadline_ns <= now
+        {
+            return;
+        }
+        self.store_open(w, Duration::from_nanos(deadline_ns - now), None);
     }
 
     /// Another process opened the circuit: open here too, unless this
@@ -922,12 +1077,13 @@ impl Core {
         let from = Word(core.word.load(Acquire));
         if from.state() != CLOSED
             || !from.is_automatic()
-            || remaining.is_zero()
             || core.last_transition.load(Acquire) > asked
         {
             return;
         }
         let now = core.now_ns();
+        // A zero `remaining` (an expired record) opens with the period
+        // already over: the next call starts an election.
         let to = from.next(OPEN, (now + nanos(remaining)) / NANOS_PER_MS);
         if core.cas(from, to).is_ok() {
             link.shared_open.store(true, Relaxed);
@@ -953,23 +1109,38 @@ impl Core {
         self.close_with(from, Cause::Store);
     }
 
-    /// Writes a local opening through to the store; the store's time wins
-    /// if it already holds a later one.
-    fn store_open(self: &Arc<Self>, opened: Word, period: Duration) {
+    /// Writes a local opening through to the store (as the re-open of the
+    /// election `token` won, if any); the store's time wins if it already
+    /// holds a later one.
+    fn store_open(self: &Arc<Self>, opened: Word, period: Duration, token: Option<ProbeToken>) {
         let this = Arc::clone(self);
         spawn(async move {
             let core = &*this;
             let Some(link) = &core.store else { return };
-            match link.store.try_open(&core.name, period).await {
+            let result = match token {
+                Some(token) => link.store.reopen(&core.name, token, period).await,
+                None => link.store.try_open(&core.name, period).await,
+            };
+            match result {
                 Ok(remaining) => {
-                    link.shared_open.store(true, Relaxed);
+                    this.store_ok();
+                    if Word(core.word.load(Acquire)).gen() == opened.gen() {
+                        link.shared_open.store(true, Relaxed);
+                    }
                     let now = core.now_ns();
                     let until = (now + nanos(remaining)) / NANOS_PER_MS;
                     if until != opened.deadline_ms() {
                         let _ = core.cas(opened, opened.with_deadline(until));
                     }
                 }
-                Err(e) => this.store_failed("try_open", &e),
+                Err(e) => this.store_failed(
+                    if token.is_some() {
+                        "reopen"
+                    } else {
+                        "try_open"
+                    },
+                    &e,
+                ),
             }
         });
     }
@@ -983,43 +1154,90 @@ impl Core {
             let core = &*this;
             let Some(link) = &core.store else { return };
             let now = |core: &Core| core.now_ns();
-            match link.store.try_acquire_probe(&core.name, period).await {
+            let result = link.store.try_acquire_probe(&core.name, period).await;
+            if result.is_ok() {
+                this.store_ok();
+            }
+            match result {
                 Ok(Election::Won(token)) => {
                     *link.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+                    // Grow from the fleet's re-opens, not only this
+                    // process's.
+                    core.streak.fetch_max(token.reopens(), Relaxed);
                     this.half_open(electing, now(core), Cause::OpenPeriodOver);
                 }
                 Ok(Election::Lost { remaining }) => {
                     let until = (now(core) + nanos(remaining)) / NANOS_PER_MS;
-                    let _ = core.cas(electing, electing.next(OPEN, until));
+                    if core.cas(electing, electing.next(OPEN, until)).is_ok() {
+                        link.shared_open.store(true, Relaxed);
+                    }
                 }
                 Ok(Election::Closed) => {
                     this.close_with(electing, Cause::Store);
                 }
                 Err(e) => {
                     this.store_failed("try_acquire_probe", &e);
-                    this.half_open(electing, now(core), Cause::OpenPeriodOver);
+                    this.election_failed(electing, now(core));
                 }
             }
         });
     }
 
+    /// The election failed or never answered: probe locally (fail open),
+    /// or stay open one more refresh interval and ask again (fail closed).
+    fn election_failed(self: &Arc<Self>, electing: Word, now: u64) {
+        let core = &**self;
+        match &core.store {
+            Some(link) if link.fail_closed => {
+                let until = (now + link.refresh_ns.max(NANOS_PER_MS)) / NANOS_PER_MS;
+                let _ = core.cas(electing, electing.next(OPEN, until));
+            }
+            _ => {
+                self.half_open(electing, now, Cause::OpenPeriodOver);
+            }
+        }
+    }
+
     fn store_close(self: &Arc<Self>, link: &StoreLink) {
-        let Some(token) = link.token.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        let Some(token) = link.take_token() else {
             return;
         };
         let this = Arc::clone(self);
         spawn(async move {
             let core = &*this;
             let Some(link) = &core.store else { return };
-            if let Err(e) = link.store.close(&core.name, token).await {
-                this.store_failed("close", &e);
+            match link.store.close(&core.name, token).await {
+                Ok(_) => this.store_ok(),
+                Err(e) => this.store_failed("close", &e),
             }
         });
     }
 
-    /// Fails open: keeps the local decision and says so.
+    /// Whether fail-closed mode rejects the closed path now.
+    #[inline]
+    fn store_blocks(&self) -> bool {
+        self.store
+            .as_ref()
+            .is_some_and(|link| link.fail_closed && link.down.load(Relaxed))
+    }
+
+    /// A store call worked: the store is up.
+    fn store_ok(&self) {
+        if let Some(link) = &self.store {
+            if link.down.load(Relaxed) {
+                link.down.store(false, Relaxed);
+                tracing::info!(breaker = %self.name, "circuit_store_recovered");
+            }
+        }
+    }
+
+    /// Keeps the local decision (or, failing closed, rejects until the
+    /// store answers) and raises the alarm.
     fn store_failed(self: &Arc<Self>, operation: &'static str, error: &StoreError) {
         let core = &**self;
+        if let Some(link) = &core.store {
+            link.down.store(true, Relaxed);
+        }
         core.store_errors.fetch_add(1, Relaxed);
         tracing::warn!(
             breaker = %core.name,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::random::{ProcessRandom, RandomSource};
 use crate::snapshot::{DebugListener, Listener};
-use crate::store::Store;
+use crate::store::{Store, StoreFailureMode};
 
 /// The default count window: the last 20 calls.
 pub const DEFAULT_WINDOW_SIZE: usize = 20;
@@ -126,6 +126,7 @@ pub struct BreakerConfig {
     pub(crate) listener: Option<Arc<dyn Listener>>,
     pub(crate) store: Option<Arc<dyn Store>>,
     pub(crate) refresh_interval: Duration,
+    pub(crate) store_failure: StoreFailureMode,
 }
 
 // === impl BreakerConfig ===
@@ -155,6 +156,7 @@ impl BreakerConfig {
             listener: None,
             store: None,
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
+            store_failure: StoreFailureMode::FailOpen,
         }
     }
 
@@ -305,9 +307,20 @@ impl BreakerConfig {
     }
 
     /// How often, at most, a breaker with a store reads the shared decision
-    /// (default 1 s).
+    /// (default 1 s). It bounds both the store traffic of the closed path
+    /// (one read per interval per breaker, started by the first call after
+    /// the interval, which does not wait for it) and how late a breaker
+    /// learns that another process opened or closed the circuit.
     pub fn refresh_interval(mut self, interval: Duration) -> Self {
         self.refresh_interval = interval;
+        self
+    }
+
+    /// What to do while the store fails (default
+    /// [`StoreFailureMode::FailOpen`]: keep the local decision and call
+    /// the dependency). See [`StoreFailureMode`].
+    pub fn on_store_failure(mut self, mode: StoreFailureMode) -> Self {
+        self.store_failure = mode;
         self
     }
 
@@ -346,6 +359,7 @@ impl fmt::Debug for BreakerConfig {
             .field("listener", &DebugListener(&self.listener))
             .field("store", &self.store)
             .field("refresh_interval", &self.refresh_interval)
+            .field("store_failure", &self.store_failure)
             .finish()
     }
 }

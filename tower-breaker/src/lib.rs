@@ -118,7 +118,8 @@
 //! | [`rejection_event_interval`](BreakerConfig::rejection_event_interval) | 1 s | least interval between `circuit_rejected` events |
 //! | [`random`](BreakerConfig::random) | [`ProcessRandom`] | source of the jitter (tests inject [`SeededRandom`]) |
 //! | [`listener`](BreakerConfig::listener) | none | told about every [`Transition`] |
-//! | [`store`](BreakerConfig::store) / [`refresh_interval`](BreakerConfig::refresh_interval) | none / 1 s | share the decision across processes ([`store`]) |
+//! | [`store`](BreakerConfig::store) / [`refresh_interval`](BreakerConfig::refresh_interval) | none / 1 s | share the decision across processes ([`store`]; see [Shared state](#shared-state-redis)) |
+//! | [`on_store_failure`](BreakerConfig::on_store_failure) | fail open | what to do while the store fails ([`StoreFailureMode`](store::StoreFailureMode)) |
 //!
 //! Why these defaults: 20 calls with a minimum of 10 is the "half of the
 //! last 20 calls" rule of thumb, and 10 calls keep one unlucky pair of
@@ -249,6 +250,85 @@
 //! stack the handlers use, is usually what you want
 //! ([`KeyedBreakerLayer`] gives one per host or route).
 //!
+//! # Shared state (Redis)
+//!
+//! A breaker in each process's memory does little for a fleet of many
+//! short-lived processes: each must burn its own failures before it stops
+//! calling. With a [`Store`](store::Store) (feature `redis`:
+//! `redis_store::RedisStore`), the breakers of every process that share a
+//! Redis, a key prefix and a breaker name act as one circuit:
+//!
+//! ```no_run
+//! # #[cfg(feature = "redis")]
+//! # async fn run() -> Result<(), tower_breaker::BoxError> {
+//! use std::sync::Arc;
+//! use tower_breaker::redis_store::{RedisOptions, RedisStore};
+//! use tower_breaker::{Breaker, BreakerConfig};
+//!
+//! let store = Arc::new(RedisStore::connect("redis://127.0.0.1:6379", RedisOptions::new()).await?);
+//! let breaker = Breaker::try_with_config("payments", BreakerConfig::new().store(store))?;
+//! breaker.refresh().await?; // know the fleet's circuit before serving
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The algorithm, after AWS's guidance for serverless circuit breakers,
+//! with the conditional writes its sample lacks:
+//!
+//! - **One record per circuit, "open until T"**, T on the Redis server's
+//!   clock. The circuit is open only while T is in the future; the record's
+//!   existence means nothing by itself (its time to live, some minutes
+//!   after T, is cleanup only). Every decision is one Lua script, atomic on
+//!   the server and reading its clock (`TIME`), so the processes' clocks
+//!   never matter.
+//! - **Opening is a conditional write**: only if there is no record or its
+//!   T has passed. Concurrent trips from many processes never push T
+//!   forward; they all adopt the first writer's T.
+//! - **Half-open is an election**: when T has passed, exactly one caller
+//!   fleet-wide wins by moving T forward one (longer) open period; the
+//!   others keep failing fast until then. Its success deletes the record,
+//!   only if the record still holds its token; its failure re-opens for the
+//!   next period of the growing schedule (`open_growth`, capped at
+//!   `max_open_period`, jittered by the prober), and the record counts the
+//!   re-opens so the next prober, in any process, grows from there.
+//! - **A per-process cache**: each breaker reads the record at most once
+//!   per [`refresh_interval`](BreakerConfig::refresh_interval) (default
+//!   1 s), in a spawned task, and folds the answer into its state word, so
+//!   the closed path stays lock-free and makes no network call (it reads
+//!   the clock once, to see whether a read is due: one Redis command per
+//!   breaker per interval, whatever the traffic). A local decision to open
+//!   is written through at once. [`Breaker::refresh`] reads at once, for a
+//!   process that has just started.
+//! - **Failing store**: every Redis call is bounded (50 ms by default). A
+//!   timeout, a connection error or an unreadable reply fails open by
+//!   default: calls go through, local counting goes on, and
+//!   [`Totals::store_errors`] and a `circuit_store_failed` warning say the
+//!   store is failing; [`StoreFailureMode::FailClosed`](store::StoreFailureMode::FailClosed)
+//!   rejects instead. Nothing panics; the connection reconnects by itself,
+//!   and a local opening the store missed is written again, so sharing
+//!   resumes when Redis is back.
+//!
+//! Trade-offs, chosen on purpose:
+//!
+//! - **Failure counting stays local.** Each process judges its own window
+//!   and trips on its own evidence; its trip opens the circuit for all. No
+//!   call pays a network round trip to count, and a process cannot be
+//!   tripped by counts it cannot see. The cost: a fleet of processes that
+//!   each see only a few calls may never fill a window while the fleet as
+//!   a whole fails a lot; give such processes a small window or a
+//!   consecutive-failures rule, or a time window.
+//! - **The cache delays the news** by up to one refresh interval (plus a
+//!   read's round trip): after a trip, the other processes keep calling the
+//!   dependency for up to that long, and after a successful probe they keep
+//!   rejecting for up to that long. Shorter intervals cost one read per
+//!   interval per breaker.
+//! - **A process that has not read yet knows nothing**: its first calls
+//!   pass until its first read, unless it awaits [`Breaker::refresh`].
+//! - **Fail open protects this process alone while Redis is down**, which
+//!   can be exactly when a big incident is under way; fail closed turns a
+//!   Redis outage into an outage of every dependency behind a breaker.
+//!   Alarm on `store_errors` either way.
+//!
 //! # Why a circuit breaker?
 //!
 //! A dependency that fails rarely does damage by failing; it does damage by
@@ -286,7 +366,10 @@
 //! | `bulkhead` | on | recognise `tower-bulkhead`'s `BulkheadFull` (local overload) and never count it |
 //! | `deadline` | on | recognise `tower-deadline`'s `InsufficientBudget` (the caller ran out of time before the call) and never count it; its `DeadlineExceeded` is a timeout and counts as a failure either way |
 //!
-//! Without them the breaker works alone, counting each call once.
+//! | `redis` | off | `redis_store::RedisStore`, a [`Store`](store::Store) in Redis through the `redis` crate (tokio, a reconnecting connection manager, Lua scripts); `rediss://` needs one of the `redis` crate's TLS features in your own `Cargo.toml` (see the `redis_store` module docs) |
+//!
+//! Without the first three the breaker works alone, counting each call
+//! once.
 //!
 //! # Minimum supported Rust version
 //!
@@ -306,6 +389,8 @@ mod keyed;
 mod layer;
 pub mod mode;
 mod random;
+#[cfg(feature = "redis")]
+pub mod redis_store;
 mod service;
 mod snapshot;
 mod state;

@@ -17,22 +17,32 @@
 //!   [`refresh_interval`](crate::BreakerConfig::refresh_interval) (in a
 //!   spawned task; the call that notices the interval is over does not
 //!   wait), and opens when another process did.
-//! - When its open period is over, a breaker asks
-//!   [`Store::try_acquire_probe`] instead of probing at once: exactly one
-//!   caller fleet-wide wins (by moving T forward one longer open period);
-//!   the others stay open until the new T. Meanwhile its callers are
-//!   rejected, as while open.
+//! - When its open period is over (or a read finds an expired record), a
+//!   breaker asks [`Store::try_acquire_probe`] instead of probing at once:
+//!   exactly one caller fleet-wide wins (by moving T forward one longer open
+//!   period); the others stay open until the new T. Meanwhile its callers
+//!   are rejected, as while open.
 //! - The winner's probe decides: success deletes the record with
 //!   [`Store::close`] (only if it still holds the winner's token) and every
-//!   other breaker closes at its next read; failure leaves T where the
-//!   election put it.
+//!   other breaker closes at its next read; failure re-opens with
+//!   [`Store::reopen`], for the next, longer period. The record counts the
+//!   re-opens in a row and hands the count to the next winner in its
+//!   [`ProbeToken`], so the period grows fleet-wide, whichever process
+//!   probes.
 //!
 //! Store calls happen only on these rare paths, never on the closed path
 //! beyond one clock read to see whether a read is due. When a store call
-//! fails, the breaker **fails open**: it keeps its local decision, counts
-//! the error in [`Totals::store_errors`](crate::Totals::store_errors) and
-//! emits a `circuit_store_failed` event. (Timeouts of store calls belong to
-//! each store implementation.)
+//! fails, the breaker **fails open** by default: it keeps its local
+//! decision, counts the error in
+//! [`Totals::store_errors`](crate::Totals::store_errors) and emits a
+//! `circuit_store_failed` warning (and `circuit_store_recovered` when a
+//! call works again); [`StoreFailureMode::FailClosed`] rejects instead.
+//! An opening whose write-through failed is written again at the first
+//! read that finds the store without it, so sharing resumes by itself.
+//! Timeouts of store calls belong to each store implementation
+//! (`redis_store::RedisStore`, feature `redis`, bounds each one, 50 ms by
+//! default); the breaker itself bounds an election by the half-open
+//! wait.
 //!
 //! # Example
 //!
@@ -149,6 +159,81 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Reads the decision, for the per-process cache.
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision>;
+
+    /// Re-opens after the probe of the election `token` won failed (or
+    /// never completed): if the record still holds `token`, T becomes
+    /// now + `open_for` (never earlier than the T the election wrote) and
+    /// the fleet's count of re-opens in a row goes up by one, so the next
+    /// prober, in whatever process, learns it from its [`ProbeToken`].
+    /// Otherwise it behaves as [`try_open`](Store::try_open). Returns the
+    /// time left until the effective T.
+    ///
+    /// The default implementation is [`try_open`](Store::try_open): the
+    /// election already moved T forward one longer period, so the circuit
+    /// stays open, but the period measured from the election and the count
+    /// of re-opens is not shared.
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        let _ = token;
+        self.try_open(name, open_for)
+    }
+
+    /// Checks that `name` can be stored (length, characters), so that a
+    /// breaker built with a bad name is refused at construction by
+    /// [`Breaker::try_with_config`](crate::Breaker::try_with_config) rather
+    /// than failing at every store call. The default accepts every name.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] saying why, when the store cannot hold `name`.
+    fn check_name(&self, name: &str) -> Result<(), StoreError> {
+        let _ = name;
+        Ok(())
+    }
+}
+
+/// What a breaker does while its store fails (an error, a timeout, garbage),
+/// set with
+/// [`BreakerConfig::on_store_failure`](crate::BreakerConfig::on_store_failure).
+///
+/// Whatever the mode, the breaker keeps counting its own calls, opens on
+/// its own window, counts each failed store call in
+/// [`Totals::store_errors`](crate::Totals::store_errors) and emits a
+/// `circuit_store_failed` warning; the next successful store call ends the
+/// failure by itself.
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+/// use tower_breaker::store::{MemoryStore, StoreFailureMode};
+/// use tower_breaker::BreakerConfig;
+///
+/// let config = BreakerConfig::new()
+///     .store(Arc::new(MemoryStore::new()))
+///     .on_store_failure(StoreFailureMode::FailClosed);
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum StoreFailureMode {
+    /// Keep the local decision (the default): a closed circuit lets calls
+    /// through, an open one whose election fails probes locally. The
+    /// breaker protects this process alone until the store answers again.
+    /// Better to miss an outage than to invent one.
+    #[default]
+    FailOpen,
+    /// Reject the calls of a closed circuit while the last store call
+    /// failed (the cached shared decision can no longer be trusted), with a
+    /// [`CircuitOpen`](crate::error::CircuitOpen) whose `retry_after` is
+    /// the refresh interval; an open circuit whose election fails stays
+    /// open and asks again one refresh interval later. A store outage then
+    /// stops all calls to a dependency that may be healthy: choose it only
+    /// when calling a failing dependency is worse than not calling at all.
+    FailClosed,
 }
 
 /// The result of [`Store::try_acquire_probe`].
@@ -198,8 +283,11 @@ pub enum Decision {
     Expired,
 }
 
-/// Proof of winning a probe election, handed back to [`Store::close`].
-/// What it holds is up to the store (a counter, the T it wrote).
+/// Proof of winning a probe election, handed back to [`Store::close`] or
+/// [`Store::reopen`]. Its value is up to the store (a counter, a random
+/// number); it also carries the fleet's count of re-opens in a row before
+/// this election, from which the winner grows the open period should its
+/// probe fail.
 ///
 /// # Example
 ///
@@ -207,9 +295,14 @@ pub enum Decision {
 /// use tower_breaker::store::ProbeToken;
 ///
 /// assert_eq!(ProbeToken::new(7).get(), 7);
+/// assert_eq!(ProbeToken::new(7).reopens(), 0);
+/// assert_eq!(ProbeToken::new(7).with_reopens(2).reopens(), 2);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ProbeToken(u64);
+pub struct ProbeToken {
+    value: u64,
+    reopens: u32,
+}
 
 /// A store call failed. The breaker then fails open: it keeps its local
 /// decision.
@@ -273,21 +366,41 @@ pub struct MemoryStore {
 struct Record {
     until: Instant,
     token: u64,
+    /// Re-opens in a row after failed probes.
+    reopens: u32,
+    /// The length of the current opening.
+    period: Duration,
 }
 
 // === impl ProbeToken ===
 
 impl ProbeToken {
-    /// A token holding `value`.
+    /// A token holding `value`, with no re-opens before it.
     #[must_use]
     pub const fn new(value: u64) -> Self {
-        Self(value)
+        Self { value, reopens: 0 }
+    }
+
+    /// The same token, saying that the fleet re-opened `reopens` times in a
+    /// row (failed probes) before this election.
+    #[must_use]
+    pub const fn with_reopens(self, reopens: u32) -> Self {
+        Self {
+            value: self.value,
+            reopens,
+        }
     }
 
     /// The value it holds.
     #[must_use]
     pub const fn get(self) -> u64 {
-        self.0
+        self.value
+    }
+
+    /// The fleet's re-opens in a row before this election.
+    #[must_use]
+    pub const fn reopens(self) -> u32 {
+        self.reopens
     }
 }
 
@@ -365,19 +478,7 @@ impl fmt::Debug for MemoryStore {
 impl Store for MemoryStore {
     fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
         let token = self.token();
-        let result = self.with(|records, now| match records.get(name) {
-            Some(r) if r.until > now => r.until - now,
-            _ => {
-                records.insert(
-                    name.to_owned(),
-                    Record {
-                        until: now + open_for,
-                        token,
-                    },
-                );
-                open_for
-            }
-        });
+        let result = self.with(|records, now| open_record(records, name, now, open_for, token));
         Box::pin(async move { Ok(result) })
     }
 
@@ -393,19 +494,44 @@ impl Store for MemoryStore {
                 remaining: r.until - now,
             },
             Some(r) => {
+                // At least as long as the last opening, whatever this
+                // caller's own idea of the period.
+                let period = open_for.max(r.period);
                 *r = Record {
-                    until: now + open_for,
+                    until: now + period,
                     token,
+                    reopens: r.reopens,
+                    period,
                 };
-                Election::Won(ProbeToken(token))
+                Election::Won(ProbeToken::new(token).with_reopens(r.reopens))
             }
+        });
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        let fresh = self.token();
+        let result = self.with(|records, now| match records.get_mut(name) {
+            Some(r) if r.token == token.get() => {
+                r.until = r.until.max(now + open_for);
+                r.token = fresh;
+                r.reopens = r.reopens.saturating_add(1);
+                r.period = open_for;
+                r.until - now
+            }
+            _ => open_record(records, name, now, open_for, fresh),
         });
         Box::pin(async move { Ok(result) })
     }
 
     fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
         let result = self.with(|records, _| match records.get(name) {
-            Some(r) if r.token == token.0 => {
+            Some(r) if r.token == token.get() => {
                 records.remove(name);
                 true
             }
@@ -423,5 +549,32 @@ impl Store for MemoryStore {
             Some(_) => Decision::Expired,
         });
         Box::pin(async move { Ok(result) })
+    }
+}
+
+/// [`Store::try_open`] on the map: open unless open until later. An expired
+/// record keeps its count of re-opens (no probe has closed the circuit).
+fn open_record(
+    records: &mut HashMap<String, Record>,
+    name: &str,
+    now: Instant,
+    open_for: Duration,
+    token: u64,
+) -> Duration {
+    match records.get(name) {
+        Some(r) if r.until > now => r.until - now,
+        previous => {
+            let reopens = previous.map_or(0, |r| r.reopens);
+            records.insert(
+                name.to_owned(),
+                Record {
+                    until: now + open_for,
+                    token,
+                    reopens,
+                    period: open_for,
+                },
+            );
+            open_for
+        }
     }
 }

@@ -179,3 +179,67 @@ async fn a_failing_store_fails_open_and_the_local_breaker_keeps_working() {
     assert_eq!(state(&b), State::Closed);
     assert!(b.snapshot().totals.store_errors >= 3);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_next_prober_grows_the_period_from_the_fleets_reopens() {
+    let store = Arc::new(MemoryStore::new());
+    let fleet = fleet(&store, 2);
+    record(&fleet[0], Outcome::Failure, 2);
+    settle().await;
+    // Round 1: only fleet[0] calls; its probe fails: 10 s (5 s x 2).
+    advance(secs(5)).await;
+    poke(&fleet[..1]).await;
+    fleet[0].try_acquire().unwrap().record(Outcome::Failure);
+    settle().await;
+    match store.read("shared").await.unwrap() {
+        Decision::Open { remaining } => assert_eq!(remaining, secs(10)),
+        other => panic!("open, got {other:?}"),
+    }
+    // Round 2: fleet[1], which never re-opened itself, wins; it learns the
+    // fleet's count and its failed probe holds the circuit 20 s.
+    advance(secs(10)).await;
+    let mut probe = None;
+    for _ in 0..5 {
+        // Reads "expired", adopts it, elects, wins.
+        match fleet[1].try_acquire() {
+            Ok(p) if p.is_probe() => probe = Some(p),
+            Ok(p) => p.record(Outcome::Ignored),
+            Err(_) => {}
+        }
+        settle().await;
+    }
+    let probe = probe.expect("fleet[1] won the election");
+    probe.record(Outcome::Failure);
+    settle().await;
+    match store.read("shared").await.unwrap() {
+        Decision::Open { remaining } => assert_eq!(remaining, secs(20)),
+        other => panic!("open, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn fail_closed_rejects_while_the_store_fails_and_recovers_with_it() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .store(Arc::new(Down))
+            .refresh_interval(REFRESH)
+            .on_store_failure(tower_breaker::store::StoreFailureMode::FailClosed),
+    );
+    b.try_acquire().unwrap().record(Outcome::Success); // starts the first read
+    settle().await;
+    let err = b.try_acquire().unwrap_err();
+    assert_eq!(err.retry_after(), REFRESH);
+    assert_eq!(state(&b), State::Closed);
+    assert!(b.snapshot().totals.rejected >= 1);
+
+    // Against a store that answers, the same breaker admits after a read.
+    let ok = Breaker::with_config(
+        "t",
+        config()
+            .store(Arc::new(MemoryStore::new()))
+            .on_store_failure(tower_breaker::store::StoreFailureMode::FailClosed),
+    );
+    ok.refresh().await.unwrap();
+    assert!(ok.try_acquire().is_ok());
+}

@@ -128,3 +128,6 @@ pub fn ok_infallible(
 ) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone {
     service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) })
 }
+
+#[cfg(feature = "redis")]
+pub mod redis_server;

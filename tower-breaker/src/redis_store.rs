@@ -1,0 +1,736 @@
+//! [`RedisStore`]: the shared decision of a fleet's breakers in Redis
+//! (feature `redis`).
+//!
+//! One Redis hash per breaker name, at key `prefix + name` (default prefix
+//! [`DEFAULT_PREFIX`]), holds "open until T" and what the election needs:
+//!
+//! | field | what |
+//! |---|---|
+//! | `until` | T, in milliseconds of the Redis server's clock |
+//! | `token` | the token of the last writer (an opener, the elected prober) |
+//! | `reopens` | failed probes in a row since the circuit last closed |
+//! | `period` | the length of the current opening, in milliseconds |
+//! | `since` | when the current opening started, server time |
+//!
+//! Every decision is one Lua script, run atomically by the server and
+//! reading the server's clock (`TIME`), so the clocks of the processes
+//! never matter and no two processes can interleave:
+//!
+//! - **open** ([`Store::try_open`]): if there is no record, or its T has
+//!   passed (or is unreadable), write T = now + the period; otherwise keep
+//!   the existing T. Either way return the time left until the effective
+//!   T. Concurrent openers never push T forward: the first one wins, the
+//!   others adopt its T.
+//! - **elect** ([`Store::try_acquire_probe`]): no record: closed. T in the
+//!   future: lost, with the time left. T passed: this caller wins; T moves
+//!   forward by the longer of the caller's period and the last opening's
+//!   (so, if the prober vanishes, the others wait at least that long before
+//!   electing again), a fresh token is stored, and the winner learns the
+//!   count of re-opens so far.
+//! - **close** ([`Store::close`]): delete the record only if it still holds
+//!   the winner's token (compare and delete).
+//! - **reopen** ([`Store::reopen`]): the winner's probe failed. If the
+//!   record still holds its token, T = now + the period the breaker grew
+//!   from that count (never earlier than the election's T) and the count
+//!   goes up by one; otherwise act as **open**.
+//! - **read** ([`Store::read`]): closed (no record), open with the time
+//!   left, or expired (T passed: an election is due). A record whose T is
+//!   unreadable is an error, so the alarm fires; the next **open** or
+//!   election repairs it.
+//!
+//! The key's time to live is set, on every write, to some time
+//! ([`RedisOptions::cleanup_after`]) after T. It is cleanup only: the state
+//! is always decided by comparing T with the server's clock, never by
+//! whether the key exists.
+//!
+//! Every call is bounded by [`RedisOptions::timeout`] (default 50 ms); a
+//! timeout, a connection error or a reply the store cannot read is a
+//! [`StoreError`], and the breaker fails open (or closed, as configured:
+//! [`StoreFailureMode`](crate::store::StoreFailureMode)). The
+//! [`ConnectionManager`] reconnects by itself, so sharing resumes when
+//! Redis comes back; scripts are sent again if a restarted server has
+//! forgotten them.
+//!
+//! # TLS
+//!
+//! `rediss://` URLs need one of the `redis` crate's TLS features, which
+//! this crate does not turn on (either would make every build with
+//! `--all-features` depend on a system library or a crypto provider). Add
+//! the same `redis` major version to your own `Cargo.toml` with one of:
+//!
+//! - `tokio-native-tls-comp`: the platform's TLS (OpenSSL on Linux: the
+//!   build needs `pkg-config` and the OpenSSL headers, `libssl-dev` on
+//!   Debian);
+//! - `tokio-rustls-comp`: rustls, plus a rustls crypto provider: depend on
+//!   `rustls` with its `ring` or `aws_lc_rs` feature, or install a provider
+//!   with `rustls::crypto::CryptoProvider::install_default` before
+//!   connecting (the `redis` crate panics when it builds a TLS connection
+//!   with no provider).
+//!
+//! Cargo unifies the features, and [`RedisStore::connect`] then accepts
+//! `rediss://` URLs.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use tower_breaker::redis_store::{RedisOptions, RedisStore};
+//! use tower_breaker::{Breaker, BreakerConfig};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), tower_breaker::BoxError> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379", RedisOptions::new()).await?;
+//! let config = BreakerConfig::new().store(Arc::new(store));
+//! let breaker = Breaker::try_with_config("payments", config)?;
+//! breaker.refresh().await?; // learn the fleet's circuit before serving
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::hash_map::RandomState;
+use std::error::Error;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+
+use crate::store::{Decision, Election, ProbeToken, Store, StoreError, StoreFuture};
+use crate::BoxError;
+
+/// The default key prefix: `"tower-breaker:"`.
+pub const DEFAULT_PREFIX: &str = "tower-breaker:";
+/// The default bound of one store call: 50 ms.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// The default bound of connecting (and of each reconnection attempt): 1 s.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default time a record is kept after its T: 10 minutes.
+pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
+/// The longest breaker name: 200 bytes.
+pub const MAX_NAME_LEN: usize = 200;
+/// The longest key prefix: 64 bytes.
+pub const MAX_PREFIX_LEN: usize = 64;
+
+/// Shared by every script: the server's clock in milliseconds, and the
+/// write of a whole record with its cleanup time.
+const PRELUDE: &str = r"
+if redis.replicate_commands then redis.replicate_commands() end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function int(x) return string.format('%.0f', x) end
+local function write(key, now, until_ms, period, token, reopens, cleanup)
+  redis.call('HSET', key, 'until', int(until_ms), 'token', token,
+    'reopens', int(reopens), 'period', int(period), 'since', int(now))
+  redis.call('PEXPIRE', key, int(until_ms - now + cleanup))
+end
+";
+
+/// ARGV: period, token, cleanup. Returns {wrote, remaining}.
+const OPEN: &str = r"
+local now = now_ms()
+local period = tonumber(ARGV[1])
+local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens')
+local t = tonumber(rec[1])
+if t and t > now then return {0, t - now} end
+write(KEYS[1], now, now + period, period, ARGV[2], tonumber(rec[2]) or 0, tonumber(ARGV[3]))
+return {1, period}
+";
+
+/// ARGV: period, token, cleanup. Returns {0} closed, {1, remaining} lost,
+/// {2, reopens, period} won.
+const ELECT: &str = r"
+local now = now_ms()
+local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'period')
+if not rec[1] then return {0} end
+local t = tonumber(rec[1])
+if t and t > now then return {1, t - now} end
+local reopens = tonumber(rec[2]) or 0
+local period = math.max(tonumber(ARGV[1]), tonumber(rec[3]) or 0)
+write(KEYS[1], now, now + period, period, ARGV[2], reopens, tonumber(ARGV[3]))
+return {2, reopens, period}
+";
+
+/// ARGV: period, the winner's token, a fresh token, cleanup. Returns
+/// {wrote, remaining}.
+const REOPEN: &str = r"
+local now = now_ms()
+local period = tonumber(ARGV[1])
+local rec = redis.call('HMGET', KEYS[1], 'until', 'token', 'reopens')
+local t = tonumber(rec[1])
+local reopens = tonumber(rec[3]) or 0
+if rec[2] == ARGV[2] then
+  local until_ms = now + period
+  if t and t > until_ms then until_ms = t end
+  write(KEYS[1], now, until_ms, period, ARGV[3], reopens + 1, tonumber(ARGV[4]))
+  return {1, until_ms - now}
+end
+if t and t > now then return {0, t - now} end
+write(KEYS[1], now, now + period, period, ARGV[3], reopens, tonumber(ARGV[4]))
+return {1, period}
+";
+
+/// ARGV: token. Returns 1 if it deleted the record.
+const CLOSE: &str = r"
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return {1}
+end
+return {0}
+";
+
+/// Returns {0} closed, {1, remaining} open, {2} expired.
+const READ: &str = r"
+local now = now_ms()
+local v = redis.call('HGET', KEYS[1], 'until')
+if not v then return {0} end
+local t = tonumber(v)
+if not t then return redis.error_reply('tower-breaker: unreadable record (until is not a number)') end
+if t > now then return {1, t - now} end
+return {2}
+";
+
+/// A [`Store`] in Redis: the breakers of every process that uses the same
+/// Redis, prefix and breaker name share one circuit.
+///
+/// See the [module docs](self) for the record and the scripts, and the
+/// [crate docs](crate#shared-state-redis) for the trade-offs.
+///
+/// # Clone
+///
+/// Not `Clone`; share it as `Arc<RedisStore>` (what
+/// [`BreakerConfig::store`](crate::BreakerConfig::store) takes). The
+/// [`ConnectionManager`] inside is one multiplexed connection, used by
+/// every breaker of the process.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tower_breaker::redis_store::{RedisOptions, RedisStore};
+/// use tower_breaker::store::{Decision, Store};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), tower_breaker::BoxError> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let manager = redis::aio::ConnectionManager::new(client).await?;
+/// let store = RedisStore::new(
+///     manager,
+///     RedisOptions::new().prefix("shop:breakers:").timeout(Duration::from_millis(20)),
+/// )?;
+/// assert_eq!(store.key("payments")?, "shop:breakers:payments");
+///
+/// store.try_open("payments", Duration::from_secs(5)).await?;
+/// assert!(matches!(store.read("payments").await?, Decision::Open { .. }));
+/// # Ok(())
+/// # }
+/// ```
+pub struct RedisStore {
+    manager: ConnectionManager,
+    options: RedisOptions,
+    scripts: Scripts,
+    seed: RandomState,
+    tokens: AtomicU64,
+}
+
+/// The settings of a [`RedisStore`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::redis_store::RedisOptions;
+///
+/// let options = RedisOptions::new()
+///     .prefix("checkout:")
+///     .timeout(Duration::from_millis(25))
+///     .cleanup_after(Duration::from_secs(3600));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisOptions {
+    prefix: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+    cleanup_after: Duration,
+}
+
+/// A breaker name or key prefix the store refuses.
+///
+/// Names (and prefixes) may hold ASCII letters and digits and
+/// `- _ . : / @ + = ~ ,`; a name has 1 to [`MAX_NAME_LEN`] bytes, a prefix
+/// at most [`MAX_PREFIX_LEN`]. Spaces, control characters, glob characters
+/// and `{}` (Redis Cluster hash tags) are refused, so every key is safe to
+/// type, scan and log.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::redis_store::{InvalidName, RedisOptions};
+///
+/// let err: InvalidName = RedisOptions::new().prefix("a b").check().unwrap_err();
+/// assert_eq!(
+///     err.to_string(),
+///     "invalid key prefix \"a b\" for the redis circuit store: ' ' is not allowed"
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidName {
+    what: &'static str,
+    name: String,
+    reason: String,
+}
+
+/// [`RedisStore::connect`] could not parse the URL, check the options or
+/// reach the server in time.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::redis_store::{ConnectError, RedisOptions, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let err: ConnectError = RedisStore::connect_lazy("nonsense://x", RedisOptions::new()).unwrap_err();
+/// assert!(err.to_string().starts_with("could not connect to the redis circuit store"));
+/// assert!(std::error::Error::source(&err).is_some());
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct ConnectError {
+    source: BoxError,
+}
+
+#[derive(Debug)]
+struct Scripts {
+    open: Script,
+    elect: Script,
+    reopen: Script,
+    close: Script,
+    read: Script,
+}
+
+// === impl RedisOptions ===
+
+impl RedisOptions {
+    /// Every default: prefix [`DEFAULT_PREFIX`], timeout
+    /// [`DEFAULT_TIMEOUT`], connect timeout [`DEFAULT_CONNECT_TIMEOUT`],
+    /// cleanup after [`DEFAULT_CLEANUP_AFTER`].
+    pub fn new() -> Self {
+        Self {
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            cleanup_after: DEFAULT_CLEANUP_AFTER,
+        }
+    }
+
+    /// The prefix of every key (default [`DEFAULT_PREFIX`]): the key of a
+    /// breaker is the prefix followed by its name. Give each environment
+    /// (or each application sharing a Redis) its own. Checked when the
+    /// store is built (see [`InvalidName`]).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest wait for one store call (default 50 ms; at least 1 ms).
+    /// Past it the call fails and the breaker keeps its local decision.
+    /// Keep it well below the latency your callers can afford: store calls
+    /// never delay a call that is admitted, but an election waits for it.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest wait for connecting, in [`RedisStore::connect`] and in
+    /// each reconnection attempt of the connection it builds (default 1 s;
+    /// at least 1 ms).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a record is kept after its T (default 10 minutes): the
+    /// key's time to live, renewed on every write. Cleanup only; a
+    /// record whose T has passed is expired whether or not it still exists.
+    /// While it exists it keeps the count of re-opens, so the open period
+    /// keeps growing across quiet spells shorter than this.
+    pub fn cleanup_after(mut self, after: Duration) -> Self {
+        self.cleanup_after = after;
+        self
+    }
+
+    /// Checks the prefix.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidName`] if the prefix is too long or holds a character that
+    /// is not allowed.
+    pub fn check(&self) -> Result<(), InvalidName> {
+        check(&self.prefix, "key prefix", 0, MAX_PREFIX_LEN)
+    }
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// === impl RedisStore ===
+
+impl RedisStore {
+    /// A store on a connection you built (with your own reconnection and
+    /// TLS settings).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidName`] if the options' prefix is refused.
+    pub fn new(manager: ConnectionManager, options: RedisOptions) -> Result<Self, InvalidName> {
+        options.check()?;
+        Ok(Self {
+            manager,
+            options,
+            scripts: Scripts {
+                open: script(OPEN),
+                elect: script(ELECT),
+                reopen: script(REOPEN),
+                close: script(CLOSE),
+                read: script(READ),
+            },
+            seed: RandomState::new(),
+            tokens: AtomicU64::new(0),
+        })
+    }
+
+    /// Connects to the Redis at `url` (`redis://host:port/db`, or
+    /// `rediss://` with a TLS feature of the `redis` crate, see the
+    /// [module docs](self#tls)) and checks that it answers within the
+    /// connect timeout.
+    ///
+    /// The connection reconnects by itself after errors, with backoff
+    /// (50 ms doubling to 1 s, then again at the next call), so a store
+    /// that was reachable once keeps working across Redis restarts.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError`] if the URL or the options are refused, or the
+    /// server does not answer a `PING` within the connect timeout. To
+    /// start while Redis is down (failing open until it is up), use
+    /// [`connect_lazy`](RedisStore::connect_lazy).
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, ConnectError> {
+        let store = Self::connect_lazy(url, options)?;
+        let mut conn = store.manager.clone();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<String>(&mut conn);
+        match tokio::time::timeout(store.options.connect_timeout, ping).await {
+            Ok(Ok(_)) => Ok(store),
+            Ok(Err(e)) => Err(ConnectError::new(e)),
+            Err(_) => Err(ConnectError::new(format!(
+                "no answer within {:?}",
+                store.options.connect_timeout
+            ))),
+        }
+    }
+
+    /// Like [`connect`](RedisStore::connect), but does not connect before
+    /// the first store call: the process starts even while Redis is down,
+    /// and its breakers fail open (or closed) until it is up.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError`] if the URL or the options are refused.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (the connection spawns a task).
+    pub fn connect_lazy(url: &str, options: RedisOptions) -> Result<Self, ConnectError> {
+        options.check().map_err(ConnectError::new)?;
+        let client = redis::Client::open(url).map_err(ConnectError::new)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(1))
+            .set_number_of_retries(5);
+        let manager =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(ConnectError::new)?;
+        Self::new(manager, options).map_err(ConnectError::new)
+    }
+
+    /// The Redis key of the breaker named `name`: the prefix followed by
+    /// the name.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidName`] if the name is empty, too long or holds a character
+    /// that is not allowed.
+    pub fn key(&self, name: &str) -> Result<String, InvalidName> {
+        check(name, "breaker name", 1, MAX_NAME_LEN)?;
+        let mut key = String::with_capacity(self.options.prefix.len() + name.len());
+        key.push_str(&self.options.prefix);
+        key.push_str(name);
+        Ok(key)
+    }
+
+    /// The options the store was built with.
+    pub fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    /// A token no other call of any process is likely to draw.
+    fn token(&self) -> u64 {
+        let mut hasher = self.seed.build_hasher();
+        hasher.write_u64(self.tokens.fetch_add(1, Relaxed));
+        hasher.finish()
+    }
+
+    fn store_key(&self, name: &str) -> Result<String, StoreError> {
+        self.key(name)
+            .map_err(|e| StoreError::with_source("invalid breaker name", e))
+    }
+
+    /// Runs `script` on `key`, bounded by the timeout.
+    async fn run(&self, script: &Script, key: &str, args: &[u64]) -> Result<Vec<i64>, StoreError> {
+        let mut invocation = script.prepare_invoke();
+        invocation.key(key);
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let mut conn = self.manager.clone();
+        let call = invocation.invoke_async::<Vec<i64>>(&mut conn);
+        match tokio::time::timeout(self.options.timeout, call).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(StoreError::with_source("redis call failed", e)),
+            Err(elapsed) => Err(StoreError::with_source(
+                format!("no answer from redis within {:?}", self.options.timeout),
+                elapsed,
+            )),
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("manager", &self.manager)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl Store for RedisStore {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            let args = [
+                millis(open_for),
+                self.token(),
+                millis(self.options.cleanup_after),
+            ];
+            match self.run(&self.scripts.open, &key, &args).await?[..] {
+                [_, remaining] => Ok(remaining_ms(remaining)),
+                ref other => Err(unexpected("open", other)),
+            }
+        })
+    }
+
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Election> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            let token = self.token();
+            let args = [millis(open_for), token, millis(self.options.cleanup_after)];
+            match self.run(&self.scripts.elect, &key, &args).await?[..] {
+                [0] => Ok(Election::Closed),
+                [1, remaining] => Ok(Election::Lost {
+                    remaining: remaining_ms(remaining),
+                }),
+                [2, reopens, _] => Ok(Election::Won(
+                    ProbeToken::new(token)
+                        .with_reopens(u32::try_from(reopens.max(0)).unwrap_or(u32::MAX)),
+                )),
+                ref other => Err(unexpected("elect", other)),
+            }
+        })
+    }
+
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            match self.run(&self.scripts.close, &key, &[token.get()]).await?[..] {
+                [deleted] => Ok(deleted == 1),
+                ref other => Err(unexpected("close", other)),
+            }
+        })
+    }
+
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            match self.run(&self.scripts.read, &key, &[]).await?[..] {
+                [0] => Ok(Decision::Closed),
+                [1, remaining] => Ok(Decision::Open {
+                    remaining: remaining_ms(remaining),
+                }),
+                [2] => Ok(Decision::Expired),
+                ref other => Err(unexpected("read", other)),
+            }
+        })
+    }
+
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            let args = [
+                millis(open_for),
+                token.get(),
+                self.token(),
+                millis(self.options.cleanup_after),
+            ];
+            match self.run(&self.scripts.reopen, &key, &args).await?[..] {
+                [_, remaining] => Ok(remaining_ms(remaining)),
+                ref other => Err(unexpected("reopen", other)),
+            }
+        })
+    }
+
+    fn check_name(&self, name: &str) -> Result<(), StoreError> {
+        self.store_key(name).map(drop)
+    }
+}
+
+// === impl InvalidName ===
+
+impl InvalidName {
+    /// The refused name or prefix.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for InvalidName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid {} {:?} for the redis circuit store: {}",
+            self.what, self.name, self.reason
+        )
+    }
+}
+
+impl Error for InvalidName {}
+
+// === impl ConnectError ===
+
+impl ConnectError {
+    fn new(source: impl Into<BoxError>) -> Self {
+        Self {
+            source: source.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "could not connect to the redis circuit store: {}",
+            self.source
+        )
+    }
+}
+
+impl Error for ConnectError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.source as &(dyn Error + 'static))
+    }
+}
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}{body}"))
+}
+
+fn allowed(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-_.:/@+=~,".contains(c)
+}
+
+fn check(name: &str, what: &'static str, min: usize, max: usize) -> Result<(), InvalidName> {
+    let refuse = |reason: String| InvalidName {
+        what,
+        name: name.to_owned(),
+        reason,
+    };
+    if name.len() < min {
+        return Err(refuse("it is empty".to_owned()));
+    }
+    if name.len() > max {
+        return Err(refuse(format!("it is longer than {max} bytes")));
+    }
+    match name.chars().find(|c| !allowed(*c)) {
+        Some(c) => Err(refuse(format!("{c:?} is not allowed"))),
+        None => Ok(()),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 4)
+}
+
+fn remaining_ms(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn unexpected(script: &str, reply: &[i64]) -> StoreError {
+    StoreError::new(format!(
+        "unexpected reply {reply:?} from the {script} script"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check("payments", "breaker name", 1, MAX_NAME_LEN).is_ok());
+        assert!(check(
+            "hosts:api.example.com:443/v1",
+            "breaker name",
+            1,
+            MAX_NAME_LEN
+        )
+        .is_ok());
+        assert!(check("", "breaker name", 1, MAX_NAME_LEN).is_err());
+        assert!(check(&"a".repeat(201), "breaker name", 1, MAX_NAME_LEN).is_err());
+        assert!(check(&"a".repeat(200), "breaker name", 1, MAX_NAME_LEN).is_ok());
+        for bad in ["a b", "a\nb", "a*", "{tag}", "é", "a?b", "[x]"] {
+            assert!(
+                check(bad, "breaker name", 1, MAX_NAME_LEN).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(check("", "key prefix", 0, MAX_PREFIX_LEN).is_ok());
+    }
+
+    #[test]
+    fn scripts_share_the_prelude() {
+        for body in [OPEN, ELECT, REOPEN, CLOSE, READ] {
+            let s = format!("{PRELUDE}{body}");
+            assert!(s.contains("local function now_ms()"));
+        }
+    }
+}

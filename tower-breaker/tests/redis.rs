@@ -1,0 +1,834 @@
+//! The Redis store against real `redis-server`s: each test starts its own on
+//! a free port of 127.0.0.1 (see `support::redis_server`), so it can kill
+//! and restart it.
+//!
+//! Real time is unavoidable here (paused tokio time does not move Redis's
+//! clock): open periods are a few hundred milliseconds, and the tests
+//! assert the order of events with generous bounds, never tight timings.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use support::redis_server::RedisServer;
+use support::*;
+use tokio::time::{sleep, Instant};
+use tower_breaker::redis_store::{InvalidName, RedisOptions, RedisStore};
+use tower_breaker::store::{Decision, Election, ProbeToken, Store, StoreFailureMode};
+use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
+
+const REFRESH: Duration = Duration::from_millis(100);
+const OPEN: Duration = Duration::from_millis(400);
+/// Slack for scheduling on a busy 2-core machine.
+const SLACK: Duration = Duration::from_millis(400);
+
+async fn store(server: &RedisServer) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::connect(&server.url(), RedisOptions::new())
+            .await
+            .expect("connect"),
+    )
+}
+
+/// A breaker as one process of a fleet would have: its own window (2 calls,
+/// opens at 50%) and, unless `shared` is given, its own connection.
+fn breaker_on(name: &str, store: Arc<RedisStore>) -> Breaker {
+    Breaker::with_config(name, fleet_config(store))
+}
+
+fn fleet_config(store: Arc<RedisStore>) -> BreakerConfig {
+    config()
+        .count_window(2)
+        .minimum_calls(2)
+        .open_period(OPEN)
+        .store(store)
+        .refresh_interval(REFRESH)
+}
+
+async fn fleet(server: &RedisServer, name: &str, n: usize) -> Vec<Breaker> {
+    let mut fleet = Vec::with_capacity(n);
+    for _ in 0..n {
+        let b = breaker_on(name, store(server).await);
+        b.refresh().await.expect("first read");
+        fleet.push(b);
+    }
+    fleet
+}
+
+/// Records failures until the breaker opens (its window decides when).
+fn trip(b: &Breaker) {
+    while state(b) != State::Open {
+        b.try_acquire()
+            .expect("closed until it trips")
+            .record(Outcome::Failure);
+    }
+}
+
+/// Calls every breaker every few milliseconds until each has rejected a
+/// call; returns how long each took.
+async fn until_all_reject(fleet: &[Breaker], limit: Duration) -> Vec<Duration> {
+    let start = Instant::now();
+    let mut seen: Vec<Option<Duration>> = vec![None; fleet.len()];
+    while seen.iter().any(Option::is_none) && start.elapsed() < limit {
+        for (b, seen) in fleet.iter().zip(&mut seen) {
+            if seen.is_none() {
+                match b.try_acquire() {
+                    Ok(p) => p.record(Outcome::Ignored),
+                    Err(_) => *seen = Some(start.elapsed()),
+                }
+            }
+        }
+        sleep(ms(5)).await;
+    }
+    seen.into_iter()
+        .map(|s| s.expect("every breaker rejects in time"))
+        .collect()
+}
+
+/// Calls every breaker until each admits a call (and counts it as a
+/// success); returns how long it took.
+async fn until_all_admit(fleet: &[Breaker], limit: Duration) -> Duration {
+    let start = Instant::now();
+    let mut open: Vec<&Breaker> = fleet.iter().collect();
+    while !open.is_empty() {
+        assert!(
+            start.elapsed() < limit,
+            "{} breakers still reject",
+            open.len()
+        );
+        open.retain(|b| match b.try_acquire() {
+            Ok(p) => {
+                p.record(Outcome::Success);
+                false
+            }
+            Err(_) => true,
+        });
+        sleep(ms(5)).await;
+    }
+    start.elapsed()
+}
+
+fn field(record: &HashMap<String, String>, name: &str) -> i64 {
+    record[name].parse().unwrap()
+}
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        sleep(ms(5)).await;
+    }
+}
+
+// --- the fleet ---
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_of_20_breakers_trips_and_every_other_rejects_within_one_refresh_interval() {
+    let server = RedisServer::start();
+    let fleet = fleet(&server, "fleet", 20).await;
+    trip(&fleet[0]);
+    let key = store(&server).await.key("fleet").unwrap();
+    let written = Instant::now();
+    wait_for("the write-through", SLACK, || {
+        server.record(&key).contains_key("until")
+    })
+    .await;
+    let write_through = written.elapsed();
+
+    let took = until_all_reject(&fleet[1..], REFRESH * 10).await;
+    let slowest = took.iter().max().unwrap();
+    println!(
+        "fleet: write-through {write_through:?}; 19 others rejected after {:?} (fastest) to {slowest:?} (slowest), refresh interval {REFRESH:?}",
+        took.iter().min().unwrap()
+    );
+    assert!(*slowest <= REFRESH + SLACK, "{slowest:?}");
+    for b in &fleet[1..] {
+        assert_eq!(b.snapshot().totals.failed, 0, "never saw a failure itself");
+        assert_eq!(state(b), State::Open);
+        assert!(b.try_acquire().unwrap_err().retry_after() <= OPEN);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_openers_keep_the_first_writers_t() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let key = store.key("openers").unwrap();
+    // Distinct periods, so the record tells which opener wrote it.
+    let period = |i: u64| ms(2_000 + 10 * i);
+    let barrier = Arc::new(tokio::sync::Barrier::new(50));
+    let tasks: Vec<_> = (0..50u64)
+        .map(|i| {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                (i, store.try_open("openers", period(i)).await.unwrap())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    let record = server.record(&key);
+    let (until, since, stored_period) = (
+        field(&record, "until"),
+        field(&record, "since"),
+        field(&record, "period"),
+    );
+    // Exactly one opener wrote (it got its own period back, to the ms);
+    // the record is its T, not the last caller's.
+    let writers: Vec<_> = results
+        .iter()
+        .filter(|(i, remaining)| *remaining == period(*i))
+        .collect();
+    assert_eq!(writers.len(), 1, "{results:?}");
+    let first = writers[0].0;
+    assert_eq!(stored_period as u128, period(first).as_millis());
+    assert_eq!(
+        until - since,
+        stored_period,
+        "T = the first writer's now + its period"
+    );
+    for (i, remaining) in &results {
+        assert!(
+            *remaining <= period(first),
+            "opener {i} saw T pushed forward"
+        );
+    }
+    println!(
+        "openers: the first writer was #{first} of 50; stored T = its write + {stored_period} ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_t_passes_one_call_of_50_breakers_x_20_tasks_probes_and_its_success_closes_all() {
+    let server = RedisServer::start();
+    let fleet = Arc::new(fleet(&server, "election", 50).await);
+    trip(&fleet[0]);
+    until_all_reject(&fleet[1..], REFRESH * 10).await;
+
+    let hits = Arc::new(AtomicUsize::new(0));
+    let held: Arc<Mutex<Vec<Permit>>> = Arc::default();
+    // Hammer until well past T, but before the election's T' (T + 2 x OPEN).
+    let stop = Instant::now() + OPEN + ms(500);
+    let tasks: Vec<_> = (0..50 * 20)
+        .map(|i| {
+            let (fleet, hits, held) = (fleet.clone(), hits.clone(), held.clone());
+            tokio::spawn(async move {
+                let b = &fleet[i % 50];
+                while Instant::now() < stop {
+                    if let Ok(permit) = b.try_acquire() {
+                        hits.fetch_add(1, SeqCst); // the dependency
+                        held.lock().unwrap().push(permit);
+                    }
+                    sleep(ms(3)).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        hits.load(SeqCst),
+        1,
+        "exactly one call reaches the dependency"
+    );
+    let probe = held.lock().unwrap().pop().unwrap();
+    assert!(probe.is_probe());
+    assert_eq!(
+        fleet.iter().filter(|b| state(b) == State::HalfOpen).count(),
+        1
+    );
+
+    probe.record(Outcome::Success);
+    let closed_in = until_all_admit(&fleet, REFRESH * 10).await;
+    println!("election: 1 probe among 1000 tasks; all 50 closed {closed_in:?} after its success");
+    assert!(closed_in <= REFRESH + SLACK, "{closed_in:?}");
+    let key = store(&server).await.key("election").unwrap();
+    assert!(
+        server.record(&key).is_empty(),
+        "the prober deleted the record"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_probes_keep_the_fleet_open_for_growing_periods_whoever_probes() {
+    let server = RedisServer::start();
+    let fleet = fleet(&server, "growth", 4).await;
+    let key = store(&server).await.key("growth").unwrap();
+    trip(&fleet[0]);
+    until_all_reject(&fleet[1..], REFRESH * 10).await;
+
+    // Round 1: whoever wins probes, and fails.
+    let (winner, probe) = probe_among(&fleet, OPEN + SLACK * 2).await;
+    probe.record(Outcome::Failure);
+    wait_for("the re-open", SLACK, || {
+        server.record(&key).get("reopens").map(String::as_str) == Some("1")
+    })
+    .await;
+    let record = server.record(&key);
+    assert_eq!(field(&record, "period"), 2 * OPEN.as_millis() as i64);
+    let remaining = field(&record, "until") - server.now_ms();
+    assert!(
+        remaining > OPEN.as_millis() as i64,
+        "a longer period: {remaining} ms"
+    );
+    // Nobody probes during it.
+    let quiet_until = Instant::now() + OPEN;
+    while Instant::now() < quiet_until {
+        for b in &fleet {
+            assert!(b.try_acquire().is_err(), "still open");
+        }
+        sleep(ms(10)).await;
+    }
+
+    // Round 2: only the others call, so another breaker wins; it learns
+    // the fleet's count of re-opens, and the period grows again.
+    let others: Vec<Breaker> = fleet
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != winner)
+        .map(|(_, b)| b.clone())
+        .collect();
+    let (_, probe) = probe_among(&others, OPEN * 2 + SLACK * 2).await;
+    probe.record(Outcome::Failure);
+    wait_for("the second re-open", SLACK, || {
+        server.record(&key).get("reopens").map(String::as_str) == Some("2")
+    })
+    .await;
+    let record = server.record(&key);
+    assert_eq!(field(&record, "period"), 4 * OPEN.as_millis() as i64);
+    println!(
+        "growth: open {OPEN:?}, then {} ms and {} ms after two failed probes by two breakers",
+        2 * OPEN.as_millis(),
+        field(&record, "period")
+    );
+}
+
+/// Calls the breakers until one admits a probe; returns its index.
+async fn probe_among(fleet: &[Breaker], limit: Duration) -> (usize, Permit) {
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < limit, "no probe in {limit:?}");
+        for (i, b) in fleet.iter().enumerate() {
+            if let Ok(p) = b.try_acquire() {
+                assert!(p.is_probe());
+                return (i, p);
+            }
+        }
+        sleep(ms(5)).await;
+    }
+}
+
+// --- separate OS processes ---
+
+const CHILD: &str = "TOWER_BREAKER_REDIS_CHILD";
+
+/// One OS process of the fleet: re-invoked by
+/// `one_probe_across_separate_os_processes` with `TOWER_BREAKER_REDIS_CHILD`
+/// set; a no-op otherwise.
+#[test]
+fn child_process_role() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let [url, name, stop_ms]: [&str; 3] = spec
+        .split(' ')
+        .collect::<Vec<_>>()
+        .try_into()
+        .expect("url name stop");
+    let stop_ms: u128 = stop_ms.parse().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (hits, probes) = rt.block_on(async {
+        let store = Arc::new(RedisStore::connect(url, RedisOptions::new()).await.unwrap());
+        let client = redis::Client::open(url).unwrap();
+        let dependency = redis::aio::ConnectionManager::new(client).await.unwrap();
+        let breakers: Vec<Breaker> = (0..10).map(|_| breaker_on(name, store.clone())).collect();
+        for b in &breakers {
+            b.refresh().await.unwrap();
+        }
+        let hits = Arc::new(AtomicUsize::new(0));
+        let probes = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..100)
+            .map(|i| {
+                let b = breakers[i % 10].clone();
+                let (hits, probes, mut dependency) =
+                    (hits.clone(), probes.clone(), dependency.clone());
+                tokio::spawn(async move {
+                    while unix_ms() < stop_ms {
+                        if let Ok(permit) = b.try_acquire() {
+                            hits.fetch_add(1, SeqCst);
+                            if permit.is_probe() {
+                                probes.fetch_add(1, SeqCst);
+                            }
+                            // The dependency: counts calls fleet-wide, and fails.
+                            let _: i64 = redis::cmd("INCR")
+                                .arg("dependency-calls")
+                                .query_async(&mut dependency)
+                                .await
+                                .unwrap();
+                            permit.record(Outcome::Failure);
+                        }
+                        sleep(ms(3)).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        (hits.load(SeqCst), probes.load(SeqCst))
+    });
+    println!("child-result hits={hits} probes={probes}");
+}
+
+fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_probe_across_separate_os_processes() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    // The trip, as some process reported it.
+    store.try_open("processes", OPEN).await.unwrap();
+    // The children stop before the election's T' (T + 2 x OPEN), so one
+    // election happens while they run.
+    let stop = unix_ms() + OPEN.as_millis() * 2 + 300;
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new(&exe)
+                .args([
+                    "child_process_role",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, format!("{} processes {stop}", server.url()))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut per_child = Vec::new();
+    for child in children {
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(out.status.success());
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let line = stdout
+            .lines()
+            .find_map(|l| l.split_once("child-result ").map(|(_, r)| r))
+            .unwrap_or_else(|| panic!("no result in {stdout:?}"))
+            .to_owned();
+        per_child.push(line);
+    }
+    let calls: i64 = redis::cmd("GET")
+        .arg("dependency-calls")
+        .query(&mut server.raw())
+        .unwrap();
+    println!(
+        "processes: 4 processes x 10 breakers x 100 tasks: {per_child:?}; dependency calls {calls}"
+    );
+    assert_eq!(calls, 1, "one probe across the processes");
+    let key = store.key("processes").unwrap();
+    assert_eq!(
+        server.record(&key)["reopens"],
+        "1",
+        "the failed probe re-opened with its token, from its own process"
+    );
+}
+
+// --- faults ---
+
+/// Counts `circuit_store_failed` events (a minimal subscriber; the test
+/// runs on one thread, so a thread-local default catches every event).
+#[derive(Debug, Clone, Default)]
+struct Alarms(Arc<AtomicUsize>);
+
+impl tracing::Subscriber for Alarms {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}") == "circuit_store_failed" {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut m = Message(false);
+        event.record(&mut m);
+        if m.0 {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back() {
+    let alarms = Alarms::default();
+    let _guard = tracing::subscriber::set_default(alarms.clone());
+    let mut server = RedisServer::start();
+    let long = |store| {
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .open_period(secs(20))
+            .store(store)
+            .refresh_interval(REFRESH)
+    };
+    let a = Breaker::with_config("faults", long(store(&server).await));
+    let b = Breaker::with_config("faults", long(store(&server).await));
+    a.refresh().await.unwrap();
+    b.refresh().await.unwrap();
+
+    server.kill();
+    let start = Instant::now();
+    let mut admitted = 0;
+    while start.elapsed() < REFRESH * 5 {
+        for x in [&a, &b] {
+            x.try_acquire()
+                .expect("fails open")
+                .record(Outcome::Success);
+            admitted += 1;
+        }
+        sleep(ms(5)).await;
+    }
+    let errors = |x: &Breaker| x.snapshot().totals.store_errors;
+    assert!(errors(&a) > 0 && errors(&b) > 0);
+    assert!(alarms.0.load(SeqCst) > 0, "circuit_store_failed events");
+    println!(
+        "faults: redis down, {admitted} calls admitted, store_errors {} + {}, {} alarm events",
+        errors(&a),
+        errors(&b),
+        alarms.0.load(SeqCst)
+    );
+
+    // The local breaker keeps working; its opening cannot be shared yet.
+    trip(&a);
+    sleep(REFRESH * 2).await;
+    b.try_acquire()
+        .expect("b has not heard")
+        .record(Outcome::Success);
+
+    server.restart();
+    let back = Instant::now();
+    // Both keep serving; `a`'s next read finds the store empty and writes
+    // its opening again, then `b`'s next read adopts it.
+    loop {
+        assert!(back.elapsed() < secs(10), "sharing did not resume");
+        assert!(a.try_acquire().is_err());
+        match b.try_acquire() {
+            Ok(p) => p.record(Outcome::Success),
+            Err(_) => break,
+        }
+        sleep(ms(5)).await;
+    }
+    println!(
+        "faults: redis restarted; b rejects {:?} later (sharing resumed by itself)",
+        back.elapsed()
+    );
+    assert_eq!(b.snapshot().totals.failed, 0, "b never saw a failure");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_bounds_every_store_call_by_the_timeout() {
+    let server = RedisServer::start();
+    let timeout = ms(50);
+    let store = Arc::new(
+        RedisStore::connect(&server.url(), RedisOptions::new().timeout(timeout))
+            .await
+            .unwrap(),
+    );
+    let b = breaker_on("slow", store.clone());
+    b.refresh().await.unwrap();
+
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .query(&mut server.raw())
+        .unwrap();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let start = Instant::now();
+        assert!(store.read("slow").await.is_err());
+        assert!(store.try_open("slow", OPEN).await.is_err());
+        assert!(b.refresh().await.is_err());
+        slowest = slowest.max(start.elapsed() / 3);
+    }
+    // The closed path never waits for the store.
+    let start = Instant::now();
+    for _ in 0..1000 {
+        b.try_acquire().unwrap().record(Outcome::Success);
+    }
+    let calls = start.elapsed();
+    println!("slow: each store call gave up after {slowest:?} at most (timeout {timeout:?}); 1000 calls took {calls:?}");
+    assert!(slowest < timeout + ms(200), "{slowest:?}");
+    assert!(b.snapshot().totals.store_errors >= 5);
+
+    sleep(ms(1600)).await;
+    assert_eq!(
+        store.read("slow").await.unwrap(),
+        Decision::Closed,
+        "back by itself"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_rejects_while_the_store_is_down_and_fail_open_does_not() {
+    let mut server = RedisServer::start();
+    let closed = Breaker::with_config(
+        "closed",
+        fleet_config(store(&server).await).on_store_failure(StoreFailureMode::FailClosed),
+    );
+    let open = breaker_on("open", store(&server).await);
+    closed.refresh().await.unwrap();
+    open.refresh().await.unwrap();
+    closed.try_acquire().unwrap().record(Outcome::Success);
+
+    server.kill();
+    let rejected = until_all_reject(std::slice::from_ref(&closed), secs(2)).await[0];
+    let err = closed.try_acquire().unwrap_err();
+    assert_eq!(err.retry_after(), REFRESH);
+    assert_eq!(state(&closed), State::Closed, "no failure was counted");
+    for _ in 0..20 {
+        open.try_acquire()
+            .expect("fail open")
+            .record(Outcome::Success);
+        sleep(ms(10)).await;
+    }
+
+    server.restart();
+    let admitted = until_all_admit(std::slice::from_ref(&closed), secs(10)).await;
+    println!("fail-closed: rejecting {rejected:?} after redis died; admitting {admitted:?} after it came back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_redis_is_an_error_and_an_open_repairs_it() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let key = store.key("garbage").unwrap();
+    let b = breaker_on("garbage", store.clone());
+
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("banana")
+        .query(&mut server.raw())
+        .unwrap();
+    assert!(store.read("garbage").await.is_err(), "wrong type");
+    assert!(b.refresh().await.is_err());
+    assert_eq!(b.snapshot().totals.store_errors, 1);
+    b.try_acquire()
+        .expect("fails open")
+        .record(Outcome::Success);
+
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query(&mut server.raw())
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("until")
+        .arg("banana")
+        .query(&mut server.raw())
+        .unwrap();
+    let err = store.read("garbage").await.unwrap_err();
+    assert!(format!("{:?}", std::error::Error::source(&err)).contains("unreadable record"));
+    assert_eq!(
+        store.try_open("garbage", OPEN).await.unwrap(),
+        OPEN,
+        "repaired"
+    );
+    assert!(matches!(
+        store.read("garbage").await.unwrap(),
+        Decision::Open { .. }
+    ));
+}
+
+// --- cost ---
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_closed_path_costs_about_one_read_per_breaker_per_interval() {
+    let server = RedisServer::start();
+    let fleet = fleet(&server, "cost", 4).await;
+    let before = server.command_calls();
+    let start = Instant::now();
+    let calls = 100_000;
+    for i in 0..calls {
+        fleet[i % 4].try_acquire().unwrap().record(Outcome::Success);
+        if i % 100 == 99 {
+            // Spread the calls over about a second of real time.
+            sleep(ms(1)).await;
+        }
+    }
+    let elapsed = start.elapsed();
+    sleep(ms(50)).await; // reads in flight land
+    let after = server.command_calls();
+    // Redis counts the commands a script runs (TIME, HGET) too; what the
+    // breakers send is the scripts (EVALSHA, or EVAL and SCRIPT after a
+    // restart).
+    let mut spent: Vec<(String, u64)> = after
+        .iter()
+        .filter(|(name, _)| name.as_str() != "info")
+        .map(|(name, n)| (name.clone(), n - before.get(name).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    spent.sort();
+    let total: u64 = spent
+        .iter()
+        .filter(|(name, _)| name.starts_with("eval") || name.starts_with("script"))
+        .map(|(_, n)| n)
+        .sum();
+    let intervals = elapsed.as_secs_f64() / REFRESH.as_secs_f64();
+    let per = total as f64 / (4.0 * intervals);
+    println!(
+        "cost: {calls} closed calls over {elapsed:?} on 4 breakers, refresh {REFRESH:?}: {total} redis commands sent ({per:.2} per breaker per interval); server-side {spent:?}"
+    );
+    let bound = 4.0 * (intervals.ceil() + 1.0);
+    assert!((total as f64) <= bound, "{total} > {bound}");
+    assert!(total > 0, "the cache is refreshed");
+}
+
+// --- the store's own semantics ---
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_election_winner_and_only_its_token_closes() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    assert_eq!(
+        store.try_acquire_probe("votes", OPEN).await.unwrap(),
+        Election::Closed
+    );
+    store.try_open("votes", ms(100)).await.unwrap();
+    assert!(matches!(
+        store.try_acquire_probe("votes", OPEN).await.unwrap(),
+        Election::Lost { .. }
+    ));
+    sleep(ms(150)).await;
+    assert_eq!(store.read("votes").await.unwrap(), Decision::Expired);
+
+    let barrier = Arc::new(tokio::sync::Barrier::new(50));
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.try_acquire_probe("votes", OPEN).await.unwrap()
+            })
+        })
+        .collect();
+    let mut won = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Election::Won(token) => won.push(token),
+            Election::Lost { remaining } => assert!(remaining <= OPEN),
+            Election::Closed => panic!("the record is there"),
+        }
+    }
+    assert_eq!(won.len(), 1);
+    let token = won[0];
+    assert_eq!(token.reopens(), 0);
+    assert!(!store
+        .close("votes", ProbeToken::new(token.get() ^ 1))
+        .await
+        .unwrap());
+    assert!(store.close("votes", token).await.unwrap());
+    assert_eq!(store.read("votes").await.unwrap(), Decision::Closed);
+    assert!(!store.close("votes", token).await.unwrap(), "only once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_expire_some_time_after_t_for_cleanup_only() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(
+        &server.url(),
+        RedisOptions::new().prefix("app:").cleanup_after(secs(30)),
+    )
+    .await
+    .unwrap();
+    store.try_open("ttl", secs(5)).await.unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("app:ttl")
+        .query(&mut server.raw())
+        .unwrap();
+    assert!((30_000..=35_000).contains(&ttl), "{ttl}");
+}
+
+// --- configuration ---
+
+#[tokio::test(flavor = "current_thread")]
+async fn names_and_prefixes_are_checked_at_construction() {
+    let server = RedisServer::start();
+    let err = RedisStore::connect(&server.url(), RedisOptions::new().prefix("my app:"))
+        .await
+        .unwrap_err();
+    let source = std::error::Error::source(&err).unwrap();
+    assert!(source.downcast_ref::<InvalidName>().is_some(), "{source}");
+
+    let store = store(&server).await;
+    assert_eq!(store.key("payments").unwrap(), "tower-breaker:payments");
+    let err = store.key("with space").unwrap_err();
+    assert_eq!(err.name(), "with space");
+    let err = Breaker::try_with_config("with space", config().store(store.clone())).unwrap_err();
+    let source = std::error::Error::source(&err).unwrap();
+    assert!(source.downcast_ref::<InvalidName>().is_some());
+    assert!(Breaker::try_with_config(&*"x".repeat(201), config().store(store.clone())).is_err());
+    assert!(Breaker::try_with_config("hosts:api.example:443", config().store(store)).is_ok());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn connect_fails_in_time_and_connect_lazy_fails_open() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let start = Instant::now();
+    assert!(
+        RedisStore::connect(&url, RedisOptions::new().connect_timeout(ms(300)))
+            .await
+            .is_err()
+    );
+    assert!(start.elapsed() < secs(2));
+
+    let lazy = Arc::new(RedisStore::connect_lazy(&url, RedisOptions::new()).unwrap());
+    let b = breaker_on("lazy", lazy.clone());
+    assert!(b.refresh().await.is_err());
+    b.try_acquire()
+        .expect("fails open")
+        .record(Outcome::Success);
+
+    server.restart();
+    let start = Instant::now();
+    while lazy.read("lazy").await.is_err() {
+        assert!(start.elapsed() < secs(10), "reconnects by itself");
+        sleep(ms(20)).await;
+    }
+}

@@ -1,0 +1,119 @@
+//! A private `redis-server` per test, on a free port of 127.0.0.1, killed
+//! on drop, so that tests can kill and restart it (never the system one).
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A `redis-server` child process.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+}
+
+impl RedisServer {
+    /// Starts one on a free port and waits until it answers.
+    pub fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut server = Self { child: None, port };
+        server.restart();
+        server
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it (SIGKILL: no goodbye to the clients).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it (again) on the same port, empty, and waits until it
+    /// answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--enable-debug-command", "local"])
+            .arg("--dir")
+            .arg(std::env::temp_dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (`.ci/run` installs it)");
+        self.child = Some(child);
+        for _ in 0..500 {
+            if let Ok(mut c) = self.try_raw() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server on port {} did not start", self.port);
+    }
+
+    fn try_raw(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(1))
+    }
+
+    /// A plain blocking connection, to look behind the store's back.
+    pub fn raw(&self) -> redis::Connection {
+        self.try_raw().expect("connect to the test redis-server")
+    }
+
+    /// The calls of each command so far (`INFO commandstats`).
+    pub fn command_calls(&self) -> HashMap<String, u64> {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.raw())
+            .unwrap();
+        info.lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest
+                    .strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect()
+    }
+
+    /// The breaker record at `key`, field by field.
+    pub fn record(&self, key: &str) -> HashMap<String, String> {
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query(&mut self.raw())
+            .unwrap()
+    }
+
+    /// The server's clock, in milliseconds.
+    pub fn now_ms(&self) -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut self.raw()).unwrap();
+        s * 1000 + us / 1000
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
