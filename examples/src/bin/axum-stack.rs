@@ -1,0 +1,373 @@
+//! An axum server with the server-side layers, whose handler calls a
+//! downstream dependency through a reqwest client wrapped in the client
+//! stack. Everything runs on 127.0.0.1.
+//!
+//! The `shop` server (the one we are building) has, added with
+//! `Router::layer`: `ServerDeadlineLayer` (reads the caller's budget),
+//! `HttpBulkheadLayer` (at most 2 requests at once, the rest get 503 with
+//! `Retry-After`) and `BreakerLayer::http_answers` (a breaker for the whole
+//! server). Its handler calls `inventory`, a second local axum server,
+//! through `ClientDeadline -> Breaker -> Retry (budget) -> Bulkhead ->
+//! ClientDeadline (per attempt) -> reqwest`. It shows:
+//!
+//! 1. the caller's budget propagated: `shop` receives 800 ms, works 50 ms,
+//!    and `inventory` is told what is left;
+//! 2. a full compartment: with two slow requests in `shop`, a third gets
+//!    503 with `Retry-After` at once;
+//! 3. a 504 at the deadline, with the downstream work cancelled;
+//! 4. the client-side breaker: `inventory` fails, the retries and the
+//!    breaker count every attempt, the circuit opens and `shop` answers
+//!    503 in microseconds without calling `inventory`.
+//!
+//! Run it with:
+//!
+//! ```text
+//! cargo run -p examples --bin axum-stack
+//! ```
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use examples::reqwest_adapter::{BoxError, Client, ReqwestService};
+use tokio::time::Instant;
+use tower::ServiceBuilder;
+use tower_breaker::error::CircuitOpen;
+use tower_breaker::{Breaker, BreakerConfig, BreakerLayer};
+use tower_bulkhead::error::BulkheadFull;
+use tower_bulkhead::{BulkheadLayer, CompartmentHandle, HttpBulkheadLayer};
+use tower_deadline::error::{DeadlineExceeded, InsufficientBudget};
+use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
+use tower_retry_budget::RetryLayer;
+
+// ---------------------------------------------------------------- inventory
+
+/// The downstream dependency: reports the budget it was given, can hang,
+/// can fail.
+#[derive(Clone, Default)]
+struct Inventory {
+    calls: Arc<AtomicUsize>,
+}
+
+/// Prints when a handler of `inventory` is dropped before it finished.
+struct CancelGuard(bool);
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.0 {
+            println!("     inventory: handler cancelled, its work abandoned");
+        }
+    }
+}
+
+async fn stock(
+    State(inv): State<Inventory>,
+    Path(sku): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    inv.calls.fetch_add(1, Ordering::SeqCst);
+    let told = headers
+        .get("x-request-timeout-ms")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned();
+    match sku.as_str() {
+        "hangs" => {
+            let mut guard = CancelGuard(false);
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            guard.0 = true;
+            (StatusCode::OK, "late").into_response()
+        }
+        "broken" => (StatusCode::SERVICE_UNAVAILABLE, "database down").into_response(),
+        _ => (
+            StatusCode::OK,
+            format!("{sku}: 7 in stock; budget told: {told} ms"),
+        )
+            .into_response(),
+    }
+}
+
+async fn start_inventory(inv: Inventory) -> SocketAddr {
+    let app = Router::new()
+        .route("/stock/{sku}", get(stock))
+        .with_state(inv)
+        .layer(ServerDeadlineLayer::new().max_timeout(Duration::from_secs(10)));
+    serve(app).await
+}
+
+// --------------------------------------------------------------------- shop
+
+#[derive(Clone)]
+struct Shop {
+    inventory: SocketAddr,
+    client: Client,
+}
+
+async fn order(State(shop): State<Shop>, Path(sku): Path<String>) -> Response {
+    let left = Deadline::current().map_or(0, |d| d.remaining().as_millis());
+    // Some local work before calling the dependency.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let url = format!("http://{}/stock/{sku}", shop.inventory);
+    let start = Instant::now();
+    let sent = shop.client.get(url).send().await;
+    let took = start.elapsed().as_micros();
+    match sent {
+        Ok(response) => {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            let text = format!("shop had {left} ms; inventory says: {text} (call: {took} us)");
+            (status, text).into_response()
+        }
+        Err(e) => {
+            let (status, text) = downstream_error(&e);
+            let mut response = (status, format!("{text} (call: {took} us)")).into_response();
+            if let Some(open) = e.downcast_ref::<CircuitOpen>() {
+                // Tell our caller when to come back, as the breaker told us.
+                let secs = open.retry_after().as_secs().max(1);
+                response.headers_mut().insert("retry-after", secs.into());
+            }
+            response
+        }
+    }
+}
+
+/// Turns the client stack's typed errors into answers for our caller.
+fn downstream_error(e: &BoxError) -> (StatusCode, String) {
+    let status = if e.is::<CircuitOpen>() || e.is::<BulkheadFull>() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else if e.is::<DeadlineExceeded>() || e.is::<InsufficientBudget>() {
+        StatusCode::GATEWAY_TIMEOUT
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    (status, format!("inventory unavailable: {e}"))
+}
+
+/// The client stack for calls to `inventory`, outermost first.
+fn inventory_client(breaker: Breaker) -> Client {
+    let stack = ServiceBuilder::new()
+        // One budget for the whole call: the caller's (task-local), at most 2 s.
+        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(2)))
+        // Fails fast while open; counts every attempt of the retry layer.
+        .layer(BreakerLayer::new(breaker))
+        // Full-jitter backoff, 3 attempts, 10% budget, deadline aware.
+        .layer(RetryLayer::new())
+        // At most 16 attempts in flight to inventory.
+        .layer(BulkheadLayer::new("inventory", 16))
+        // Per attempt: a fresh x-request-timeout-ms header and a cut-off.
+        .layer(ClientDeadlineLayer::new().margin(Duration::from_millis(1)))
+        .service(ReqwestService::new(
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_millis(200))
+                .build()
+                .expect("a reqwest client"),
+        ));
+    Client::new(stack)
+}
+
+async fn start_shop(shop: Shop, bulkhead: HttpBulkheadLayer, breaker: Breaker) -> SocketAddr {
+    let app = Router::new()
+        .route("/order/{sku}", get(order))
+        .with_state(shop)
+        // The last `layer` is the outermost: deadline, then bulkhead, then breaker.
+        .layer(BreakerLayer::new(breaker).http_answers())
+        .layer(bulkhead)
+        .layer(
+            ServerDeadlineLayer::new()
+                .default_timeout(Duration::from_secs(2))
+                .max_timeout(Duration::from_secs(5)),
+        );
+    serve(app).await
+}
+
+// ------------------------------------------------------------------- caller
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1");
+    let addr = listener.local_addr().expect("local address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    text: String,
+    took: Duration,
+}
+
+async fn call(shop: SocketAddr, sku: &str, budget_ms: u64) -> Answer {
+    let start = Instant::now();
+    // A plain client, as any caller of our server would have.
+    let response = reqwest::Client::new()
+        .get(format!("http://{shop}/order/{sku}"))
+        .header("x-request-timeout-ms", budget_ms.to_string())
+        .send()
+        .await
+        .expect("shop answers");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap_or_default();
+    Answer {
+        status,
+        headers,
+        text,
+        took: start.elapsed(),
+    }
+}
+
+/// The duration of shop's call to inventory, from shop's answer.
+fn call_micros(text: &str) -> Option<u128> {
+    text.rsplit("(call: ")
+        .next()
+        .and_then(|t| t.trim_end_matches(" us)").parse().ok())
+}
+
+async fn wait_in_flight(handle: &CompartmentHandle, n: usize) {
+    let start = Instant::now();
+    while handle.in_flight() < n && start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn check(ok: bool, what: &str, failures: &mut Vec<String>) {
+    println!("   {} {what}", if ok { "ok:" } else { "FAILED:" });
+    if !ok {
+        failures.push(what.to_owned());
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let inv = Inventory::default();
+    let inventory = start_inventory(inv.clone()).await;
+    let client_breaker = Breaker::with_config(
+        "inventory",
+        BreakerConfig::new()
+            .count_window(10)
+            .minimum_calls(6)
+            .open_period(Duration::from_secs(2)),
+    );
+    let bulkhead = HttpBulkheadLayer::new("shop", 2).retry_after(Duration::from_secs(1));
+    let compartment = bulkhead.handle();
+    let shop = start_shop(
+        Shop {
+            inventory,
+            client: inventory_client(client_breaker.clone()),
+        },
+        bulkhead,
+        Breaker::new("shop"),
+    )
+    .await;
+    let mut failures = Vec::new();
+
+    println!("1. The budget propagated: caller -> shop (800 ms) -> inventory");
+    let a = call(shop, "apples", 800).await;
+    println!("   {} in {} ms: {}", a.status, a.took.as_millis(), a.text);
+    let told: Option<u64> = a
+        .text
+        .split("budget told: ")
+        .nth(1)
+        .and_then(|s| s.split(" ms").next())
+        .and_then(|s| s.parse().ok());
+    check(
+        a.status == StatusCode::OK && told.is_some_and(|t| (500..=760).contains(&t)),
+        "inventory was told what was left of 800 ms after shop's 50 ms of work",
+        &mut failures,
+    );
+
+    println!("\n2. A full compartment: shop takes 2 requests at once");
+    let slow: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(async move { call(shop, "hangs", 1_000).await }))
+        .collect();
+    wait_in_flight(&compartment, 2).await;
+    println!(
+        "   two requests hang in shop (in flight: {})",
+        compartment.in_flight()
+    );
+    let c = call(shop, "apples", 800).await;
+    println!(
+        "   third request: {} in {} ms, retry-after: {:?}, x-tower-no-retry: {:?}",
+        c.status,
+        c.took.as_millis(),
+        c.headers.get("retry-after"),
+        c.headers.get("x-tower-no-retry")
+    );
+    check(
+        c.status == StatusCode::SERVICE_UNAVAILABLE
+            && c.headers.contains_key("retry-after")
+            && c.took < Duration::from_millis(200),
+        "503 with Retry-After at once, without waiting",
+        &mut failures,
+    );
+
+    println!("\n3. The deadline: the two hanging requests had 1000 ms");
+    for task in slow {
+        let d = task.await.expect("caller task");
+        println!(
+            "   {} in {} ms (answered by shop's ServerDeadlineLayer)",
+            d.status,
+            d.took.as_millis()
+        );
+        check(
+            d.status == StatusCode::GATEWAY_TIMEOUT && d.took < Duration::from_millis(1_500),
+            "504 at the deadline",
+            &mut failures,
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    println!("\n4. The client-side breaker: inventory answers 503 to /stock/broken");
+    let s = client_breaker.snapshot();
+    println!(
+        "   breaker window so far: {} calls, {} failures (the two timeouts of step 3)",
+        s.window.calls, s.window.failures
+    );
+    let before = inv.calls.load(Ordering::SeqCst);
+    let mut last = None;
+    for i in 1..=4 {
+        let e = call(shop, "broken", 1_500).await;
+        let s = client_breaker.snapshot();
+        println!(
+            "   request {i}: {} in {:>3} ms, of which the inventory call took {:>6} us \
+             (breaker {:?}, {} attempt failures counted)",
+            e.status,
+            e.took.as_millis(),
+            call_micros(&e.text).unwrap_or_default(),
+            s.state,
+            s.totals.failed
+        );
+        last = Some(e);
+    }
+    let reached = inv.calls.load(Ordering::SeqCst) - before;
+    let s = client_breaker.snapshot();
+    println!(
+        "   inventory was called {reached} times for 4 requests; the breaker rejected {}",
+        s.totals.rejected
+    );
+    let last = last.expect("four calls");
+    println!("   last answer: {}", last.text);
+    let call_us = call_micros(&last.text);
+    check(
+        s.totals.opened >= 1
+            && reached < 4 * 3
+            && last.status == StatusCode::SERVICE_UNAVAILABLE
+            && last.headers.contains_key("retry-after")
+            && call_us.is_some_and(|us| us < 5_000),
+        "the circuit opened, and shop answers 503 at once without calling inventory",
+        &mut failures,
+    );
+
+    if !failures.is_empty() {
+        eprintln!("\nnot demonstrated: {failures:?}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,6 @@
+//! Shared pieces of the examples: an adapter that puts `reqwest::Client`
+//! under tower layers while callers keep writing `client.get(url).send()`.
+//!
+//! The binaries in `src/bin/` are the examples; see `examples/README.md`.
+
+pub mod reqwest_adapter;
