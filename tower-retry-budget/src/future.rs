@@ -225,6 +225,12 @@ where
                 verdict
             }
         }
+        Err(e) if is_attempt_timeout(&**e, deadline, shared.config.min_remaining) => {
+            Verdict::Retry {
+                reason: "attempt timeout",
+                after: None,
+            }
+        }
         Err(e) if is_local_rejection(&**e) => Verdict::Failure,
         Err(e) => shared.policy.classify_error(&**e),
     };
@@ -276,6 +282,41 @@ where
         Ok(delay) => Step::Sleep(delay),
         Err(why) => Step::Return(give_up(result, why, attempt, true)),
     }
+}
+
+/// Whether an error is a per-attempt timeout worth retrying: a
+/// `tower-deadline` [`DeadlineExceeded`](tower_deadline::error::DeadlineExceeded)
+/// raised below this layer while the call's own deadline (the one this layer
+/// knows, if any) still leaves more than the minimum slice. When the call's
+/// deadline is what passed, the error is the caller's and is returned
+/// unchanged (see [`is_local_rejection`]).
+#[cfg(feature = "deadline")]
+fn is_attempt_timeout(
+    error: &(dyn Error + 'static),
+    deadline: Option<Instant>,
+    min_remaining: Duration,
+) -> bool {
+    use tower_deadline::error::DeadlineExceeded;
+
+    let mut next = Some(error);
+    let mut found = false;
+    while let Some(e) = next {
+        if e.is::<DeadlineExceeded>() {
+            found = true;
+            break;
+        }
+        next = e.source();
+    }
+    found && deadline.is_none_or(|d| d.saturating_duration_since(Instant::now()) > min_remaining)
+}
+
+#[cfg(not(feature = "deadline"))]
+fn is_attempt_timeout(
+    _error: &(dyn Error + 'static),
+    _deadline: Option<Instant>,
+    _min_remaining: Duration,
+) -> bool {
+    false
 }
 
 /// Marks a retry with its attempt number: `grpc-previous-rpc-attempts`

@@ -178,6 +178,11 @@
 //!
 //! A timeout per attempt goes *below* this layer (so each attempt is cut,
 //! and a timeout is retried); a timeout for the whole call goes above it.
+//! With `tower-deadline`, a `DeadlineExceeded` from a `ClientDeadlineLayer`
+//! below this one is such a per-attempt timeout, and is retried, as long as
+//! the call's own deadline (from the request's extensions or the task-local
+//! scope) leaves more than [`min_remaining`](RetryLayer::min_remaining);
+//! once the call's deadline is what passed, it is returned unchanged.
 //! Load shedding goes above it: a shed request must not be retried.
 //!
 //! # Using with axum and HTTP clients

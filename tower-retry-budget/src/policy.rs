@@ -291,7 +291,9 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
 /// Recognised: every error of this crate ([`crate::error`]: the retries
 /// already ended below, so this tier must not start again), and, with the
 /// `deadline` feature, `tower-deadline`'s `DeadlineExceeded` and
-/// `InsufficientBudget` (the caller's budget is spent); with the `bulkhead`
+/// `InsufficientBudget` (the caller's budget is spent; the layer itself
+/// still retries a `DeadlineExceeded` raised below it while the call's own
+/// deadline has time left, since that is a per-attempt timeout); with the `bulkhead`
 /// feature, `tower-bulkhead`'s `BulkheadFull` (local overload: the
 /// dependency was not called).
 ///

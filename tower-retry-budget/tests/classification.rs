@@ -204,32 +204,80 @@ async fn our_own_errors_are_never_retried_by_a_tier_above() {
     assert!(err.is::<AttemptsExhausted>());
 }
 
+/// A dependency that hangs (records the call, then never answers in time).
+fn hanging(
+    log: &std::sync::Arc<Log>,
+) -> impl tower::Service<
+    http::Request<tower_retry_budget::body::ReplayBody<String>>,
+    Response = http::Response<String>,
+    Error = tower::BoxError,
+    Future: Send,
+> + Clone {
+    let log = log.clone();
+    tower::service_fn(
+        move |req: http::Request<tower_retry_budget::body::ReplayBody<String>>| {
+            let log = log.clone();
+            async move {
+                let _ = Scripted::always(&log, 200).oneshot(req).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                Ok::<_, tower::BoxError>(status(200))
+            }
+        },
+    )
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn deadline_errors_are_never_retried() {
+async fn the_callers_expired_deadline_is_never_retried() {
     use tower_deadline::error::DeadlineExceeded;
-    use tower_deadline::ClientDeadlineLayer;
+    use tower_deadline::{ClientDeadlineLayer, Deadline};
 
     let log = Log::new();
-    let slow = {
-        let log = log.clone();
-        tower::service_fn(
-            move |req: http::Request<tower_retry_budget::body::ReplayBody<String>>| {
-                let log = log.clone();
-                async move {
-                    let _ = Scripted::always(&log, 200).oneshot(req).await;
-                    tokio::time::sleep(Duration::from_secs(10)).await;
-                    Ok::<_, tower::BoxError>(status(200))
-                }
-            },
-        )
-    };
+    let svc = ServiceBuilder::new()
+        .layer(layer())
+        .layer(ClientDeadlineLayer::new())
+        .service(hanging(&log));
+    // The whole call's deadline, known to the retry layer through the
+    // task-local scope, is what passes: the caller's budget is spent.
+    let err = Deadline::after(Duration::from_millis(100))
+        .scope(svc.oneshot(get()))
+        .await
+        .unwrap_err();
+    assert_eq!(log.count(), 1);
+    assert!(err.is::<DeadlineExceeded>(), "{err}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_per_attempt_timeout_below_the_layer_is_retried() {
+    use tower_deadline::error::DeadlineExceeded;
+    use tower_deadline::{ClientDeadlineLayer, Deadline};
+
+    // Regression: a per-attempt `ClientDeadlineLayer` with a shorter timeout
+    // than the call's deadline used to count as "the caller's deadline
+    // passed" and was never retried.
+    let log = Log::new();
     let svc = ServiceBuilder::new()
         .layer(layer())
         .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_millis(100)))
-        .service(slow);
+        .service(hanging(&log));
+    let err = Deadline::after(Duration::from_secs(5))
+        .scope(svc.clone().oneshot(get()))
+        .await
+        .unwrap_err();
+    assert_eq!(log.count(), 3, "every attempt timed out and was retried");
+    let exhausted = err
+        .downcast_ref::<AttemptsExhausted>()
+        .expect("attempts ran out");
+    assert!(std::error::Error::source(exhausted).is_some_and(|e| e.is::<DeadlineExceeded>()));
+
+    // Without any call deadline the per-attempt timeout is retried too.
+    let log = Log::new();
+    let svc = ServiceBuilder::new()
+        .layer(layer())
+        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_millis(100)))
+        .service(hanging(&log));
     let err = svc.oneshot(get()).await.unwrap_err();
-    assert_eq!(log.count(), 1);
-    assert!(err.is::<DeadlineExceeded>(), "{err}");
+    assert_eq!(log.count(), 3);
+    assert!(err.is::<AttemptsExhausted>(), "{err}");
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
