@@ -55,9 +55,12 @@ struct ClientConfig {
 ///
 /// 1. takes the effective deadline: the earliest of the [`Deadline`] in the
 ///    request's extensions, the task-local [`Deadline::current`] (set while
-///    a [`ServerDeadline`](crate::ServerDeadline) serves a request) and now
-///    plus the default timeout, if configured; with none of them, the
-///    request passes through untouched;
+///    a [`ServerDeadline`](crate::ServerDeadline) serves a request), now
+///    plus the default timeout, if configured, and, when the request has no
+///    `Deadline` extension, now plus a budget already written in its own
+///    header (`grpc-timeout` on gRPC requests, as tonic's
+///    `Request::set_timeout` does; the millisecond header on others); with
+///    none of them, the request passes through untouched;
 /// 2. fails with [`InsufficientBudget`] without calling the inner service
 ///    when less than the minimum remains (or the deadline has passed);
 /// 3. inserts the deadline into the request's extensions, and writes the
@@ -156,6 +159,27 @@ impl<S> Layer<S> for ClientDeadlineLayer {
     }
 }
 
+// === impl ClientConfig ===
+
+impl ClientConfig {
+    /// The budget already written in the request's own header (the one
+    /// this layer would write), if it parses; a malformed value is ignored
+    /// and replaced.
+    fn header_budget<B>(&self, request: &Request<B>, grpc: bool) -> Option<Duration> {
+        let headers = request.headers();
+        if grpc {
+            if !self.grpc_timeout {
+                return None;
+            }
+            let value = headers.get(GRPC_TIMEOUT)?;
+            codec::parse_grpc_timeout(value.as_bytes()).ok()
+        } else {
+            let value = headers.get(self.http_header.as_ref()?)?;
+            codec::parse_millis(value.as_bytes()).ok()
+        }
+    }
+}
+
 // === impl ClientDeadline ===
 
 impl<S> ClientDeadline<S> {
@@ -203,15 +227,31 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let config = &self.config;
+        let grpc = answer::is_grpc(request.headers());
         let from_request = Deadline::from_extensions(request.extensions());
+        // A budget the caller wrote into the request itself (tonic's
+        // `Request::set_timeout` writes `grpc-timeout`) is one more deadline.
+        // When the request already carries a `Deadline` extension, the
+        // header was written from it (by this layer above a retry layer,
+        // say) and is not read again: the extension is exact.
+        let from_header = if from_request.is_none() {
+            config.header_budget(&request, grpc)
+        } else {
+            None
+        };
         let in_scope = Deadline::current();
-        if from_request.is_none() && in_scope.is_none() && config.default_timeout.is_none() {
+        if from_request.is_none()
+            && from_header.is_none()
+            && in_scope.is_none()
+            && config.default_timeout.is_none()
+        {
             return ClientResponseFuture::unbounded(self.inner.call(request));
         }
         let now = Instant::now();
         let by_default = config.default_timeout.map(|t| Deadline::after_from(now, t));
+        let by_header = from_header.map(|t| Deadline::after_from(now, t));
         // At least one is Some, checked above.
-        let Some(deadline) = [from_request, in_scope, by_default]
+        let Some(deadline) = [from_request, by_header, in_scope, by_default]
             .into_iter()
             .flatten()
             .min()
@@ -227,7 +267,6 @@ where
         }
 
         let budget = remaining.saturating_sub(config.margin);
-        let grpc = answer::is_grpc(request.headers());
         let header = if grpc {
             config
                 .grpc_timeout

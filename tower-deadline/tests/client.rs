@@ -124,6 +124,54 @@ async fn grpc_requests_get_grpc_timeout_instead_of_the_http_header() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_shorter_budget_already_in_the_request_header_is_kept() {
+    // Regression: tonic's `Request::set_timeout(1500ms)` writes
+    // `grpc-timeout: 1500m`; a longer default used to overwrite it, silently
+    // lengthening the caller's deadline.
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_secs(2))
+        .layer(echo(CallCounter::default()));
+    let req = Request::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-timeout", "1500m")
+        .body(())
+        .unwrap();
+    let (_, grpc, ext) = svc.clone().oneshot(req).await.unwrap().into_body();
+    assert_eq!(grpc.as_deref(), Some("1500m"));
+    assert_eq!(ext.unwrap().remaining(), Duration::from_millis(1500));
+
+    // Same for the millisecond header on plain HTTP requests; a longer one
+    // is shortened to the default.
+    for (sent, want) in [("700", "700"), ("9000", "2000")] {
+        let req = Request::builder()
+            .header("x-request-timeout-ms", sent)
+            .body(())
+            .unwrap();
+        let (ms, _, _) = svc.clone().oneshot(req).await.unwrap().into_body();
+        assert_eq!(ms.as_deref(), Some(want), "sent {sent}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_header_written_from_the_extension_is_not_read_again() {
+    // Two client layers (around a retry layer, say): the inner one must
+    // not shrink the budget by re-reading the outer one's header less its
+    // margin.
+    let svc = ServiceBuilder::new()
+        .layer(ClientDeadlineLayer::new().margin(Duration::from_millis(50)))
+        .layer(ClientDeadlineLayer::new().margin(Duration::from_millis(50)))
+        .service(echo(CallCounter::default()));
+    let deadline = Deadline::after(Duration::from_millis(1000));
+    let (ms, _, ext) = deadline
+        .scope(svc.oneshot(Request::new(())))
+        .await
+        .unwrap()
+        .into_body();
+    assert_eq!(ms.as_deref(), Some("950"));
+    assert_eq!(ext, Some(deadline));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn an_existing_header_is_replaced_not_duplicated() {
     let svc = ClientDeadlineLayer::new()
         .default_timeout(Duration::from_millis(40))
@@ -138,6 +186,7 @@ async fn an_existing_header_is_replaced_not_duplicated() {
         }));
     let req = Request::builder()
         .header("x-request-timeout-ms", "99999")
+        .header("x-request-timeout-ms", "88888")
         .body(())
         .unwrap();
     let values = svc.oneshot(req).await.unwrap().into_body();
