@@ -21,16 +21,24 @@
 //! well under the timeout once the circuit was open, or did not let
 //! traffic back within one open period plus a probe.
 //!
+//! With `--redis`, the full stack runs as a fleet: several caller
+//! processes (this executable again, in a hidden child role), each with its
+//! own `Breaker`, share one circuit through tower-breaker's Redis store; the
+//! demo starts its own `redis-server` on 127.0.0.1 (see `outage_fleet.rs`)
+//! and adds a fleet line: which process tripped, and how many failures the
+//! others saw before they were rejecting too.
+//!
 //! Run it with:
 //!
 //! ```text
 //! cargo run --release -p examples --bin outage
 //! cargo run --release -p examples --bin outage -- --rate 200 --timeout 2000 --outage-secs 15
+//! cargo run --release -p examples --bin outage -- --redis --processes 4
 //! cargo run -p examples --bin outage -- --quick      # a few seconds, for CI
+//! cargo run -p examples --bin outage -- --quick --redis
 //! ```
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,11 +51,16 @@ use examples::reqwest_adapter::{Client, ReqwestService};
 use tokio::time::{Instant, MissedTickBehavior};
 use tower::ServiceBuilder;
 use tower_breaker::error::CircuitOpen;
+use tower_breaker::redis_store::{RedisOptions, RedisStore};
+use tower_breaker::store::Store;
 use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, State as CircuitState, Transition};
 use tower_bulkhead::error::BulkheadFull;
 use tower_bulkhead::BulkheadLayer;
 use tower_deadline::ClientDeadlineLayer;
 use tower_retry_budget::RetryLayer;
+
+#[path = "../outage_fleet.rs"]
+mod fleet;
 
 // ================================================================ settings
 
@@ -68,11 +81,23 @@ struct Args {
     open_period: Duration,
     /// Where the chart goes.
     svg: PathBuf,
+    /// `--redis`: the full stack as a fleet of processes sharing Redis.
+    fleet: Option<FleetArgs>,
+}
+
+/// What `--redis`, `--redis-url` and `--processes` set.
+#[derive(Debug, Clone)]
+struct FleetArgs {
+    /// A Redis to use instead of starting one (`--redis-url`).
+    url: Option<String>,
+    /// How many caller processes share the circuit.
+    processes: usize,
 }
 
 const USAGE: &str = "\
 usage: outage [--rate N] [--timeout MS] [--duration SECS] [--outage-secs SECS]
               [--open-period MS] [--svg PATH] [--quick]
+              [--redis [--redis-url URL] [--processes N]]
 
   --rate N           requests per second sent by each caller (default 100)
   --timeout MS       the caller's timeout in milliseconds (default 1000)
@@ -82,7 +107,11 @@ usage: outage [--rate N] [--timeout MS] [--duration SECS] [--outage-secs SECS]
   --svg PATH         where to write the chart (default target/outage.svg)
   --quick            a short run of 8 s for CI (200/s, timeout 500 ms, open
                      period 500 ms, outage 3 s); flags after it still apply
-  --redis URL        (not wired yet) share the breaker's state through Redis";
+  --redis            run the full stack as a fleet of caller processes that
+                     share one circuit through Redis (tower-breaker's Redis
+                     store); starts its own redis-server on 127.0.0.1
+  --redis-url URL    use this Redis instead of starting one (implies --redis)
+  --processes N      caller processes in the fleet (default 4, 2 to 16)";
 
 impl Args {
     fn parse() -> Result<Self, String> {
@@ -93,6 +122,7 @@ impl Args {
             outage: Duration::from_secs(12),
             open_period: Duration::from_millis(1000),
             svg: PathBuf::from("target/outage.svg"),
+            fleet: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -115,13 +145,23 @@ impl Args {
                     args.timeout = Duration::from_millis(500);
                     args.open_period = Duration::from_millis(500);
                 }
-                // === The `--redis` flag plugs in here === (see `breaker_store`)
+                // The fleet: see `breaker_store` and `outage_fleet.rs`.
                 "--redis" => {
-                    return Err(
-                        "--redis is not wired into the demo yet: see `breaker_store` \
-                                in examples/src/bin/outage.rs"
-                            .into(),
-                    )
+                    args.fleet.get_or_insert_with(FleetArgs::default);
+                }
+                "--redis-url" => {
+                    let url = value()?;
+                    if !url.starts_with("redis://") {
+                        return Err(format!("--redis-url takes a redis:// URL, not {url}"));
+                    }
+                    args.fleet.get_or_insert_with(FleetArgs::default).url = Some(url);
+                }
+                "--processes" => {
+                    let n = number(&value()?)?;
+                    if !(2..=16).contains(&n) {
+                        return Err("--processes takes 2 to 16".into());
+                    }
+                    args.fleet.get_or_insert_with(FleetArgs::default).processes = n as usize;
                 }
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other}")),
@@ -129,6 +169,11 @@ impl Args {
         }
         if args.outage + Duration::from_secs(2) > args.duration {
             return Err("the outage must end at least 2 s before the run does".into());
+        }
+        if let Some(fleet) = &args.fleet {
+            if f64::from(args.rate) < 2.0 * (fleet.processes as f64 + 2.0) {
+                return Err("--rate is too low to split across the fleet's processes".into());
+            }
         }
         Ok(args)
     }
@@ -149,21 +194,40 @@ impl Args {
     }
 }
 
+impl Default for FleetArgs {
+    fn default() -> Self {
+        Self {
+            url: None,
+            processes: 4,
+        }
+    }
+}
+
 fn number(s: &str) -> Result<u64, String> {
     s.parse().map_err(|_| format!("not a number: {s}"))
 }
 
-// === Shared breaker state (the `--redis` flag plugs in here) ===
+// === Shared breaker state ===
 //
-// Today each caller keeps its circuit in memory (the default). To share it,
-// enable tower-breaker's `redis` feature for this crate, accept
-// `--redis URL` in `Args::parse`, and return
-// `RedisStore::connect(url, RedisOptions::new())` (module
-// `tower_breaker::redis_store`) here; `breaker` passes it to
-// `BreakerConfig::store`. Then start several caller processes sharing it,
-// so that one trips and all stop.
-fn breaker_store(_args: &Args) -> Option<Arc<dyn tower_breaker::store::Store>> {
-    None
+// By default each caller keeps its circuit in memory. With `--redis`, the
+// full stack runs in several caller processes (see `outage_fleet.rs`), and
+// each one's breaker shares the circuit through the Redis store: this is
+// where a child process connects to it.
+
+/// Where a breaker keeps its decision: `None` for its own memory (the
+/// default), or the Redis at `url`, under the key prefix `prefix` (one per
+/// run, so runs sharing a Redis never see each other's circuit).
+async fn breaker_store(redis: Option<(&str, &str)>) -> Result<Option<Arc<dyn Store>>, String> {
+    let Some((url, prefix)) = redis else {
+        return Ok(None);
+    };
+    let options = RedisOptions::new()
+        .prefix(prefix)
+        .cleanup_after(Duration::from_secs(60));
+    let store = RedisStore::connect(url, options)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Some(Arc::new(store)))
 }
 
 // ============================================================== dependency
@@ -216,7 +280,15 @@ async fn handle(dep: Arc<Dependency>, caller: usize) -> &'static str {
     "ok"
 }
 
-async fn start_dependency(dep: Arc<Dependency>) -> SocketAddr {
+/// The dependency's listening socket, bound before anything else starts (the
+/// fleet's processes need its address before the run's clock starts).
+async fn bind_dependency() -> tokio::net::TcpListener {
+    tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1")
+}
+
+fn serve_dependency(listener: tokio::net::TcpListener, dep: Arc<Dependency>) {
     let app = Router::new()
         .route(
             "/bare",
@@ -227,12 +299,7 @@ async fn start_dependency(dep: Arc<Dependency>) -> SocketAddr {
             get(|State(d): State<Arc<Dependency>>| handle(d, STACK)),
         )
         .with_state(dep);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1");
-    let addr = listener.local_addr().expect("local address");
     tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
 }
 
 // ================================================================= callers
@@ -325,16 +392,18 @@ async fn bare_call(client: &reqwest::Client, url: &str) -> Outcome {
     Outcome::Failed
 }
 
-/// The full stack's caller: the same code a reqwest user writes.
-async fn stack_call(client: &Client, url: &str) -> Outcome {
+/// The full stack's caller: the same code a reqwest user writes. The flag
+/// says whether it was the open circuit that rejected the call.
+async fn stack_call(client: &Client, url: &str) -> (Outcome, bool) {
     match client.get(url).send().await {
         Ok(response) if response.status().is_success() => match response.bytes().await {
-            Ok(_) => Outcome::Ok,
-            Err(_) => Outcome::Failed,
+            Ok(_) => (Outcome::Ok, false),
+            Err(_) => (Outcome::Failed, false),
         },
-        Ok(_) => Outcome::Failed,
-        Err(e) if e.is::<CircuitOpen>() || e.is::<BulkheadFull>() => Outcome::Rejected,
-        Err(_) => Outcome::Failed,
+        Ok(_) => (Outcome::Failed, false),
+        Err(e) if e.is::<CircuitOpen>() => (Outcome::Rejected, true),
+        Err(e) if e.is::<BulkheadFull>() => (Outcome::Rejected, false),
+        Err(_) => (Outcome::Failed, false),
     }
 }
 
@@ -360,28 +429,36 @@ fn full_stack(args: &Args, breaker: Breaker) -> Client {
     Client::new(stack)
 }
 
+/// The breaker's window: the last 20 calls, judged once there are 10, open
+/// at 50% failures. After healthy traffic, a caller must see 10 failures
+/// before its own window trips.
+const WINDOW: usize = 20;
+const FAILURE_RATE: f64 = 0.5;
+const FAILURES_TO_TRIP: u64 = 10;
+
+/// The full stack's breaker settings, whatever keeps its state.
+fn breaker_config(args: &Args) -> BreakerConfig {
+    BreakerConfig::new()
+        .count_window(WINDOW)
+        .minimum_calls(10)
+        .failure_rate(FAILURE_RATE)
+        .open_period(args.open_period)
+        .open_growth(2.0)
+        .max_open_period(args.open_period * 2)
+}
+
 fn breaker(
     args: &Args,
     start: Instant,
     transitions: Arc<Mutex<Vec<(f64, CircuitState)>>>,
 ) -> Breaker {
-    let mut config = BreakerConfig::new()
-        .count_window(20)
-        .minimum_calls(10)
-        .failure_rate(0.5)
-        .open_period(args.open_period)
-        .open_growth(2.0)
-        .max_open_period(args.open_period * 2)
-        .listener(move |t: &Transition| {
-            let at = (t.at.max(start) - start).as_secs_f64();
-            transitions
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push((at, t.to));
-        });
-    if let Some(store) = breaker_store(args) {
-        config = config.store(store);
-    }
+    let config = breaker_config(args).listener(move |t: &Transition| {
+        let at = (t.at.max(start) - start).as_secs_f64();
+        transitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((at, t.to));
+    });
     Breaker::with_config("dependency", config)
 }
 
@@ -400,20 +477,42 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    // One caller process of a `--redis` fleet, started by the demo itself.
+    if let Some(spec) = fleet::child_spec() {
+        let code = match spec {
+            Ok(spec) => fleet::run_child(&args, spec).await,
+            Err(e) => {
+                eprintln!("{e}");
+                2
+            }
+        };
+        std::process::exit(code);
+    }
+    let code = run(args).await;
+    if code != 0 {
+        std::process::exit(code);
+    }
+}
+
+/// The demo; returns the exit code once everything it started (the fleet's
+/// processes and redis-server) is stopped.
+async fn run(args: Args) -> i32 {
     let secs = args.duration.as_secs() as usize + 1;
-    let start = Instant::now();
     let (out_start, out_end) = (args.outage_start(), args.outage_end());
-    let dep = Arc::new(Dependency {
-        start,
-        outage: (out_start, out_end),
-        calls: [
-            (0..secs).map(|_| AtomicU64::new(0)).collect(),
-            (0..secs).map(|_| AtomicU64::new(0)).collect(),
-        ],
-        hung: [AtomicI64::new(0), AtomicI64::new(0)],
-        hung_peak: [AtomicI64::new(0), AtomicI64::new(0)],
-    });
-    let addr = start_dependency(dep.clone()).await;
+    let listener = bind_dependency().await;
+    let addr = listener.local_addr().expect("local address");
+    // With `--redis`: Redis and the caller processes, ready before the
+    // clock starts.
+    let mut fleet = match &args.fleet {
+        None => None,
+        Some(fleet_args) => match fleet::Fleet::start(&args, fleet_args, addr).await {
+            Ok(fleet) => Some(fleet),
+            Err(e) => {
+                eprintln!("outage --redis: {e}");
+                return 2;
+            }
+        },
+    };
 
     println!(
         "A dependency on {addr} answers in ~2 ms, hangs from {:.1} s to {:.1} s, then recovers.",
@@ -434,17 +533,43 @@ async fn main() {
         args.open_period.as_millis(),
         (args.open_period * 2).as_millis()
     );
-    println!("  breaker state: in memory (the default)\n");
+    match &fleet {
+        None => println!("  breaker state: in memory (the default)\n"),
+        Some(fleet) => println!("{}\n", fleet.describe()),
+    }
+
+    if let Some(fleet) = &mut fleet {
+        if let Err(e) = fleet.go() {
+            eprintln!("outage --redis: {e}");
+            return 1;
+        }
+    }
+    let start = Instant::now();
+    let dep = Arc::new(Dependency {
+        start,
+        outage: (out_start, out_end),
+        calls: [
+            (0..secs).map(|_| AtomicU64::new(0)).collect(),
+            (0..secs).map(|_| AtomicU64::new(0)).collect(),
+        ],
+        hung: [AtomicI64::new(0), AtomicI64::new(0)],
+        hung_peak: [AtomicI64::new(0), AtomicI64::new(0)],
+    });
+    serve_dependency(listener, dep.clone());
 
     let transitions = Arc::new(Mutex::new(Vec::new()));
-    let breaker = breaker(&args, start, transitions.clone());
-    let stack = full_stack(&args, breaker.clone());
+    // The full stack in this process, unless the fleet's processes run it.
+    let local = fleet.is_none().then(|| {
+        let breaker = breaker(&args, start, transitions.clone());
+        let stack = full_stack(&args, breaker.clone());
+        (breaker, stack)
+    });
     let bare = reqwest::Client::builder()
         .timeout(args.timeout)
         .connect_timeout(Duration::from_millis(100))
         .build()
         .expect("a reqwest client");
-    let recorders = [Arc::new(Recorder::new(secs)), Arc::new(Recorder::new(secs))];
+    let mut recorders = [Arc::new(Recorder::new(secs)), Arc::new(Recorder::new(secs))];
 
     // The load: open loop, one request per caller per tick.
     let load = {
@@ -455,6 +580,7 @@ async fn main() {
             format!("http://{addr}/bare"),
             format!("http://{addr}/stack"),
         ];
+        let stack = local.as_ref().map(|(_, stack)| stack.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
@@ -465,16 +591,19 @@ async fn main() {
                 }
                 let sec = (now - start).as_secs() as usize;
                 for caller in [BARE, STACK] {
+                    // The fleet's processes send the full stack's requests.
+                    if caller == STACK && stack.is_none() {
+                        continue;
+                    }
                     let rec = recorders[caller].clone();
                     let url = urls[caller].clone();
                     let (bare, stack) = (bare.clone(), stack.clone());
                     rec.begin(sec);
                     tokio::spawn(async move {
                         let issued = Instant::now();
-                        let outcome = if caller == BARE {
-                            bare_call(&bare, &url).await
-                        } else {
-                            stack_call(&stack, &url).await
+                        let outcome = match &stack {
+                            Some(stack) if caller == STACK => stack_call(stack, &url).await.0,
+                            _ => bare_call(&bare, &url).await,
                         };
                         rec.end(start, issued, outcome);
                     });
@@ -488,6 +617,10 @@ async fn main() {
         tokio::time::interval_at(start + Duration::from_secs(1), Duration::from_secs(1));
     for s in 0..args.duration.as_secs() as usize {
         second.tick().await;
+        let fleet_second = match &fleet {
+            Some(fleet) => Some(fleet.second(s).await),
+            None => None,
+        };
         let phase = if (s as f64) < out_start.as_secs_f64() {
             "healthy"
         } else if (s as f64) < out_end.as_secs_f64() {
@@ -497,19 +630,35 @@ async fn main() {
         };
         let mut line = format!("t={:>3}s {phase:<9}", s + 1);
         for caller in [BARE, STACK] {
-            let rec = &recorders[caller];
-            let done = rec.done[s].load(Ordering::Relaxed);
-            let ok = rec.ok[s].load(Ordering::Relaxed);
+            let (done, ok, in_flight) = match &fleet_second {
+                Some(f) if caller == STACK => (f.done, f.ok, f.in_flight),
+                _ => {
+                    let rec = &recorders[caller];
+                    (
+                        rec.done[s].load(Ordering::Relaxed),
+                        rec.ok[s].load(Ordering::Relaxed),
+                        rec.in_flight.load(Ordering::Relaxed),
+                    )
+                }
+            };
             let _ = write!(
                 line,
                 " | {}: {:>4} dep calls, {:>4} in flight, {:>3}% ok",
                 NAMES[caller],
                 dep.calls[caller][s].load(Ordering::Relaxed),
-                rec.in_flight.load(Ordering::Relaxed),
+                in_flight,
                 (ok * 100).checked_div(done).unwrap_or(0)
             );
         }
-        let _ = write!(line, ", circuit {:?}", breaker.snapshot().state);
+        match (&local, &fleet_second) {
+            (Some((breaker, _)), _) => {
+                let _ = write!(line, ", circuit {:?}", breaker.snapshot().state);
+            }
+            (None, Some(f)) => {
+                let _ = write!(line, ", circuits {}", f.circuits);
+            }
+            (None, None) => {}
+        }
         println!("{line}");
     }
     let _ = load.await;
@@ -523,24 +672,72 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let transitions = transitions
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    let report = Report::new(&args, &dep, &recorders, &transitions);
-    report.print(&args, &breaker);
+    // The full stack's figures: this process's breaker, or the fleet's.
+    let (transitions, open_everywhere, opened, rejected, fleet_outcome) = match (&local, &mut fleet)
+    {
+        (Some((breaker, _)), _) => {
+            let snap = breaker.snapshot();
+            let transitions = transitions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            (
+                transitions,
+                None,
+                snap.totals.opened,
+                snap.totals.rejected,
+                None,
+            )
+        }
+        (None, Some(fleet)) => match fleet.finish(&args).await {
+            Ok(outcome) => {
+                recorders[STACK] = Arc::new(outcome.recorder(secs));
+                (
+                    outcome.transitions(),
+                    outcome.open_everywhere(),
+                    outcome.opened(),
+                    outcome.rejected(),
+                    Some(outcome),
+                )
+            }
+            Err(e) => {
+                eprintln!("NOT DEMONSTRATED: the fleet did not report: {e}");
+                return 1;
+            }
+        },
+        (None, None) => unreachable!("the full stack runs here or in the fleet"),
+    };
+    drop(fleet); // stops the processes and redis-server
+
+    let report = Report::new(&args, &dep, &recorders, &transitions, open_everywhere);
+    report.print(
+        &args,
+        opened,
+        rejected,
+        fleet_outcome.as_ref().map(fleet::Outcome::processes),
+    );
+    if let Some(outcome) = &fleet_outcome {
+        outcome.print(&args);
+    }
     match report.chart(&args, &transitions) {
         Ok(()) => println!("\nChart written to {}", args.svg.display()),
         Err(e) => eprintln!("\ncould not write the chart to {}: {e}", args.svg.display()),
     }
-    let failures = report.verdict(&args);
+    let mut failures = report.verdict(&args);
+    if let Some(outcome) = &fleet_outcome {
+        failures.extend(outcome.verdict());
+    }
     if failures.is_empty() {
         println!("\nThe full stack held: no load multiplication, fast answers while open, recovery within one open period plus a probe.");
+        if fleet_outcome.is_some() {
+            println!("The fleet shared one circuit: one process tripped, and every other one stopped calling without waiting for failures of its own.");
+        }
+        0
     } else {
         for f in &failures {
             eprintln!("NOT DEMONSTRATED: {f}");
         }
-        std::process::exit(1);
+        1
     }
 }
 
@@ -639,6 +836,7 @@ impl Report {
         dep: &Dependency,
         recorders: &[Arc<Recorder>; 2],
         transitions: &[(f64, CircuitState)],
+        open_everywhere: Option<f64>,
     ) -> Self {
         let out = (
             args.outage_start().as_secs_f64(),
@@ -659,7 +857,10 @@ impl Report {
                 n as f64 / (b - a).max(1) as f64
             };
             let during = latencies(&records, out.0, out.1);
-            let open = latencies(&records, first_open.unwrap_or(out.1), out.1);
+            // A fleet is open once every process is (each learns it on its
+            // own read); a single breaker, from its first opening.
+            let open_from = open_everywhere.or(first_open).unwrap_or(out.1);
+            let open = latencies(&records, open_from, out.1);
             let series = (0..args.duration.as_secs() as usize)
                 .map(|s| {
                     let l = latencies(&records, s as f64, s as f64 + 1.0);
@@ -705,7 +906,9 @@ impl Report {
         }
     }
 
-    fn print(&self, args: &Args, breaker: &Breaker) {
+    /// `opened` and `rejected` are the breaker's totals (summed over the
+    /// fleet's `processes`, if any).
+    fn print(&self, args: &Args, opened: u64, rejected: u64, processes: Option<usize>) {
         let [b, s] = &self.figures;
         let ms = |d: Duration| {
             let ms = d.as_secs_f64() * 1000.0;
@@ -787,15 +990,21 @@ impl Report {
         for (what, bare, stack) in rows {
             println!("| {what} | {bare} | {stack} |");
         }
-        let snap = breaker.snapshot();
-        println!(
-            "\nThe circuit first opened {} after the dependency started hanging; it opened {} times \
-             and rejected {} calls.",
-            self.first_open
-                .map_or("never".into(), |t| format!("{:.2} s", t - self.out.0)),
-            snap.totals.opened,
-            snap.totals.rejected
-        );
+        let first_open = self
+            .first_open
+            .map_or("never".into(), |t| format!("{:.2} s", t - self.out.0));
+        match processes {
+            None => println!(
+                "\nThe circuit first opened {first_open} after the dependency started hanging; it \
+                 opened {opened} times and rejected {rejected} calls."
+            ),
+            Some(n) => println!(
+                "\nThe fleet's circuit first opened {first_open} after the dependency started \
+                 hanging; the breakers of its {n} processes opened {opened} times in all and \
+                 rejected {rejected} calls (the full stack's column sums the {n} processes; its \
+                 peak in flight sums each one's peak per second)."
+            ),
+        }
         println!(
             "\"once the circuit is open\": requests issued from the first opening to the recovery; \
              recovery: from the recovery until every 1 s window of requests is at least 99% successful."
