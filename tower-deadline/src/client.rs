@@ -267,20 +267,24 @@ where
         }
 
         let budget = remaining.saturating_sub(config.margin);
-        let header = if grpc {
-            config
-                .grpc_timeout
-                .then(|| (GRPC_TIMEOUT, codec::format_grpc_timeout(budget)))
-        } else {
-            config
-                .http_header
-                .clone()
-                .map(|name| (name, codec::format_millis(budget)))
-        };
-        if let Some((name, value)) = header {
-            // Digits and a unit letter: always a valid header value.
-            if let Ok(value) = HeaderValue::try_from(value) {
-                request.headers_mut().insert(name, value);
+        // One allocation for the value (the header map owns its bytes).
+        if grpc {
+            if config.grpc_timeout {
+                let mut buf = [0; codec::GRPC_TIMEOUT_MAX_DIGITS + 1];
+                let len = codec::write_grpc_timeout(budget, &mut buf);
+                // Digits and a unit letter: always a valid header value.
+                if let Ok(value) = HeaderValue::from_bytes(&buf[..len]) {
+                    request.headers_mut().insert(GRPC_TIMEOUT, value);
+                }
+            }
+        } else if let Some(name) = &config.http_header {
+            let millis = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
+            let mut buf = [0; 20];
+            let len = codec::write_decimal(millis, &mut buf);
+            // `from_bytes` copies into an exactly sized buffer: one
+            // allocation, where `HeaderValue::from(u64)` makes two.
+            if let Ok(value) = HeaderValue::from_bytes(&buf[..len]) {
+                request.headers_mut().insert(name.clone(), value);
             }
         }
         if from_request != Some(deadline) {

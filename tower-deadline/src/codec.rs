@@ -161,24 +161,37 @@ pub fn parse_grpc_timeout(value: &[u8]) -> Result<Duration, MalformedTimeout> {
 /// assert_eq!(format_grpc_timeout(Duration::from_nanos(1_000_000_001)), "1000001u");
 /// ```
 pub fn format_grpc_timeout(duration: Duration) -> String {
+    let mut buf = [0; GRPC_TIMEOUT_MAX_DIGITS + 1];
+    let len = write_grpc_timeout(duration, &mut buf);
+    // Digits and one ASCII unit letter.
+    buf[..len].iter().map(|&b| char::from(b)).collect()
+}
+
+/// Writes the `grpc-timeout` form of `duration` (see
+/// [`format_grpc_timeout`]) into `buf` without allocating; returns its
+/// length.
+pub(crate) fn write_grpc_timeout(
+    duration: Duration,
+    buf: &mut [u8; GRPC_TIMEOUT_MAX_DIGITS + 1],
+) -> usize {
     let nanos = duration.as_nanos();
     if nanos == 0 {
-        return "0n".to_owned();
+        return render(0, b'n', buf);
     }
     // Exact forms, coarsest unit first: fewest digits.
     for &(unit, unit_nanos) in GRPC_UNITS.iter().rev() {
         if nanos.is_multiple_of(unit_nanos) && nanos / unit_nanos <= u128::from(MAX_GRPC_VALUE) {
-            return render(nanos / unit_nanos, unit);
+            return render(nanos / unit_nanos, unit, buf);
         }
     }
     // Inexact: the finest unit whose rounded-up value fits.
     for &(unit, unit_nanos) in GRPC_UNITS.iter() {
         let value = nanos.div_ceil(unit_nanos);
         if value <= u128::from(MAX_GRPC_VALUE) {
-            return render(value, unit);
+            return render(value, unit, buf);
         }
     }
-    render(u128::from(MAX_GRPC_VALUE), b'H')
+    render(u128::from(MAX_GRPC_VALUE), b'H', buf)
 }
 
 /// Parses a relative budget in whole milliseconds: 1 to 10 ASCII digits and
@@ -253,10 +266,36 @@ fn duration_from_nanos(nanos: u128) -> Duration {
     Duration::new(secs, sub)
 }
 
-fn render(value: u128, unit: u8) -> String {
-    let mut s = value.to_string();
-    s.push(char::from(unit));
-    s
+/// Writes `value` in decimal into `buf`; returns the length written.
+pub(crate) fn write_decimal(value: u64, buf: &mut [u8; 20]) -> usize {
+    let mut digits = [0u8; 20];
+    let mut n = value;
+    let mut len = 0;
+    loop {
+        // `n % 10` is below 10: the cast cannot truncate.
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for (i, d) in digits[..len].iter().rev().enumerate() {
+        buf[i] = *d;
+    }
+    len
+}
+
+/// Writes `value` (at most 8 digits) and `unit` into `buf`; returns the
+/// length written.
+fn render(value: u128, unit: u8, buf: &mut [u8; GRPC_TIMEOUT_MAX_DIGITS + 1]) -> usize {
+    let mut digits = [0u8; 20];
+    // At most 99_999_999: fits u64, and 8 digits.
+    let value = u64::try_from(value.min(u128::from(MAX_GRPC_VALUE))).unwrap_or(MAX_GRPC_VALUE);
+    let len = write_decimal(value, &mut digits);
+    buf[..len].copy_from_slice(&digits[..len]);
+    buf[len] = unit;
+    len + 1
 }
 
 #[cfg(test)]
@@ -312,6 +351,15 @@ mod tests {
         for (input, reason) in cases {
             let err = parse_grpc_timeout(input).unwrap_err();
             assert_eq!(err.reason(), reason, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn decimal_writer_matches_display() {
+        for n in [0, 7, 10, 99, 12_345, u64::from(u32::MAX), u64::MAX] {
+            let mut buf = [0; 20];
+            let len = write_decimal(n, &mut buf);
+            assert_eq!(&buf[..len], n.to_string().as_bytes());
         }
     }
 
