@@ -6,8 +6,9 @@
 //! `ServerDeadlineLayer`. The client stack is `ClientDeadline -> Breaker ->
 //! Retry (budget, buffered bodies) -> Bulkhead -> ClientDeadline (per
 //! attempt) -> Channel`, with a `map_err` on top that turns the layers'
-//! errors into gRPC statuses, and a `map_request` that turns tonic's
-//! `Request::set_timeout` into a deadline the layers honour. It shows:
+//! errors into gRPC statuses. tonic's `Request::set_timeout` writes
+//! `grpc-timeout`, which the outer `ClientDeadlineLayer` takes as one more
+//! deadline (the earliest wins). It shows:
 //!
 //! 1. `grpc-timeout` propagated: the client's 1500 ms deadline arrives at
 //!    the server as what is left of it;
@@ -37,7 +38,7 @@ use tower_breaker::{Breaker, BreakerConfig, BreakerLayer};
 use tower_bulkhead::error::BulkheadFull;
 use tower_bulkhead::BulkheadLayer;
 use tower_deadline::error::{DeadlineExceeded, InsufficientBudget};
-use tower_deadline::{codec, ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
+use tower_deadline::{codec, ClientDeadlineLayer, ServerDeadlineLayer};
 use tower_retry_budget::body::ReplayBody;
 use tower_retry_budget::RetryLayer;
 
@@ -150,29 +151,6 @@ fn to_status(e: BoxError) -> BoxError {
     Box::new(status)
 }
 
-/// Makes tonic's `Request::set_timeout` a deadline the layers see.
-///
-/// `set_timeout` writes a `grpc-timeout` header, but `ClientDeadlineLayer`
-/// takes its deadline from the request's extensions, the task-local scope
-/// and its default, and overwrites that header with its own (possibly
-/// longer) budget. Turning the header into a `Deadline` extension first
-/// keeps the earliest of them all.
-fn honour_set_timeout<B>(mut request: http::Request<B>) -> http::Request<B> {
-    let asked = request
-        .headers()
-        .get("grpc-timeout")
-        .and_then(|v| codec::parse_grpc_timeout(v.as_bytes()).ok())
-        .map(Deadline::after);
-    if let Some(asked) = asked {
-        let deadline = match Deadline::from_extensions(request.extensions()) {
-            Some(other) => other.earliest(asked),
-            None => asked,
-        };
-        request.extensions_mut().insert(deadline);
-    }
-    request
-}
-
 fn reserve(sku: &str, request_id: &str) -> Request<ReserveRequest> {
     let mut request = Request::new(ReserveRequest {
         sku: sku.into(),
@@ -220,7 +198,6 @@ async fn main() -> Result<(), BoxError> {
     let retry = RetryLayer::new();
     let stack = ServiceBuilder::new()
         .map_err(to_status)
-        .map_request(honour_set_timeout)
         .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(2)))
         .layer(BreakerLayer::new(breaker.clone()))
         .layer(retry.clone())
