@@ -35,6 +35,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use examples::demo::{check, serve_local};
 use examples::reqwest_adapter::{BoxError, Client, ReqwestService};
 use tokio::time::Instant;
 use tower::ServiceBuilder;
@@ -98,7 +99,7 @@ async fn start_inventory(inv: Inventory) -> SocketAddr {
         .route("/stock/{sku}", get(stock))
         .with_state(inv)
         .layer(ServerDeadlineLayer::new().max_timeout(Duration::from_secs(10)));
-    serve(app).await
+    serve_local(app).await
 }
 
 // --------------------------------------------------------------------- shop
@@ -183,19 +184,10 @@ async fn start_shop(shop: Shop, bulkhead: HttpBulkheadLayer, breaker: Breaker) -
                 .default_timeout(Duration::from_secs(2))
                 .max_timeout(Duration::from_secs(5)),
         );
-    serve(app).await
+    serve_local(app).await
 }
 
 // ------------------------------------------------------------------- caller
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1");
-    let addr = listener.local_addr().expect("local address");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
-}
 
 struct Answer {
     status: StatusCode,
@@ -235,13 +227,6 @@ async fn wait_in_flight(handle: &CompartmentHandle, n: usize) {
     let start = Instant::now();
     while handle.in_flight() < n && start.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn check(ok: bool, what: &str, failures: &mut Vec<String>) {
-    println!("   {} {what}", if ok { "ok:" } else { "FAILED:" });
-    if !ok {
-        failures.push(what.to_owned());
     }
 }
 

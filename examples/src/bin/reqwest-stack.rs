@@ -32,6 +32,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
+use examples::demo::check;
 use examples::reqwest_adapter::{BoxError, Client, ReqwestService};
 use tokio::time::Instant;
 use tower::ServiceBuilder;
@@ -110,13 +111,6 @@ async fn start(server: Server) -> SocketAddr {
     let addr = listener.local_addr().expect("local address");
     tokio::spawn(async move { axum::serve(listener, app).await });
     addr
-}
-
-fn check(ok: bool, what: &str, failures: &mut Vec<String>) {
-    println!("   {} {what}", if ok { "ok:" } else { "FAILED:" });
-    if !ok {
-        failures.push(what.to_owned());
-    }
 }
 
 #[tokio::main]

@@ -23,6 +23,7 @@
 //! cargo run -p examples --bin tonic-stack
 //! ```
 
+use examples::demo::check;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -163,13 +164,6 @@ fn reserve(sku: &str, request_id: &str) -> Request<ReserveRequest> {
         request.metadata_mut().insert("idempotency-key", key);
     }
     request
-}
-
-fn check(ok: bool, what: &str, failures: &mut Vec<String>) {
-    println!("   {} {what}", if ok { "ok:" } else { "FAILED:" });
-    if !ok {
-        failures.push(what.to_owned());
-    }
 }
 
 #[tokio::main]
