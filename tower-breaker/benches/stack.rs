@@ -75,6 +75,31 @@ fn ours_full(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> 
         .service(inner)
 }
 
+/// The stack built up one layer at a time, from the transport side, to
+/// attribute the cost: bulkhead, then retry, then breaker, then the outer
+/// deadline (the per-attempt deadline is the difference to the full stack).
+fn step_bulkhead(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .layer(BulkheadLayer::new("bench", 1024))
+        .service(inner)
+}
+
+fn step_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .layer(RetryLayer::new().clone_bodies())
+        .layer(BulkheadLayer::new("bench", 1024))
+        .service(inner)
+}
+
+fn step_deadline(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(60)))
+        .layer(BreakerLayer::new(Breaker::new("bench")))
+        .layer(RetryLayer::new().clone_bodies())
+        .layer(BulkheadLayer::new("bench", 1024))
+        .service(inner)
+}
+
 fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, svc: S) -> f64
 where
     S: Service<Request<()>>,
@@ -97,8 +122,17 @@ fn benches(c: &mut Criterion) {
     group.bench_function("tower Timeout + ConcurrencyLimit", |b| {
         b.iter_custom(|iters| rt.block_on(run(tower_two(bare()), iters)))
     });
+    group.bench_function("bulkhead", |b| {
+        b.iter_custom(|iters| rt.block_on(run(step_bulkhead(bare()), iters)))
+    });
+    group.bench_function("retry + bulkhead", |b| {
+        b.iter_custom(|iters| rt.block_on(run(step_retry(bare()), iters)))
+    });
     group.bench_function("breaker + retry + bulkhead", |b| {
         b.iter_custom(|iters| rt.block_on(run(ours_three(bare()), iters)))
+    });
+    group.bench_function("deadline + breaker + retry + bulkhead", |b| {
+        b.iter_custom(|iters| rt.block_on(run(step_deadline(bare()), iters)))
     });
     group.bench_function("full stack with deadlines", |b| {
         b.iter_custom(|iters| rt.block_on(run(ours_full(bare()), iters)))
@@ -112,16 +146,25 @@ fn benches(c: &mut Criterion) {
             "tower Timeout + ConcurrencyLimit",
             allocations_per_call(&rt, tower_two(bare())),
         ),
+        ("bulkhead", allocations_per_call(&rt, step_bulkhead(bare()))),
+        (
+            "retry + bulkhead",
+            allocations_per_call(&rt, step_retry(bare())),
+        ),
         (
             "breaker + retry + bulkhead",
             allocations_per_call(&rt, ours_three(bare())),
+        ),
+        (
+            "deadline + breaker + retry + bulkhead",
+            allocations_per_call(&rt, step_deadline(bare())),
         ),
         (
             "full stack with deadlines",
             allocations_per_call(&rt, ours_full(bare())),
         ),
     ] {
-        println!("  {name:<34} {n:.2}");
+        println!("  {name:<38} {n:.2}");
     }
 }
 
