@@ -26,6 +26,10 @@ use crate::BoxError;
 ///   the retry layer fails with that very error (for example the breaker's
 ///   "circuit open"), so it still downcasts to the hook's type.
 ///
+/// The retry layer takes the handle out of the request's extensions: the
+/// attempts it sends below do not carry it, so a second retry layer further
+/// down cannot record the same attempts again.
+///
 /// That `record` was called at all tells the outer layer that the attempts
 /// were counted below it, so it should not count the final outcome a second
 /// time; without a retry layer below, nothing calls it and the outer layer

@@ -167,11 +167,16 @@ where
         let shared = &self.shared;
         shared.budget.deposit_at(now);
 
-        let (parts, body) = request.into_parts();
-        let hook = parts
-            .extensions
-            .get::<AttemptHandle<Response<ResB>>>()
-            .cloned();
+        let (mut parts, body) = request.into_parts();
+        // The hook is this layer's to use: taken out, so that the attempts
+        // below neither carry (and clone) it nor let a second retry layer
+        // record the same attempts again.
+        let hook = parts.extensions.remove::<AttemptHandle<Response<ResB>>>();
+        if hook.is_some() && parts.extensions.is_empty() {
+            // An emptied map still owns its table, which every clone of the
+            // request head below would allocate again; a new map owns none.
+            parts.extensions = http::Extensions::new();
+        }
         let deadline = deadline(&parts.extensions);
         let retryable = shared.config.max_attempts > 1
             && shared

@@ -225,3 +225,26 @@ async fn a_handle_for_another_response_type_is_ignored() {
     assert_eq!(svc.oneshot(request).await.unwrap().status(), 200);
     assert!(hook.events().is_empty());
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_handle_is_taken_out_of_the_requests_sent_below() {
+    // The hook belongs to this retry layer: the attempts it sends neither
+    // carry it (no clone per attempt) nor let a second retry layer below
+    // record the same attempts again.
+    let hook = Breaker::new(u32::MAX);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let svc = layer().layer(service_fn({
+        let seen = seen.clone();
+        move |req: Request<ReplayBody<String>>| {
+            seen.lock().unwrap().push(
+                req.extensions()
+                    .get::<AttemptHandle<Response<String>>>()
+                    .is_some(),
+            );
+            async move { Ok::<_, BoxError>(status(503)) }
+        }
+    }));
+    let _ = svc.oneshot(with_hook(&hook)).await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), [false, false, false]);
+    assert_eq!(hook.events().len(), 3 + 2, "three records, two asks");
+}
