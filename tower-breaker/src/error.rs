@@ -115,7 +115,28 @@ impl fmt::Display for CircuitOpen {
     }
 }
 
-impl Error for CircuitOpen {}
+/// What `CircuitOpen::source` points to: the retry crate's marker that a
+/// rejection must not be retried.
+#[cfg(feature = "retry")]
+static LOCAL_REJECTION: tower_retry_budget::error::LocalRejection =
+    tower_retry_budget::error::LocalRejection::new();
+
+impl Error for CircuitOpen {
+    /// With the `retry` feature, `tower_retry_budget`'s
+    /// [`LocalRejection`](tower_retry_budget::error::LocalRejection) marker,
+    /// so that no retry layer of this toolkit retries an open circuit, even
+    /// one stacked above the breaker; without it, none.
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        #[cfg(feature = "retry")]
+        {
+            Some(&LOCAL_REJECTION)
+        }
+        #[cfg(not(feature = "retry"))]
+        {
+            None
+        }
+    }
+}
 
 /// A breaker's name, alone on its cache lines: each thread stripe of a
 /// breaker has its own, so creating errors on several threads does not

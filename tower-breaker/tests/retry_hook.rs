@@ -181,3 +181,26 @@ fn the_no_retry_header_is_the_retry_layers() {
     assert_eq!(tower_retry_budget::NO_RETRY_HEADER, "x-tower-no-retry");
     assert_eq!(tower_bulkhead::NO_RETRY_HEADER, "x-tower-no-retry");
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_layer_above_the_breaker_does_not_retry_an_open_circuit() {
+    // The wrong order (retry outside the breaker) must still not retry
+    // against an open circuit: `CircuitOpen` carries the retry crate's
+    // `LocalRejection` marker in its source chain.
+    let breaker = counted(10);
+    breaker.set_mode(tower_breaker::Mode::ForcedOpen);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(retry())
+        .layer(BreakerLayer::new(breaker.clone()))
+        .service(answering(&calls, 200));
+    let err = send(&client).await.unwrap_err();
+    assert!(err.is::<CircuitOpen>(), "returned unchanged: {err}");
+    assert!(tower_retry_budget::policy::is_local_rejection(&*err));
+    assert_eq!(
+        breaker.snapshot().totals.rejected,
+        1,
+        "one rejection, no retries"
+    );
+    assert_eq!(calls.calls(), 0);
+}

@@ -69,6 +69,51 @@ pub struct DeadlineTooClose {
     source: BoxError,
 }
 
+/// A marker that says "this failure is a local rejection: do not retry it".
+///
+/// Layers that reject calls on purpose (a circuit breaker that is open, a
+/// load shedder) and that want this crate's retry layer to leave their
+/// errors alone put a `LocalRejection` in their error's
+/// [`source`](Error::source) chain: [`is_local_rejection`] finds it there,
+/// and [`Retry`](crate::Retry) never retries such an error, whatever its
+/// policy says. `tower-breaker`'s `CircuitOpen` does this, so even a retry
+/// layer stacked (wrongly) *above* a breaker does not retry against an open
+/// circuit.
+///
+/// [`is_local_rejection`]: crate::policy::is_local_rejection
+///
+/// # Example
+///
+/// ```
+/// use std::error::Error;
+/// use std::fmt;
+/// use tower_retry_budget::error::LocalRejection;
+/// use tower_retry_budget::policy::is_local_rejection;
+///
+/// #[derive(Debug)]
+/// struct Shed;
+///
+/// static REJECTED: LocalRejection = LocalRejection::new();
+///
+/// impl fmt::Display for Shed {
+///     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+///         f.write_str("load shed")
+///     }
+/// }
+///
+/// impl Error for Shed {
+///     fn source(&self) -> Option<&(dyn Error + 'static)> {
+///         Some(&REJECTED)
+///     }
+/// }
+///
+/// assert!(is_local_rejection(&Shed));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LocalRejection {
+    _p: (),
+}
+
 /// A replay body of an earlier attempt was polled after a newer attempt
 /// started replaying the same request body; the earlier one can no longer
 /// be served.
@@ -124,6 +169,25 @@ exhausted!(
     DeadlineTooClose,
     "no time left to retry before the deadline"
 );
+
+// === impl LocalRejection ===
+
+impl LocalRejection {
+    /// The marker; `const`, so it can live in a `static` that an error's
+    /// `source()` returns a reference to.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self { _p: () }
+    }
+}
+
+impl fmt::Display for LocalRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("rejected locally; retrying would only add load")
+    }
+}
+
+impl Error for LocalRejection {}
 
 // === impl ReplaySuperseded ===
 

@@ -288,8 +288,10 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
 /// rejection that retrying would only make worse; the layer never retries
 /// these, whatever its policy says.
 ///
-/// Recognised: every error of this crate ([`crate::error`]: the retries
-/// already ended below, so this tier must not start again), and, with the
+/// Recognised: the [`LocalRejection`](crate::error::LocalRejection) marker
+/// (which `tower-breaker`'s `CircuitOpen` carries as its source), every
+/// error of this crate ([`crate::error`]: the retries already ended below,
+/// so this tier must not start again), and, with the
 /// `deadline` feature, `tower-deadline`'s `DeadlineExceeded` and
 /// `InsufficientBudget` (the caller's budget is spent; the layer itself
 /// still retries a `DeadlineExceeded` raised below it while the call's own
@@ -320,9 +322,12 @@ pub fn is_local_rejection(error: &(dyn Error + 'static)) -> bool {
 /// The list of local rejections, checked on each error of a chain. Add new
 /// kinds here.
 fn is_local_rejection_one(e: &(dyn Error + 'static)) -> bool {
-    use crate::error::{AttemptsExhausted, BudgetExhausted, DeadlineTooClose, ReplaySuperseded};
+    use crate::error::{
+        AttemptsExhausted, BudgetExhausted, DeadlineTooClose, LocalRejection, ReplaySuperseded,
+    };
 
-    if e.is::<AttemptsExhausted>()
+    if e.is::<LocalRejection>()
+        || e.is::<AttemptsExhausted>()
         || e.is::<BudgetExhausted>()
         || e.is::<DeadlineTooClose>()
         || e.is::<ReplaySuperseded>()
