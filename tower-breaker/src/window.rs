@@ -291,41 +291,28 @@ impl TimeWindow {
 mod tests {
     use super::*;
 
+    fn counts(calls: u64, failures: u64, slow: u64) -> Counts {
+        Counts {
+            calls,
+            failures,
+            slow,
+        }
+    }
+
     #[test]
     fn count_window_slides() {
         let w = CountWindow::new(4);
         for _ in 0..4 {
             w.record(1, OK);
         }
-        assert_eq!(
-            w.counts(1),
-            Counts {
-                calls: 4,
-                failures: 0,
-                slow: 0
-            }
-        );
+        assert_eq!(w.counts(1), counts(4, 0, 0));
         w.record(1, FAIL);
         w.record(1, FAIL);
-        assert_eq!(
-            w.counts(1),
-            Counts {
-                calls: 4,
-                failures: 2,
-                slow: 0
-            }
-        );
+        assert_eq!(w.counts(1), counts(4, 2, 0));
         for _ in 0..4 {
             w.record(1, SLOW);
         }
-        assert_eq!(
-            w.counts(1),
-            Counts {
-                calls: 4,
-                failures: 0,
-                slow: 4
-            }
-        );
+        assert_eq!(w.counts(1), counts(4, 0, 4));
     }
 
     #[test]
@@ -334,37 +321,16 @@ mod tests {
         w.record(1, FAIL);
         w.record(1, FAIL);
         w.record(2, OK);
-        assert_eq!(
-            w.counts(2),
-            Counts {
-                calls: 1,
-                failures: 0,
-                slow: 0
-            }
-        );
+        assert_eq!(w.counts(2), counts(1, 0, 0));
         assert_eq!(w.counts(1), Counts::default());
         // A late outcome of epoch 1 does not touch epoch 2's window.
         w.record(1, FAIL);
-        assert_eq!(
-            w.counts(2),
-            Counts {
-                calls: 1,
-                failures: 0,
-                slow: 0
-            }
-        );
+        assert_eq!(w.counts(2), counts(1, 0, 0));
         // Replacing a slot of an older epoch subtracts nothing.
         for _ in 0..3 {
             w.record(2, FAIL);
         }
-        assert_eq!(
-            w.counts(2),
-            Counts {
-                calls: 3,
-                failures: 3,
-                slow: 0
-            }
-        );
+        assert_eq!(w.counts(2), counts(3, 3, 0));
     }
 
     #[test]
@@ -374,31 +340,10 @@ mod tests {
         w.record(1, FAIL, 0);
         w.record(1, OK, s);
         w.record(1, SLOW, 2 * s);
-        assert_eq!(
-            w.counts(1, 2 * s),
-            Counts {
-                calls: 3,
-                failures: 1,
-                slow: 1
-            }
-        );
-        assert_eq!(
-            w.counts(1, 3 * s),
-            Counts {
-                calls: 2,
-                failures: 0,
-                slow: 1
-            }
-        );
+        assert_eq!(w.counts(1, 2 * s), counts(3, 1, 1));
+        assert_eq!(w.counts(1, 3 * s), counts(2, 0, 1));
         w.record(1, OK, 3 * s);
-        assert_eq!(
-            w.counts(1, 3 * s),
-            Counts {
-                calls: 3,
-                failures: 0,
-                slow: 1
-            }
-        );
+        assert_eq!(w.counts(1, 3 * s), counts(3, 0, 1));
         assert_eq!(w.counts(1, 10 * s), Counts::default());
         assert_eq!(w.counts(2, 3 * s), Counts::default());
     }

@@ -28,6 +28,15 @@ fn counted(window: usize) -> Breaker {
     )
 }
 
+/// A breaker tripped by one failure, whose open period has just ended: the
+/// next call is its probe.
+async fn ready_to_probe() -> Breaker {
+    let breaker = counted(1);
+    record(&breaker, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    breaker
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn two_logical_requests_record_six_failures_and_the_third_never_reaches_the_dependency() {
     let breaker = counted(6);
@@ -122,9 +131,7 @@ async fn without_a_retry_layer_each_call_is_counted_once() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_failed_probe_inside_a_retry_loop_stops_it() {
-    let breaker = counted(1);
-    record(&breaker, Outcome::Failure, 1);
-    advance(secs(5)).await;
+    let breaker = ready_to_probe().await;
     let calls = CallCounter::default();
     let client = ServiceBuilder::new()
         .layer(BreakerLayer::new(breaker.clone()))
@@ -143,9 +150,7 @@ async fn a_failed_probe_inside_a_retry_loop_stops_it() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_successful_retry_of_a_probe_closes() {
     // The probe goes through the retry layer and succeeds at once.
-    let breaker = counted(1);
-    record(&breaker, Outcome::Failure, 1);
-    advance(secs(5)).await;
+    let breaker = ready_to_probe().await;
     let calls = CallCounter::default();
     let client = ServiceBuilder::new()
         .layer(BreakerLayer::new(breaker.clone()))
@@ -157,9 +162,7 @@ async fn a_successful_retry_of_a_probe_closes() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn dropping_a_hooked_probe_frees_its_slot() {
-    let breaker = counted(1);
-    record(&breaker, Outcome::Failure, 1);
-    advance(secs(5)).await;
+    let breaker = ready_to_probe().await;
     let client = ServiceBuilder::new()
         .layer(BreakerLayer::new(breaker.clone()))
         .layer(retry())
