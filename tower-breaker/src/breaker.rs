@@ -10,13 +10,13 @@ use tokio::time::Instant;
 
 use crate::classify::Outcome;
 use crate::config::{BreakerConfig, WindowKind};
-use crate::error::{CircuitOpen, Name};
-use crate::random::unit;
+use crate::error::CircuitOpen;
 use crate::snapshot::{Cause, Snapshot, Totals, Transition, WindowCounts};
 use crate::state::{is_newer, Padded, Word, CLOSED, ELECTING, GEN_MASK, HALF_OPEN, OPEN};
 use crate::store::{Decision, Election, ProbeToken, Store, StoreError, StoreFailureMode};
 use crate::window::{CountWindow, Counts, TimeWindow, Window, FAIL, OK, SLOW};
 use crate::Mode;
+use tower_resilience_base::random::unit;
 
 const NANOS_PER_MS: u64 = 1_000_000;
 const PPM: u64 = 1_000_000;
@@ -75,7 +75,8 @@ pub struct Breaker {
 #[repr(align(128))]
 struct Shard {
     core: Arc<Core>,
-    name: Arc<Name>,
+    /// This stripe's own copy of the name (its own reference count).
+    name: Arc<str>,
 }
 
 /// Permission to make one call, from [`Breaker::try_acquire`]: record the
@@ -332,7 +333,7 @@ impl Breaker {
             .map(|_| {
                 Arc::new(Shard {
                     core: Arc::clone(&core),
-                    name: Arc::new(Name(core.name.clone())),
+                    name: Arc::from(&*core.name),
                 })
             })
             .collect();
@@ -375,11 +376,17 @@ impl Breaker {
 
     #[inline]
     pub(crate) fn permit(&self, raw: Raw) -> Permit {
+        self.permit_started(raw, self.core.started_ns(raw))
+    }
+
+    /// A permit for an admission whose start time was already taken.
+    #[inline]
+    pub(crate) fn permit_started(&self, raw: Raw, started_ns: u64) -> Permit {
         let stripe = thread_index() % STRIPES;
         Permit {
             shard: Arc::clone(&self.shards[stripe]),
             raw,
-            started_ns: self.core.started_ns(raw),
+            started_ns,
             stripe: stripe as u8,
             armed: true,
         }
@@ -392,14 +399,46 @@ impl Breaker {
         CircuitOpen::new(Arc::clone(name), rejection.retry_after, rejection.forced)
     }
 
-    #[cfg_attr(not(feature = "retry"), allow(dead_code))]
     pub(crate) fn complete(&self, raw: Raw, outcome: Outcome, elapsed: Option<Duration>) {
         self.core.complete(raw, outcome, elapsed);
     }
 
-    #[cfg_attr(not(feature = "retry"), allow(dead_code))]
     pub(crate) fn cancel(&self, raw: Raw) {
         self.core.cancel(raw);
+    }
+
+    /// Whether a call would be refused now for certain (open before the end
+    /// of its period, or forced open), without admitting one: what a retry
+    /// layer asks before sleeping a backoff. A refusal counts as a rejected
+    /// call, like one refused by [`admit`](Self::admit).
+    #[inline]
+    pub(crate) fn peek(&self) -> Result<(), Rejection> {
+        let core = &self.core;
+        let w = Word(core.word.load(Acquire));
+        if w.is_fast() {
+            return Ok(());
+        }
+        let now = core.now_ns();
+        let refusal = match w.mode() {
+            Mode::ForcedOpen => Rejection {
+                retry_after: core.config.open_period,
+                forced: true,
+            },
+            Mode::Automatic if w.state() == OPEN => {
+                let deadline_ns = w.deadline_ms().saturating_mul(NANOS_PER_MS);
+                if now >= deadline_ns {
+                    return Ok(());
+                }
+                Rejection {
+                    retry_after: Duration::from_nanos(deadline_ns - now),
+                    forced: false,
+                }
+            }
+            _ => return Ok(()),
+        };
+        core.stripe().rejected.fetch_add(1, Relaxed);
+        core.rejection_event(now);
+        Err(refusal)
     }
 
     /// The manual mode.
@@ -734,7 +773,6 @@ impl Core {
 
     /// Counts the outcome of an admitted call. `elapsed` is needed only for
     /// slow-call detection.
-    #[cfg_attr(not(feature = "retry"), allow(dead_code))]
     pub(crate) fn complete(
         self: &Arc<Self>,
         raw: Raw,

@@ -5,9 +5,8 @@ use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
-use http::{HeaderValue, Response};
-
-use crate::error::CircuitOpen;
+use http::{HeaderMap, Response, StatusCode};
+use tower_resilience_base::grpc::GrpcCode;
 
 /// How one call (or attempt) counts for the breaker.
 ///
@@ -68,6 +67,22 @@ pub enum Outcome {
 pub trait Classify<Res>: Send + Sync + 'static {
     /// How a response counts.
     fn classify_response(&self, response: &Res) -> Outcome;
+
+    /// The outcome of a response seen only through its status and headers,
+    /// when this classifier can tell from them alone (the default says it
+    /// cannot).
+    ///
+    /// The attempt hook uses it: a retry layer below the breaker reports
+    /// each attempt's response, whose type may differ from `Res` when a
+    /// `map_response` sits between them. A classifier that answers here
+    /// judges every attempt whatever the type; one that does not is asked
+    /// [`classify_response`](Classify::classify_response) when the types
+    /// match, and otherwise the [`DefaultClassifier`]'s rules apply (with a
+    /// warning, once).
+    fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Outcome> {
+        let _ = (status, headers);
+        None
+    }
 
     /// How an error of the inner service counts. Default:
     /// [`classify_error`].
@@ -146,14 +161,11 @@ pub fn classify_fn<F>(f: F) -> ClassifyFn<F> {
 ///
 /// Walks the error and its `source()` chain:
 ///
-/// - a [`CircuitOpen`] (another breaker refused the call; the dependency
-///   was not called) is [`Outcome::Ignored`];
-/// - with the `bulkhead` feature, `tower_bulkhead::error::BulkheadFull`
-///   (local overload, the dependency was not called) is
-///   [`Outcome::Ignored`];
-/// - with the `deadline` feature, `tower_deadline::error::InsufficientBudget`
-///   (the caller's budget was spent before the call was made) is
-///   [`Outcome::Ignored`];
+/// - a local rejection
+///   ([`tower_resilience_base::error::is_local_rejection`]: another
+///   breaker's [`CircuitOpen`](crate::error::CircuitOpen), a full bulkhead,
+///   a deadline budget spent before the call, a `LocalRejection` of your
+///   own) is [`Outcome::Ignored`]: the dependency was not called;
 /// - everything else is a [`Outcome::Failure`]: transport errors, timeouts
 ///   (including `tower_deadline::error::DeadlineExceeded`: the dependency
 ///   did not answer in time) and any unknown error.
@@ -172,53 +184,49 @@ pub fn classify_fn<F>(f: F) -> ClassifyFn<F> {
 /// ```
 #[must_use]
 pub fn classify_error(error: &(dyn Error + 'static)) -> Outcome {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if is_local(e) {
-            return Outcome::Ignored;
-        }
-        next = e.source();
+    if tower_resilience_base::error::is_local_rejection(error) {
+        Outcome::Ignored
+    } else {
+        Outcome::Failure
     }
-    Outcome::Failure
 }
 
-fn is_local(e: &(dyn Error + 'static)) -> bool {
-    if e.is::<CircuitOpen>() {
-        return true;
+/// The [`DefaultClassifier`]'s rule for a response: a 5xx status, or a gRPC
+/// status that says the dependency failed
+/// ([`GrpcCode::is_dependency_failure`]: UNKNOWN, DEADLINE_EXCEEDED,
+/// INTERNAL, UNAVAILABLE, DATA_LOSS), is a failure; anything else is a
+/// success.
+///
+/// # Example
+///
+/// ```
+/// use http::{HeaderMap, StatusCode};
+/// use tower_breaker::{classify::default_outcome, Outcome};
+///
+/// assert_eq!(default_outcome(StatusCode::BAD_GATEWAY, &HeaderMap::new()), Outcome::Failure);
+/// assert_eq!(default_outcome(StatusCode::NOT_FOUND, &HeaderMap::new()), Outcome::Success);
+/// ```
+#[must_use]
+pub fn default_outcome(status: StatusCode, headers: &HeaderMap) -> Outcome {
+    if status.is_server_error() {
+        return Outcome::Failure;
     }
-    #[cfg(feature = "bulkhead")]
-    if e.is::<tower_bulkhead::error::BulkheadFull>() {
-        return true;
+    match GrpcCode::from_headers(headers) {
+        Some(code) if code.is_dependency_failure() => Outcome::Failure,
+        _ => Outcome::Success,
     }
-    #[cfg(feature = "deadline")]
-    if e.is::<tower_deadline::error::InsufficientBudget>() {
-        return true;
-    }
-    false
-}
-
-const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
-
-/// gRPC status codes that say the server or the network failed.
-fn is_grpc_failure(status: &HeaderValue) -> bool {
-    matches!(status.as_bytes(), b"2" | b"4" | b"13" | b"14" | b"15")
 }
 
 // === impl DefaultClassifier ===
 
 impl<B> Classify<Response<B>> for DefaultClassifier {
+    #[inline]
     fn classify_response(&self, response: &Response<B>) -> Outcome {
-        if response.status().is_server_error() {
-            return Outcome::Failure;
-        }
-        let headers = response.headers();
-        if headers.is_empty() {
-            return Outcome::Success;
-        }
-        match headers.get(GRPC_STATUS) {
-            Some(status) if is_grpc_failure(status) => Outcome::Failure,
-            _ => Outcome::Success,
-        }
+        default_outcome(response.status(), response.headers())
+    }
+
+    fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Outcome> {
+        Some(default_outcome(status, headers))
     }
 }
 
@@ -227,6 +235,10 @@ impl<B> Classify<Response<B>> for DefaultClassifier {
 impl<Res> Classify<Res> for ErrorsOnly {
     fn classify_response(&self, _response: &Res) -> Outcome {
         Outcome::Success
+    }
+
+    fn classify_head(&self, _status: StatusCode, _headers: &HeaderMap) -> Option<Outcome> {
+        Some(Outcome::Success)
     }
 }
 
@@ -256,6 +268,10 @@ impl<F> fmt::Debug for ClassifyFn<F> {
 impl<Res, C: Classify<Res> + ?Sized> Classify<Res> for Arc<C> {
     fn classify_response(&self, response: &Res) -> Outcome {
         (**self).classify_response(response)
+    }
+
+    fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Outcome> {
+        (**self).classify_head(status, headers)
     }
 
     fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {

@@ -4,9 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::random::{ProcessRandom, RandomSource};
 use crate::snapshot::{DebugListener, Listener};
 use crate::store::{Store, StoreFailureMode};
+use crate::{ProcessRandom, RandomSource};
 
 /// The default count window: the last 20 calls.
 pub const DEFAULT_WINDOW_SIZE: usize = 20;

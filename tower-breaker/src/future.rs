@@ -7,9 +7,6 @@ use std::mem;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-#[cfg(feature = "retry")]
-use std::sync::Arc;
-
 use http::Response;
 use pin_project_lite::pin_project;
 
@@ -17,9 +14,6 @@ use crate::breaker::Permit;
 use crate::classify::{outcome, Classify, Outcome};
 use crate::error::CircuitOpen;
 use crate::BoxError;
-
-#[cfg(feature = "retry")]
-use crate::hook::Attempts;
 
 pin_project! {
     /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) in
@@ -85,8 +79,6 @@ pub(crate) enum Tracker<C> {
     Permit { permit: Permit, classifier: C },
     /// The attempt hook counts (through a retry layer below), or, if it was
     /// never used, counts the call itself.
-    #[cfg(feature = "retry")]
-    Hooked(HookGuard<C>),
     /// Nothing to count.
     Done,
 }
@@ -223,8 +215,6 @@ impl<C> Tracker<C> {
     {
         match mem::replace(self, Tracker::Done) {
             Tracker::Permit { permit, classifier } => permit.record(outcome(&classifier, result)),
-            #[cfg(feature = "retry")]
-            Tracker::Hooked(guard) => guard.0.finish(result),
             Tracker::Done => {}
         }
     }
@@ -232,21 +222,7 @@ impl<C> Tracker<C> {
     fn finish_with(&mut self, o: Outcome) {
         match mem::replace(self, Tracker::Done) {
             Tracker::Permit { permit, .. } => permit.record(o),
-            #[cfg(feature = "retry")]
-            Tracker::Hooked(guard) => guard.0.abandon(),
             Tracker::Done => {}
         }
-    }
-}
-
-/// Cancels what the hook holds when the response future is dropped (a
-/// `Permit` does that by itself).
-#[cfg(feature = "retry")]
-pub(crate) struct HookGuard<C>(pub(crate) Arc<Attempts<C>>);
-
-#[cfg(feature = "retry")]
-impl<C> Drop for HookGuard<C> {
-    fn drop(&mut self) {
-        self.0.abandon();
     }
 }

@@ -1,107 +1,117 @@
-//! The breaker's side of `tower-retry-budget`'s attempt hook: every attempt
-//! of a retry loop below the breaker is counted, and the loop stops when
-//! the circuit opens.
+//! The breaker's side of the attempt hook (`tower_resilience_base::hook`):
+//! every attempt of a retry or hedging layer below the breaker is counted,
+//! and the layer stops when the circuit opens.
 
-use std::error::Error;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::time::Duration;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use tower_retry_budget::AttemptHook;
+use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, AttemptToken};
 
 use crate::breaker::{Breaker, Kind, Raw};
-use crate::classify::{outcome, Classify};
+use crate::classify::{default_outcome, Classify};
 use crate::BoxError;
 
-/// The per-request hook: the admission of the attempt in flight, and
-/// whether the retry layer recorded anything.
-pub(crate) struct Attempts<C> {
+/// One breaker's hook, shared by every call through one layer: per-call
+/// state travels in the tokens (the admission and its start time), so there
+/// is no allocation per call.
+///
+/// `Res` is the response type the layer's classifier judges; an outcome of
+/// another type (a `map_response` between the breaker and the retry layer)
+/// is classified from its status and headers.
+pub(crate) struct BreakerHook<C, Res> {
     breaker: Breaker,
     classifier: C,
-    /// The admission of the attempt in flight: 0 for none.
-    permit: AtomicU64,
-    started_ns: AtomicU64,
-    recorded: AtomicBool,
+    /// Whether the type-mismatch warning was given.
+    warned: AtomicBool,
+    _res: PhantomData<fn(&Res)>,
 }
 
-// === impl Attempts ===
+// === impl BreakerHook ===
 
-impl<C> Attempts<C> {
-    pub(crate) fn new(breaker: Breaker, classifier: C, raw: Raw, started_ns: u64) -> Self {
+impl<C, Res> BreakerHook<C, Res> {
+    pub(crate) fn new(breaker: Breaker, classifier: C) -> Self {
         Self {
             breaker,
             classifier,
-            permit: AtomicU64::new(pack(raw)),
-            started_ns: AtomicU64::new(started_ns),
-            recorded: AtomicBool::new(false),
-        }
-    }
-
-    fn take(&self) -> Option<Raw> {
-        unpack(self.permit.swap(0, AcqRel))
-    }
-
-    /// The outer future completed: counts the final outcome, unless the
-    /// retry layer below already counted every attempt.
-    pub(crate) fn finish<Res>(&self, result: Result<&Res, &(dyn Error + 'static)>)
-    where
-        C: Classify<Res>,
-    {
-        let Some(raw) = self.take() else { return };
-        if self.recorded.load(Acquire) {
-            // Admitted by `before_retry`, then never sent.
-            self.breaker.cancel(raw);
-            return;
-        }
-        let core = &self.breaker.core;
-        let elapsed = core.elapsed(self.started_ns.load(Relaxed));
-        self.breaker
-            .complete(raw, outcome(&self.classifier, result), elapsed);
-    }
-
-    /// The outer future was dropped: whatever is in flight is cancelled.
-    pub(crate) fn abandon(&self) {
-        if let Some(raw) = self.take() {
-            self.breaker.cancel(raw);
+            warned: AtomicBool::new(false),
+            _res: PhantomData,
         }
     }
 }
 
-impl<Res, C: Classify<Res>> AttemptHook<Res> for Attempts<C> {
-    fn before_retry(&self) -> Result<(), BoxError> {
-        if let Some(raw) = self.take() {
-            self.breaker.cancel(raw);
-        }
+/// The token of an admission: the admission and the start time (for
+/// slow-call detection; 0 when not needed).
+pub(crate) fn token(breaker: &Breaker, raw: Raw) -> AttemptToken {
+    AttemptToken::new(pack(raw), breaker.core.started_ns(raw))
+}
+
+impl<C, Res> AttemptHook for BreakerHook<C, Res>
+where
+    C: Classify<Res>,
+    Res: 'static,
+{
+    fn admit(&self) -> Result<AttemptToken, BoxError> {
         match self.breaker.admit() {
-            Ok(raw) => {
-                self.started_ns
-                    .store(self.breaker.core.started_ns(raw), Relaxed);
-                self.permit.store(pack(raw), Release);
-                Ok(())
-            }
+            Ok(raw) => Ok(token(&self.breaker, raw)),
             Err(rejection) => Err(Box::new(self.breaker.open_error(rejection))),
         }
     }
 
-    fn record(&self, result: Result<&Res, &(dyn Error + 'static)>, elapsed: Duration) {
-        self.recorded.store(true, Release);
-        if let Some(raw) = self.take() {
-            self.breaker
-                .complete(raw, outcome(&self.classifier, result), Some(elapsed));
+    fn check(&self) -> Result<(), BoxError> {
+        self.breaker
+            .peek()
+            .map_err(|rejection| Box::new(self.breaker.open_error(rejection)) as BoxError)
+    }
+
+    fn record(&self, token: AttemptToken, outcome: AttemptOutcome<'_>) {
+        let (raw, started_ns) = token.parts();
+        let Some(raw) = unpack(raw) else { return };
+        let outcome = match outcome {
+            AttemptOutcome::Error(e) => self.classifier.classify_error(e),
+            AttemptOutcome::Response(view) => {
+                match self.classifier.classify_head(view.status(), view.headers()) {
+                    Some(outcome) => outcome,
+                    None => match view.downcast_ref::<Res>() {
+                        Some(response) => self.classifier.classify_response(response),
+                        None => {
+                            if !self.warned.swap(true, Relaxed) {
+                                tracing::warn!(
+                                    breaker = %self.breaker.name(),
+                                    classifier = std::any::type_name::<C>(),
+                                    expected = std::any::type_name::<Res>(),
+                                    "circuit_hook_type_mismatch: the retry layer below \
+                                     reports responses of another type than the \
+                                     classifier judges (a map_response between them?); \
+                                     classifying them by status and headers instead"
+                                );
+                            }
+                            default_outcome(view.status(), view.headers())
+                        }
+                    },
+                }
+            }
+        };
+        let elapsed = self.breaker.core.elapsed(started_ns);
+        self.breaker.complete(raw, outcome, elapsed);
+    }
+
+    fn cancel(&self, token: AttemptToken) {
+        if let Some(raw) = unpack(token.parts().0) {
+            self.breaker.cancel(raw);
         }
     }
 }
 
-impl<C> fmt::Debug for Attempts<C> {
+impl<C, Res> fmt::Debug for BreakerHook<C, Res> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Attempts")
+        f.debug_struct("BreakerHook")
             .field("breaker", &self.breaker.name())
-            .field("recorded", &self.recorded.load(Relaxed))
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-fn pack(raw: Raw) -> u64 {
+pub(crate) fn pack(raw: Raw) -> u64 {
     let kind = match raw.kind {
         Kind::Tracked => 0,
         Kind::Probe => 1,
@@ -110,7 +120,7 @@ fn pack(raw: Raw) -> u64 {
     (1 << 63) | (kind << 32) | u64::from(raw.gen)
 }
 
-fn unpack(word: u64) -> Option<Raw> {
+pub(crate) fn unpack(word: u64) -> Option<Raw> {
     if word == 0 {
         return None;
     }

@@ -12,12 +12,14 @@ use std::time::Duration;
 use http::Request;
 use tokio::time::Instant;
 use tower_layer::Layer;
+use tower_resilience_base::hook::AttemptHook;
 use tower_service::Service;
 
 use crate::breaker::{nanos, Breaker};
 use crate::classify::{Classify, DefaultClassifier};
 use crate::config::BreakerConfig;
 use crate::future::ResponseFuture;
+use crate::hook::BreakerHook;
 use crate::service::call_client;
 use crate::{BoxError, Mode, State};
 
@@ -77,12 +79,22 @@ struct Registry<K> {
     base: Instant,
     map: RwLock<HashMap<K, Entry>>,
     overflow: Breaker,
+    overflow_hook: Arc<dyn AttemptHook>,
     full_events: AtomicU64,
 }
 
 struct Entry {
     breaker: Breaker,
+    /// The key's attempt hook (default classifier), shared by its calls.
+    hook: Arc<dyn AttemptHook>,
     last_used_ns: AtomicU64,
+}
+
+fn hook_of(breaker: &Breaker) -> Arc<dyn AttemptHook> {
+    Arc::new(BreakerHook::<DefaultClassifier, http::Response<()>>::new(
+        breaker.clone(),
+        DefaultClassifier,
+    ))
 }
 
 // === impl BreakerRegistry ===
@@ -97,6 +109,7 @@ where
     pub fn new(prefix: impl Into<Arc<str>>, config: BreakerConfig) -> Self {
         let prefix = prefix.into();
         let overflow = Breaker::with_config(format!("{prefix}:overflow"), config.clone());
+        let overflow_hook = hook_of(&overflow);
         Self {
             inner: Arc::new(Registry {
                 prefix,
@@ -106,6 +119,7 @@ where
                 base: Instant::now(),
                 map: RwLock::new(HashMap::new()),
                 overflow,
+                overflow_hook,
                 full_events: AtomicU64::new(0),
             }),
         }
@@ -135,18 +149,23 @@ where
     /// The breaker of `key`, created if needed (or the overflow breaker
     /// when the registry is full).
     pub fn get(&self, key: &K) -> Breaker {
+        self.get_hooked(key).0
+    }
+
+    /// The breaker of `key` and its attempt hook.
+    pub(crate) fn get_hooked(&self, key: &K) -> (Breaker, Arc<dyn AttemptHook>) {
         let r = &*self.inner;
         let now = nanos(Instant::now().saturating_duration_since(r.base));
         {
             let map = r.map.read().unwrap_or_else(|e| e.into_inner());
             if let Some(entry) = map.get(key) {
                 entry.last_used_ns.store(now, Relaxed);
-                return entry.breaker.clone();
+                return (entry.breaker.clone(), Arc::clone(&entry.hook));
             }
         }
         let mut map = r.map.write().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = map.get(key) {
-            return entry.breaker.clone();
+            return (entry.breaker.clone(), Arc::clone(&entry.hook));
         }
         if map.len() >= r.max_keys {
             map.retain(|_, e| {
@@ -163,17 +182,19 @@ where
                     "circuit_registry_full"
                 );
             }
-            return r.overflow.clone();
+            return (r.overflow.clone(), Arc::clone(&r.overflow_hook));
         }
         let breaker = Breaker::with_config(format!("{}:{key}", r.prefix), r.config.clone());
+        let hook = hook_of(&breaker);
         map.insert(
             key.clone(),
             Entry {
                 breaker: breaker.clone(),
+                hook: Arc::clone(&hook),
                 last_used_ns: AtomicU64::new(now),
             },
         );
-        breaker
+        (breaker, hook)
     }
 
     /// The breaker of `key`, if it has one (never the overflow breaker).
@@ -391,7 +412,13 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let breaker = self.registry.get(&(self.key)(&request));
-        call_client(&breaker, &DefaultClassifier, true, &mut self.inner, request)
+        let (breaker, hook) = self.registry.get_hooked(&(self.key)(&request));
+        call_client(
+            &breaker,
+            &DefaultClassifier,
+            Some(&hook),
+            &mut self.inner,
+            request,
+        )
     }
 }

@@ -187,16 +187,18 @@
 //! transport
 //! ```
 //!
-//! In client mode the breaker puts an attempt handle
-//! (`tower_retry_budget::AttemptHandle`, feature `retry`) into every
-//! request's extensions. A `tower_retry_budget::Retry` below finds it,
-//! records each attempt's outcome on it (so the breaker's window sees
-//! three failures when the dependency saw three calls), and asks it before
-//! each retry: once the circuit has opened, the retry loop stops at once
-//! and returns the breaker's [`CircuitOpen`](error::CircuitOpen). The
-//! breaker then does not count the final outcome again. Without a retry
-//! layer below, nothing uses the handle and the breaker counts each call
-//! once.
+//! In client mode the breaker offers its attempt hook
+//! (`tower_resilience_base::hook`, one per layer, no allocation per call)
+//! in the call context while it calls the layers below. A
+//! `tower_retry_budget::Retry` below takes it, reports each attempt's
+//! outcome to it (so the breaker's window sees three failures when the
+//! dependency saw three calls), asks it before each backoff and admits
+//! each retry through it: once the circuit has opened, the retry loop stops
+//! at once and returns the breaker's [`CircuitOpen`](error::CircuitOpen).
+//! The breaker then does not count the final outcome again. Without a retry
+//! layer below, nobody takes the hook and the breaker counts each call
+//! once. The hook judges each attempt from its status and headers, so a
+//! `map_response` between the breaker and the retry layer changes nothing.
 //!
 //! The two naive orders are both wrong:
 //!
@@ -362,14 +364,12 @@
 //!
 //! | feature | default | what |
 //! |---|---|---|
-//! | `retry` | on | implement `tower-retry-budget`'s attempt hook, so every attempt of a retry layer below is counted and retries stop when the circuit opens |
-//! | `bulkhead` | on | recognise `tower-bulkhead`'s `BulkheadFull` (local overload) and never count it |
-//! | `deadline` | on | recognise `tower-deadline`'s `InsufficientBudget` (the caller ran out of time before the call) and never count it; its `DeadlineExceeded` is a timeout and counts as a failure either way |
-//!
+//! | `stack` | on | [`stack`]: the one-line client and server stacks, with `tower-deadline`, `tower-retry-budget` and `tower-bulkhead` in the recommended order |
 //! | `redis` | off | `redis_store::RedisStore`, a [`Store`](store::Store) in Redis through the `redis` crate (tokio, a reconnecting connection manager, Lua scripts); `rediss://` needs one of the `redis` crate's TLS features in your own `Cargo.toml` (see the `redis_store` module docs) |
 //!
-//! Without the first three the breaker works alone, counting each call
-//! once.
+//! The breaker cooperates with the other layers (counting every attempt of
+//! a retry layer below, ignoring local rejections) without any feature:
+//! the vocabulary they share lives in `tower-resilience-base`.
 //!
 //! # Minimum supported Rust version
 //!
@@ -377,18 +377,15 @@
 //! crate is built and tested with; raising it is not a breaking change but
 //! is noted in the changelog.
 
-mod answer;
 mod breaker;
 pub mod classify;
 mod config;
 pub mod error;
 pub mod future;
-#[cfg(feature = "retry")]
 mod hook;
 mod keyed;
 mod layer;
 pub mod mode;
-mod random;
 #[cfg(feature = "redis")]
 pub mod redis_store;
 mod service;
@@ -410,11 +407,11 @@ pub use keyed::{
     DEFAULT_MAX_KEYS,
 };
 pub use layer::BreakerLayer;
-pub use random::{ProcessRandom, RandomSource, SeededRandom};
 pub use service::CircuitBreaker;
 pub use snapshot::{Cause, Listener, Snapshot, Totals, Transition, WindowCounts};
 pub use state::{Mode, State};
+pub use tower_resilience_base::random::{ProcessRandom, RandomSource, SeededRandom};
 
 /// The boxed error type of [`CircuitBreaker`] in client and plain modes, as
-/// in tower.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// in tower (the toolkit's one definition, from `tower-resilience-base`).
+pub use tower_resilience_base::BoxError;

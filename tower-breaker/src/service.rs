@@ -1,14 +1,18 @@
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use tower_resilience_base::grpc::is_grpc;
+use tower_resilience_base::hook::{AttemptHook, Attempts};
+use tower_resilience_base::{Answer, CallContext};
 use tower_service::Service;
 
-use crate::answer;
 use crate::breaker::{Breaker, Kind};
 use crate::classify::{Classify, DefaultClassifier};
 use crate::future::{AnswerFuture, ResponseFuture, Tracker};
+use crate::hook::{token, unpack, BreakerHook};
 use crate::layer::BreakerLayer;
 use crate::mode::{Client, Plain, Server};
 use crate::BoxError;
@@ -60,6 +64,9 @@ pub struct CircuitBreaker<S, C = DefaultClassifier, M = Client> {
     breaker: Breaker,
     classifier: C,
     count_attempts: bool,
+    /// The attempt hook, made on the first call (when the response type is
+    /// known) and shared by every clone.
+    hook: Arc<OnceLock<Arc<dyn AttemptHook>>>,
     _mode: PhantomData<fn() -> M>,
 }
 
@@ -91,6 +98,7 @@ impl<S, C, M> CircuitBreaker<S, C, M> {
             breaker,
             classifier,
             count_attempts,
+            hook: Arc::new(OnceLock::new()),
             _mode: PhantomData,
         }
     }
@@ -123,6 +131,7 @@ impl<S: Clone, C: Clone, M> Clone for CircuitBreaker<S, C, M> {
             breaker: self.breaker.clone(),
             classifier: self.classifier.clone(),
             count_attempts: self.count_attempts,
+            hook: Arc::clone(&self.hook),
             _mode: PhantomData,
         }
     }
@@ -145,7 +154,7 @@ impl<S, C, B> Service<Request<B>> for CircuitBreaker<S, C, Client>
 where
     S: Service<Request<B>>,
     S::Error: Into<BoxError>,
-    S::Response: Send + 'static,
+    S::Response: 'static,
     C: Classify<S::Response> + Clone,
 {
     type Response = S::Response;
@@ -159,58 +168,69 @@ where
 
     #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        let hook = self.count_attempts.then(|| {
+            self.hook.get_or_init(|| {
+                Arc::new(BreakerHook::<C, S::Response>::new(
+                    self.breaker.clone(),
+                    self.classifier.clone(),
+                ))
+            })
+        });
         call_client(
             &self.breaker,
             &self.classifier,
-            self.count_attempts,
+            hook,
             &mut self.inner,
             request,
         )
     }
 }
 
-/// The client-mode call, shared with the keyed service.
+/// The client-mode call, shared with the keyed service: admits the call,
+/// offers the hook to a retry layer below, and counts the call itself when
+/// no layer took the hook.
 #[inline]
-#[cfg_attr(not(feature = "retry"), allow(unused_mut, unused_variables))]
 pub(crate) fn call_client<S, C, B>(
     breaker: &Breaker,
     classifier: &C,
-    count_attempts: bool,
+    hook: Option<&Arc<dyn AttemptHook>>,
     inner: &mut S,
-    mut request: Request<B>,
+    request: Request<B>,
 ) -> ResponseFuture<S::Future, C>
 where
     S: Service<Request<B>>,
-    S::Response: Send + 'static,
     C: Classify<S::Response> + Clone,
 {
     let raw = match breaker.admit() {
         Ok(raw) => raw,
         Err(rejection) => return ResponseFuture::rejected(breaker.open_error(rejection)),
     };
-    #[cfg(feature = "retry")]
-    if count_attempts && raw.kind != Kind::Untracked {
-        use std::sync::Arc;
-        use tower_retry_budget::{AttemptHandle, AttemptHook};
-
-        let started = breaker.core.started_ns(raw);
-        let attempts = Arc::new(crate::hook::Attempts::new(
-            breaker.clone(),
-            classifier.clone(),
-            raw,
-            started,
-        ));
-        let hook: Arc<dyn AttemptHook<S::Response>> = attempts.clone();
-        request
-            .extensions_mut()
-            .insert(AttemptHandle::from_arc(hook));
-        return ResponseFuture::called(
-            inner.call(request),
-            Tracker::Hooked(crate::future::HookGuard(attempts)),
-        );
+    match hook {
+        Some(hook) if raw.kind != Kind::Untracked => {
+            let attempts = Attempts::new(Arc::clone(hook), token(breaker, raw));
+            let (future, left) = CallContext::offer_attempts(attempts, || inner.call(request));
+            // Taken: a retry layer below reports every attempt, this layer
+            // counts nothing. Left: this layer counts the call once.
+            let tracker = match left.and_then(Attempts::into_in_flight) {
+                None => Tracker::Done,
+                Some(token) => {
+                    let (packed, started_ns) = token.parts();
+                    match unpack(packed) {
+                        Some(raw) => Tracker::Permit {
+                            permit: breaker.permit_started(raw, started_ns),
+                            classifier: classifier.clone(),
+                        },
+                        None => Tracker::Done,
+                    }
+                }
+            };
+            ResponseFuture::called(future, tracker)
+        }
+        _ => {
+            let tracker = tracker(breaker, classifier, raw);
+            ResponseFuture::called(inner.call(request), tracker)
+        }
     }
-    let tracker = tracker(breaker, classifier, raw);
-    ResponseFuture::called(inner.call(request), tracker)
 }
 
 #[inline]
@@ -278,8 +298,8 @@ where
             }
             Err(rejection) => {
                 let open = self.breaker.open_error(rejection);
-                let grpc = answer::is_grpc(request.headers());
-                AnswerFuture::answered(answer::circuit_open(grpc, &open))
+                let grpc = is_grpc(request.headers());
+                AnswerFuture::answered(Answer::circuit_open(&open).into_response(grpc))
             }
         }
     }

@@ -16,11 +16,12 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::answer;
 use crate::compartment::{Acquire, Permit};
 use crate::error::BulkheadFull;
 use crate::release::Release;
 use crate::BoxError;
+use tower_resilience_base::context::Captured;
+use tower_resilience_base::{Answer, CallContext};
 
 pin_project! {
     /// Response future of [`Bulkhead`](crate::Bulkhead).
@@ -87,6 +88,8 @@ pin_project! {
 /// for this call; it is called once a slot is free.
 struct Waiting<S, Req> {
     acquire: Acquire,
+    /// The call's context, for the layers below when the call is made.
+    context: Captured,
     service: Option<S>,
     request: Option<Req>,
 }
@@ -115,6 +118,7 @@ where
         Self::Waiting {
             waiting: Box::new(Waiting {
                 acquire,
+                context: CallContext::capture(),
                 service: Some(service),
                 request: Some(request),
             }),
@@ -159,7 +163,7 @@ where
                         else {
                             unreachable!("a waiting call holds its service and request");
                         };
-                        let future = service.call(request);
+                        let future = waiting.context.scoped(|| service.call(request));
                         self.set(Self::called(future, permit));
                     }
                     Err(full) => {
@@ -285,10 +289,10 @@ where
         Poll::Ready(match ready!(this.state.poll_outcome(cx)) {
             Outcome::Response(response, permit) => Ok(M::finish(response, permit)),
             Outcome::Inner(error) => Err(error),
-            Outcome::Full(_) => Ok(M::answer(answer::bulkhead_full(
-                *this.grpc,
-                *this.retry_after_secs,
-            ))),
+            Outcome::Full(_) => Ok(M::answer(
+                Answer::bulkhead_full(std::time::Duration::from_secs(*this.retry_after_secs))
+                    .into_response(*this.grpc),
+            )),
         })
     }
 }

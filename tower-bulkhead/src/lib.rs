@@ -217,7 +217,6 @@
 //! crate is built and tested with; raising it is not a breaking change but
 //! is noted in the changelog.
 
-mod answer;
 pub mod body;
 mod compartment;
 pub mod error;
@@ -233,14 +232,11 @@ pub use partition::{KeyedHandle, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
 pub use service::{Bulkhead, HttpBulkhead};
 
 /// The boxed error type of [`Bulkhead`], as in tower.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use tower_resilience_base::BoxError;
 
 /// The header that tells an upstream retry layer not to retry this answer:
-/// `x-tower-no-retry`, with the value `1`.
-///
-/// It is the same wire signal as the one `tower-retry-budget` defines and
-/// honours (that crate owns its definition; the crates of this toolkit do
-/// not depend on each other for it). [`HttpBulkhead`] puts it on its 503
-/// and gRPC answers: the rejection is local overload, and retrying it would
+/// `x-tower-no-retry`, with the value `1` (the toolkit's one definition,
+/// from `tower-resilience-base`). [`HttpBulkhead`] puts it on its 503 and
+/// gRPC answers: the rejection is local overload, and retrying it would
 /// only add load where there is too much already.
-pub const NO_RETRY_HEADER: http::HeaderName = http::HeaderName::from_static("x-tower-no-retry");
+pub use tower_resilience_base::NO_RETRY_HEADER;

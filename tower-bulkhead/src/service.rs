@@ -8,13 +8,13 @@ use std::time::Duration;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::answer;
 use crate::compartment::Admission;
 use crate::future::{HttpResponseFuture, ResponseFuture};
 use crate::layer::{BulkheadLayer, HttpBulkheadLayer};
 use crate::partition::{Partition, Single};
 use crate::release::{Head, Release};
 use crate::BoxError;
+use tower_resilience_base::grpc::is_grpc;
 
 /// Middleware that caps the calls in flight to the inner service and
 /// refuses the rest at once with [`BulkheadFull`](crate::error::BulkheadFull).
@@ -230,12 +230,12 @@ where
         match admission {
             Admission::Go(permit) => HttpResponseFuture::called(self.inner.call(request), permit),
             Admission::Wait(acquire) => {
-                let grpc = answer::is_grpc(request.headers());
+                let grpc = is_grpc(request.headers());
                 let ready = take_ready(&mut self.inner);
                 HttpResponseFuture::waiting(acquire, ready, request, grpc, self.retry_after_secs)
             }
             Admission::Full(error) => {
-                let grpc = answer::is_grpc(request.headers());
+                let grpc = is_grpc(request.headers());
                 HttpResponseFuture::rejected(error, grpc, self.retry_after_secs)
             }
         }

@@ -4,9 +4,10 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, Request};
 use tokio::time::Instant;
 use tower_layer::Layer;
+use tower_resilience_base::grpc::is_grpc;
+use tower_resilience_base::CallContext;
 use tower_service::Service;
 
-use crate::answer;
 use crate::codec;
 use crate::error::InsufficientBudget;
 use crate::future::ClientResponseFuture;
@@ -41,6 +42,8 @@ pub struct ClientDeadlineLayer {
 
 #[derive(Debug, Clone)]
 struct ClientConfig {
+    /// Whether to write the budget on the request (else enforce only).
+    propagate: bool,
     http_header: Option<HeaderName>,
     grpc_timeout: bool,
     default_timeout: Option<Duration>,
@@ -53,26 +56,33 @@ struct ClientConfig {
 ///
 /// For each request it:
 ///
-/// 1. takes the effective deadline: the earliest of the [`Deadline`] in the
-///    request's extensions, the task-local [`Deadline::current`] (set while
-///    a [`ServerDeadline`](crate::ServerDeadline) serves a request), now
-///    plus the default timeout, if configured, and, when the request has no
-///    `Deadline` extension, now plus a budget already written in its own
+/// 1. takes the effective deadline: the earliest of the call's deadline in
+///    the [`CallContext`] (set by a `ClientDeadline` above, through a retry
+///    layer), a [`Deadline`] in the request's extensions, the task-local
+///    [`Deadline::current`] (set while a
+///    [`ServerDeadline`](crate::ServerDeadline) serves a request), now
+///    plus the default timeout, if configured, and, when no layer above set
+///    a deadline, now plus a budget already written in the request's own
 ///    header (`grpc-timeout` on gRPC requests, as tonic's
 ///    `Request::set_timeout` does; the millisecond header on others); with
 ///    none of them, the request passes through untouched;
 /// 2. fails with [`InsufficientBudget`] without calling the inner service
 ///    when less than the minimum remains (or the deadline has passed);
-/// 3. inserts the deadline into the request's extensions, and writes the
-///    remaining budget less the margin into `grpc-timeout` (gRPC requests,
-///    rounded up by the codec's rules) or into the HTTP header (other
-///    requests, whole milliseconds rounded down), replacing any value
-///    already there; this happens in `call`, at the moment the request is
-///    sent, so a layer placed below a retry layer writes a fresh value for
-///    every attempt;
-/// 4. when the deadline passes first, drops the inner future (cancelling
+/// 3. writes the remaining budget less the margin into `grpc-timeout` (gRPC
+///    requests, rounded up by the codec's rules) or into the HTTP header
+///    (other requests, whole milliseconds rounded down), replacing any
+///    value already there, unless built with
+///    [`enforce_only`](ClientDeadlineLayer::enforce_only); this happens in
+///    `call`, at the moment the request is sent, so a layer placed below a
+///    retry layer writes a fresh value for every attempt;
+/// 4. calls the inner service with the deadline in the [`CallContext`], so
+///    the layers below (a retry layer, a per-attempt `ClientDeadline`) know
+///    it without an entry in the request's extensions;
+/// 5. when the deadline passes first, drops the inner future (cancelling
 ///    the request) and fails with
-///    [`DeadlineExceeded`](crate::error::DeadlineExceeded).
+///    [`DeadlineExceeded`](crate::error::DeadlineExceeded). A layer whose
+///    deadline is the one a `ClientDeadline` above already enforces arms no
+///    timer of its own: the outer one cuts the whole call.
 ///
 /// # Clone
 ///
@@ -90,6 +100,7 @@ impl ClientDeadlineLayer {
     pub const fn new() -> Self {
         Self {
             config: ClientConfig {
+                propagate: true,
                 http_header: Some(DEFAULT_HTTP_HEADER),
                 grpc_timeout: true,
                 default_timeout: None,
@@ -110,6 +121,18 @@ impl ClientDeadlineLayer {
     /// deadline is still enforced locally).
     pub fn no_http_header(mut self) -> Self {
         self.config.http_header = None;
+        self
+    }
+
+    /// Enforce the deadline without writing it on the request: for the
+    /// outer layer of a stack whose per-attempt `ClientDeadline` (below the
+    /// retry layer) writes a fresh budget on every attempt. The outer layer
+    /// then does no work for a call that a breaker or bulkhead between them
+    /// refuses. [`tower_breaker::client_stack`]-built stacks do this.
+    ///
+    /// [`tower_breaker::client_stack`]: https://docs.rs/tower-breaker
+    pub const fn enforce_only(mut self) -> Self {
+        self.config.propagate = false;
         self
     }
 
@@ -227,31 +250,34 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let config = &self.config;
-        let grpc = answer::is_grpc(request.headers());
+        let (above, enforced_above, now) =
+            CallContext::current(|cx| (cx.deadline(), cx.is_enforced(), cx.now()));
+        let grpc = is_grpc(request.headers());
         let from_request = Deadline::from_extensions(request.extensions());
         // A budget the caller wrote into the request itself (tonic's
         // `Request::set_timeout` writes `grpc-timeout`) is one more deadline.
-        // When the request already carries a `Deadline` extension, the
-        // header was written from it (by this layer above a retry layer,
-        // say) and is not read again: the extension is exact.
-        let from_header = if from_request.is_none() {
+        // When a layer above set the deadline, the header, if any, was
+        // written from it and is not read again: the deadline is exact.
+        let from_header = if above.is_none() && from_request.is_none() {
             config.header_budget(&request, grpc)
         } else {
             None
         };
         let in_scope = Deadline::current();
-        if from_request.is_none()
+        if above.is_none()
+            && from_request.is_none()
             && from_header.is_none()
             && in_scope.is_none()
             && config.default_timeout.is_none()
         {
             return ClientResponseFuture::unbounded(self.inner.call(request));
         }
-        let now = Instant::now();
+        // One clock reading per call: the one a layer above made, if any.
+        let now = now.unwrap_or_else(Instant::now);
         let by_default = config.default_timeout.map(|t| Deadline::after_from(now, t));
         let by_header = from_header.map(|t| Deadline::after_from(now, t));
         // At least one is Some, checked above.
-        let Some(deadline) = [from_request, by_header, in_scope, by_default]
+        let Some(deadline) = [above, from_request, by_header, in_scope, by_default]
             .into_iter()
             .flatten()
             .min()
@@ -265,33 +291,52 @@ where
                 config.min_remaining,
             ));
         }
+        if config.propagate {
+            write_budget(
+                config,
+                &mut request,
+                grpc,
+                remaining.saturating_sub(config.margin),
+            );
+        }
+        let inner = &mut self.inner;
+        let future = CallContext::scoped(
+            |cx| {
+                cx.set_deadline(deadline, true);
+                cx.set_now(now);
+            },
+            || inner.call(request),
+        );
+        if enforced_above && above == Some(deadline) {
+            // The layer that set this very deadline cuts the call.
+            ClientResponseFuture::unbounded(future)
+        } else {
+            ClientResponseFuture::bounded(deadline, future)
+        }
+    }
+}
 
-        let budget = remaining.saturating_sub(config.margin);
-        // One allocation for the value (the header map owns its bytes).
-        if grpc {
-            if config.grpc_timeout {
-                let mut buf = [0; codec::GRPC_TIMEOUT_MAX_DIGITS + 1];
-                let len = codec::write_grpc_timeout(budget, &mut buf);
-                // Digits and a unit letter: always a valid header value.
-                if let Ok(value) = HeaderValue::from_bytes(&buf[..len]) {
-                    request.headers_mut().insert(GRPC_TIMEOUT, value);
-                }
-            }
-        } else if let Some(name) = &config.http_header {
-            let millis = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
-            let mut buf = [0; 20];
-            let len = codec::write_decimal(millis, &mut buf);
-            // `from_bytes` copies into an exactly sized buffer: one
-            // allocation, where `HeaderValue::from(u64)` makes two.
+/// Writes `budget` into the request's budget header: `grpc-timeout` on gRPC
+/// requests, the millisecond header on others. One allocation, for the
+/// value (the header map owns its bytes).
+fn write_budget<B>(config: &ClientConfig, request: &mut Request<B>, grpc: bool, budget: Duration) {
+    if grpc {
+        if config.grpc_timeout {
+            let mut buf = [0; codec::GRPC_TIMEOUT_MAX_DIGITS + 1];
+            let len = codec::write_grpc_timeout(budget, &mut buf);
+            // Digits and a unit letter: always a valid header value.
             if let Ok(value) = HeaderValue::from_bytes(&buf[..len]) {
-                request.headers_mut().insert(name.clone(), value);
+                request.headers_mut().insert(GRPC_TIMEOUT, value);
             }
         }
-        if from_request != Some(deadline) {
-            // Below a retry layer the extension usually holds this very
-            // deadline already; inserting costs allocations.
-            request.extensions_mut().insert(deadline);
+    } else if let Some(name) = &config.http_header {
+        let millis = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
+        let mut buf = [0; 20];
+        let len = codec::write_decimal(millis, &mut buf);
+        // `from_bytes` copies into an exactly sized buffer: one
+        // allocation, where `HeaderValue::from(u64)` makes two.
+        if let Ok(value) = HeaderValue::from_bytes(&buf[..len]) {
+            request.headers_mut().insert(name.clone(), value);
         }
-        ClientResponseFuture::bounded(deadline, self.inner.call(request))
     }
 }

@@ -9,10 +9,11 @@ use std::task::{ready, Context, Poll};
 use http::Response;
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
-use tokio::time::{sleep_until, Sleep};
+use tokio::time::{sleep_until, Instant, Sleep};
+use tower_resilience_base::Answer;
 
 use crate::error::{DeadlineExceeded, InsufficientBudget};
-use crate::{answer, BoxError, Deadline};
+use crate::{BoxError, Deadline};
 
 pin_project! {
     /// Response future of [`ServerDeadline`](crate::ServerDeadline).
@@ -106,7 +107,7 @@ where
                 // Dropping the inner future here cancels the handler now,
                 // not when this future is dropped.
                 state.set(ServerState::Answer { response: None });
-                Poll::Ready(Ok(answer::deadline_exceeded(grpc)))
+                Poll::Ready(Ok(Answer::deadline_exceeded().into_response(grpc)))
             }
             ServerStateProj::Answer { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(response)),
@@ -134,7 +135,10 @@ pin_project! {
     ///
     /// Races the inner future against the deadline; when the deadline wins,
     /// the inner future is dropped at once and the call fails with
-    /// [`DeadlineExceeded`].
+    /// [`DeadlineExceeded`]. The timer is armed only when the inner future
+    /// first returns `Pending`, so a call that answers at once never
+    /// touches the timer wheel; and no timer at all is armed for a deadline
+    /// that a layer above already enforces.
     #[must_use = "futures do nothing unless polled"]
     pub struct ClientResponseFuture<F> {
         #[pin]
@@ -153,12 +157,51 @@ pin_project! {
             #[pin]
             inner: F,
             #[pin]
-            sleep: Sleep,
+            timer: Timer,
         },
         Refused {
             error: Option<InsufficientBudget>,
         },
         Done,
+    }
+}
+
+pin_project! {
+    /// A timer armed on first use.
+    #[project = TimerProj]
+    enum Timer {
+        Idle {
+            at: Instant,
+        },
+        Armed {
+            #[pin]
+            sleep: Sleep,
+        },
+    }
+}
+
+// === impl Timer ===
+
+impl Timer {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match self.as_mut().project() {
+                TimerProj::Idle { at } => {
+                    let at = *at;
+                    self.set(Timer::Armed {
+                        sleep: sleep_until(at),
+                    });
+                }
+                TimerProj::Armed { sleep } => return sleep.poll(cx),
+            }
+        }
+    }
+
+    fn is_elapsed(&self) -> bool {
+        match self {
+            Timer::Idle { at } => Instant::now() >= *at,
+            Timer::Armed { sleep } => sleep.is_elapsed(),
+        }
     }
 }
 
@@ -175,7 +218,9 @@ impl<F> ClientResponseFuture<F> {
         Self {
             state: ClientState::Bounded {
                 inner,
-                sleep: sleep_until(deadline.instant()),
+                timer: Timer::Idle {
+                    at: deadline.instant(),
+                },
             },
         }
     }
@@ -194,22 +239,23 @@ where
 {
     type Output = Result<T, BoxError>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         match state.as_mut().project() {
             ClientStateProj::Unbounded { inner } => inner.poll(cx).map_err(Into::into),
-            ClientStateProj::Bounded { inner, sleep } => {
+            ClientStateProj::Bounded { inner, timer } => {
                 match inner.poll(cx) {
+                    Poll::Ready(Ok(response)) => return Poll::Ready(Ok(response)),
                     // An error in the tick of the deadline is usually a
                     // timer below (tonic's `Channel` runs one from the header
                     // we wrote) hitting the same deadline: report ours. A
                     // response that made it in time is kept.
-                    Poll::Ready(Err(e)) if !sleep.is_elapsed() => {
+                    Poll::Ready(Err(e)) if !timer.is_elapsed() => {
                         return Poll::Ready(Err(e.into()));
                     }
-                    Poll::Ready(Ok(response)) => return Poll::Ready(Ok(response)),
                     Poll::Ready(Err(_)) => {}
-                    Poll::Pending => ready!(sleep.poll(cx)),
+                    Poll::Pending => ready!(timer.poll(cx)),
                 }
                 tracing::debug!("deadline passed; cancelling the outgoing call");
                 state.set(ClientState::Done);

@@ -207,7 +207,6 @@
 //! crate is built and tested with; raising it is not a breaking change but
 //! is noted in the changelog.
 
-mod answer;
 mod client;
 pub mod codec;
 mod deadline;
@@ -216,11 +215,13 @@ pub mod future;
 mod server;
 
 pub use client::{ClientDeadline, ClientDeadlineLayer};
-pub use deadline::{current, remaining, Deadline};
+pub use deadline::{current, remaining};
 pub use server::{
     OnMalformed, ServerDeadline, ServerDeadlineLayer, DEFAULT_GRPC_LEAD, DEFAULT_HTTP_HEADER,
     GRPC_TIMEOUT,
 };
+pub use tower_resilience_base::{CallContext, Deadline};
 
-/// The boxed error type of [`ClientDeadline`], as in tower.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The boxed error type of [`ClientDeadline`], as in tower (the toolkit's
+/// one definition, from `tower-resilience-base`).
+pub use tower_resilience_base::BoxError;

@@ -6,10 +6,11 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::answer;
 use crate::codec::{self, MalformedTimeout};
 use crate::future::ServerResponseFuture;
 use crate::Deadline;
+use tower_resilience_base::grpc::is_grpc;
+use tower_resilience_base::Answer;
 
 /// The default header carrying a relative budget in milliseconds on plain
 /// HTTP requests: `x-request-timeout-ms`.
@@ -225,7 +226,7 @@ impl<S> Layer<S> for ServerDeadlineLayer {
 impl ServerConfig {
     fn decide<ReqB, ResB: Default>(&self, request: &Request<ReqB>) -> Decision<ResB> {
         let headers = request.headers();
-        let grpc = answer::is_grpc(headers);
+        let grpc = is_grpc(headers);
         let mut budget: Option<Duration> = None;
         let mut read =
             |name: &HeaderName, parse: fn(&[u8]) -> Result<Duration, MalformedTimeout>| {
@@ -248,12 +249,12 @@ impl ServerConfig {
             };
         if self.grpc_timeout {
             if let Err(e) = read(&GRPC_TIMEOUT, codec::parse_grpc_timeout) {
-                return Decision::Answer(answer::malformed_timeout(grpc, e.reason()));
+                return Decision::Answer(Answer::malformed_timeout(e.reason()).into_response(grpc));
             }
         }
         if let Some(name) = &self.http_header {
             if let Err(e) = read(name, codec::parse_millis) {
-                return Decision::Answer(answer::malformed_timeout(grpc, e.reason()));
+                return Decision::Answer(Answer::malformed_timeout(e.reason()).into_response(grpc));
             }
         }
 
@@ -280,7 +281,7 @@ impl ServerConfig {
                 min_remaining_ms = self.min_remaining.as_millis() as u64,
                 "budget too small; failing fast"
             );
-            return Decision::Answer(answer::deadline_exceeded(grpc));
+            return Decision::Answer(Answer::deadline_exceeded().into_response(grpc));
         }
         Decision::Run(Some(deadline), grpc)
     }

@@ -11,7 +11,7 @@ use tokio::time::advance;
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{service_fn, BoxError, Layer, ServiceBuilder, ServiceExt};
 use tower_deadline::error::{DeadlineExceeded, InsufficientBudget};
-use tower_deadline::{ClientDeadlineLayer, Deadline};
+use tower_deadline::{CallContext, ClientDeadlineLayer, Deadline};
 use tower_service::Service;
 
 /// What `echo` saw: the millisecond header, `grpc-timeout` and the deadline.
@@ -31,7 +31,7 @@ fn echo(
         let body = (
             header("x-request-timeout-ms"),
             header("grpc-timeout"),
-            Deadline::from_extensions(req.extensions()),
+            CallContext::current(|cx| cx.deadline()),
         );
         async move { Ok::<_, BoxError>(Response::new(body)) }
     })
@@ -300,10 +300,13 @@ async fn an_inner_timeout_in_the_deadline_tick_is_reported_as_deadline_exceeded(
     // typed error, not the transport's.
     let svc = ClientDeadlineLayer::new()
         .default_timeout(Duration::from_millis(30))
-        .layer(service_fn(|req: Request<()>| async move {
-            let deadline = Deadline::from_extensions(req.extensions()).unwrap();
-            tokio::time::sleep_until(deadline.instant()).await;
-            Err::<Response<()>, BoxError>("transport timer expired".into())
+        .layer(service_fn(|_req: Request<()>| {
+            // Read during `call`, where the context lives.
+            let deadline = CallContext::current(|cx| cx.deadline()).unwrap();
+            async move {
+                tokio::time::sleep_until(deadline.instant()).await;
+                Err::<Response<()>, BoxError>("transport timer expired".into())
+            }
         }));
     let err = svc.oneshot(Request::new(())).await.unwrap_err();
     assert!(err.is::<DeadlineExceeded>(), "{err}");
@@ -313,10 +316,13 @@ async fn an_inner_timeout_in_the_deadline_tick_is_reported_as_deadline_exceeded(
 async fn a_response_in_the_deadline_tick_is_kept() {
     let svc = ClientDeadlineLayer::new()
         .default_timeout(Duration::from_millis(30))
-        .layer(service_fn(|req: Request<()>| async move {
-            let deadline = Deadline::from_extensions(req.extensions()).unwrap();
-            tokio::time::sleep_until(deadline.instant()).await;
-            Ok::<_, BoxError>(Response::new("late but here"))
+        .layer(service_fn(|_req: Request<()>| {
+            // Read during `call`, where the context lives.
+            let deadline = CallContext::current(|cx| cx.deadline()).unwrap();
+            async move {
+                tokio::time::sleep_until(deadline.instant()).await;
+                Ok::<_, BoxError>(Response::new("late but here"))
+            }
         }));
     let response = svc.oneshot(Request::new(())).await.unwrap();
     assert_eq!(response.into_body(), "late but here");

@@ -191,7 +191,11 @@ impl Answer {
             }
             if e.is::<DeadlineExceeded>() || e.is::<InsufficientBudget>() {
                 let answer = Self::deadline_exceeded();
-                return if spent { answer.with_no_retry() } else { answer };
+                return if spent {
+                    answer.with_no_retry()
+                } else {
+                    answer
+                };
             }
             if e.is::<BudgetExhausted>() {
                 (spent, budget) = (true, true);
@@ -332,7 +336,13 @@ mod tests {
         let refused = || -> BoxError { io::Error::from(io::ErrorKind::ConnectionRefused).into() };
         let open = CircuitOpen::new("b", Duration::from_millis(1500), false);
         let cases: Vec<(BoxError, u16, GrpcCode, Option<&str>, bool)> = vec![
-            (Box::new(open.clone()), 503, GrpcCode::Unavailable, Some("2"), true),
+            (
+                Box::new(open.clone()),
+                503,
+                GrpcCode::Unavailable,
+                Some("2"),
+                true,
+            ),
             (
                 Box::new(AttemptsExhausted::new(2, Box::new(open))),
                 503,

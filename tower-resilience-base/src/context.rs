@@ -1,4 +1,5 @@
-//! The per-call context the layers hand to each other during `call`.
+//! The per-call context the layers hand to each other during `call`, and
+//! [`Captured`], for a layer that calls its inner service later.
 
 use std::cell::RefCell;
 
@@ -16,19 +17,20 @@ thread_local! {
 /// clock reading the call started with, which attempt this is, and the
 /// attempt hook of a breaker above.
 ///
-/// A layer installs a context with [`enter`](CallContext::enter) for the
-/// duration of its inner service's `call`; the layers below read it with
-/// [`current`](CallContext::current) (or take the hook with
-/// [`take_attempts`](CallContext::take_attempts)) during their own `call`.
-/// The context lives in a thread-local for exactly that synchronous call,
-/// so it costs no allocation and no entry in the request's extensions.
+/// A layer changes the context with [`scoped`](CallContext::scoped) (or
+/// offers its hook with [`offer_attempts`](CallContext::offer_attempts))
+/// for the duration of its inner service's `call`; the layers below read it
+/// with [`current`](CallContext::current), or take the hook with
+/// [`take_attempts`](CallContext::take_attempts), during their own `call`.
+/// The context lives in a thread-local for exactly that synchronous call, so
+/// it costs no allocation and no entry in the request's extensions.
 ///
 /// | field | set by | read by |
 /// |---|---|---|
 /// | [`deadline`](CallContext::deadline), [`is_enforced`](CallContext::is_enforced) | the outer `ClientDeadline` | the retry layer (never sleeps past it), the per-attempt `ClientDeadline` (writes it on the wire; arms no second timer for a deadline already enforced above) |
 /// | [`now`](CallContext::now) | the first layer that read the clock | every layer below that needs the time (one clock read per call) |
 /// | [`attempt`](CallContext::attempt) | the retry layer | layers below that care (1 for the first attempt; 0 outside a retry layer) |
-/// | [`take_attempts`](CallContext::take_attempts) | the breaker | the retry layer, which then reports every attempt (see [`hook`](crate::hook)) |
+/// | the attempt hook ([`take_attempts`](CallContext::take_attempts)) | the breaker | the retry layer, which then reports every attempt (see [`hook`](crate::hook)) |
 ///
 /// # Pitfall: deferred calls
 ///
@@ -37,7 +39,8 @@ thread_local! {
 /// cuts the chain: the layers below it see no context. Put such layers
 /// outside (above) the resilience stack. The layers degrade safely: the
 /// breaker, seeing its hook untaken, counts the call once itself; the
-/// per-attempt deadline falls back to the task-local and default deadline.
+/// per-attempt deadline falls back to the task-local and default deadline,
+/// and the outer one still cuts the call.
 ///
 /// # Example
 ///
@@ -48,12 +51,11 @@ thread_local! {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let deadline = Deadline::after(Duration::from_secs(1));
-/// let (seen, _after) = CallContext::inherit()
-///     .with_deadline(deadline, true)
-///     .enter(|| {
-///         // What a layer below sees during its `call`.
-///         CallContext::current(|cx| cx.deadline())
-///     });
+/// let seen = CallContext::scoped(
+///     |cx| cx.set_deadline(deadline, true),
+///     // What a layer below sees during its `call`:
+///     || CallContext::current(|cx| cx.deadline()),
+/// );
 /// assert_eq!(seen, Some(deadline));
 /// // Outside the call, the context is gone.
 /// assert_eq!(CallContext::current(|cx| cx.deadline()), None);
@@ -68,12 +70,46 @@ pub struct CallContext {
     attempts: Option<Attempts>,
 }
 
+/// The deadline and attempt number of a call's context, kept by a layer
+/// that calls its inner service later than in its own `call` (a bulkhead
+/// waiting for a slot), to give the layers below the same context then.
+///
+/// The clock reading is not kept (time has passed), nor the attempt hook
+/// (it belongs to the layer that takes it during `call`).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_resilience_base::{CallContext, Deadline};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let deadline = Deadline::after(Duration::from_secs(1));
+/// let captured = CallContext::scoped(|cx| cx.set_deadline(deadline, true), CallContext::capture);
+/// // ... later, outside the original call:
+/// let seen = captured.scoped(|| CallContext::current(|cx| cx.deadline()));
+/// assert_eq!(seen, Some(deadline));
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Captured {
+    fields: Fields,
+}
+
+/// The fields [`CallContext::scoped`] changes and restores.
+#[derive(Debug, Clone, Copy)]
+struct Fields {
+    deadline: Option<Deadline>,
+    enforced: bool,
+    now: Option<Instant>,
+    attempt: u32,
+}
+
 // === impl CallContext ===
 
 impl CallContext {
-    /// An empty context: no deadline, no clock reading, no hook.
-    #[must_use]
-    pub const fn new() -> Self {
+    const fn new() -> Self {
         Self {
             deadline: None,
             enforced: false,
@@ -83,27 +119,82 @@ impl CallContext {
         }
     }
 
-    /// A copy of the current context without its hook (which belongs to
-    /// one layer only), to extend and [`enter`](CallContext::enter) for the
-    /// layers below.
-    #[must_use]
-    pub fn inherit() -> Self {
-        Self::current(|cx| Self {
-            deadline: cx.deadline,
-            enforced: cx.enforced,
-            now: cx.now,
-            attempt: cx.attempt,
-            attempts: None,
-        })
-    }
-
-    /// Runs `f` on the current context (an empty one outside any
-    /// [`enter`](CallContext::enter)).
+    /// Runs `f` on the current context (an empty one outside any layer's
+    /// call).
     pub fn current<R>(f: impl FnOnce(&CallContext) -> R) -> R {
         if FRAME.try_with(|_| ()).is_err() {
             return f(&CallContext::new());
         }
         FRAME.with(|frame| f(&frame.borrow()))
+    }
+
+    /// Runs `call` (a call of the inner service) with the current context
+    /// as `change` leaves it, then restores the deadline, clock reading and
+    /// attempt number it had. The attempt hook is not touched: it passes
+    /// through to the layers below.
+    ///
+    /// The previous values are restored even if `call` panics.
+    pub fn scoped<R>(change: impl FnOnce(&mut CallContext), call: impl FnOnce() -> R) -> R {
+        struct Restore(Fields);
+
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let _ = FRAME.try_with(|frame| frame.borrow_mut().set_fields(self.0));
+            }
+        }
+
+        if FRAME.try_with(|_| ()).is_err() {
+            // Thread-local storage is being torn down: no context at all.
+            return call();
+        }
+        let saved = FRAME.with(|frame| {
+            let mut frame = frame.borrow_mut();
+            let saved = frame.fields();
+            change(&mut frame);
+            saved
+        });
+        let _restore = Restore(saved);
+        call()
+    }
+
+    /// Runs `call` with `attempts` (a breaker's hook and its admission of
+    /// the first attempt) in the context, for a retry layer below to take;
+    /// returns `call`'s result and the hook if nobody took it.
+    ///
+    /// A hook already in the context (a breaker above this one) is hidden
+    /// during `call` and put back afterwards.
+    pub fn offer_attempts<R>(
+        attempts: Attempts,
+        call: impl FnOnce() -> R,
+    ) -> (R, Option<Attempts>) {
+        struct Restore(Option<Option<Attempts>>);
+
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                if let Some(outer) = self.0.take() {
+                    let _ = FRAME.try_with(|frame| frame.borrow_mut().attempts = outer);
+                }
+            }
+        }
+
+        if FRAME.try_with(|_| ()).is_err() {
+            return (call(), Some(attempts));
+        }
+        let outer = FRAME.with(|frame| frame.borrow_mut().attempts.replace(attempts));
+        let mut restore = Restore(Some(outer));
+        let result = call();
+        let outer = restore.0.take().unwrap_or_default();
+        let left = FRAME.with(|frame| std::mem::replace(&mut frame.borrow_mut().attempts, outer));
+        (result, left)
+    }
+
+    /// The current context's deadline and attempt number, to re-enter later
+    /// with [`Captured::scoped`].
+    #[must_use]
+    pub fn capture() -> Captured {
+        let mut fields = Self::current(Self::fields);
+        fields.now = None;
+        Captured { fields }
     }
 
     /// Takes the attempt hook out of the current context: the caller is now
@@ -116,66 +207,22 @@ impl CallContext {
             .flatten()
     }
 
-    /// Runs `f` (a call of the inner service) with `self` as the current
-    /// context, then restores the previous one; returns `f`'s result and
-    /// what is left of `self` (its hook is gone if a layer below took it).
-    ///
-    /// The previous context is restored even if `f` panics.
-    pub fn enter<R>(self, f: impl FnOnce() -> R) -> (R, CallContext) {
-        struct Restore(Option<CallContext>);
-
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                if let Some(previous) = self.0.take() {
-                    let _ = FRAME.try_with(|frame| frame.replace(previous));
-                }
-            }
-        }
-
-        if FRAME.try_with(|_| ()).is_err() {
-            // Thread-local storage is being torn down: no context at all.
-            return (f(), self);
-        }
-        let previous = FRAME.with(|frame| frame.replace(self));
-        let mut restore = Restore(Some(previous));
-        let result = f();
-        let previous = restore.0.take().unwrap_or_default();
-        let after = FRAME
-            .try_with(|frame| frame.replace(previous))
-            .unwrap_or_default();
-        (result, after)
-    }
-
-    /// This context with `deadline`; `enforced` says that the layer setting
-    /// it cuts the call when it passes, so layers below need not arm a
-    /// timer of their own for the same instant.
-    #[must_use]
-    pub fn with_deadline(mut self, deadline: Deadline, enforced: bool) -> Self {
+    /// Sets the call's deadline; `enforced` says that the layer setting it
+    /// cuts the call when it passes, so layers below need not arm a timer of
+    /// their own for the same instant.
+    pub fn set_deadline(&mut self, deadline: Deadline, enforced: bool) {
         self.deadline = Some(deadline);
         self.enforced = enforced;
-        self
     }
 
-    /// This context with the clock reading the call (or attempt) started
-    /// with.
-    #[must_use]
-    pub fn with_now(mut self, now: Instant) -> Self {
+    /// Sets the clock reading the call (or attempt) starts with.
+    pub fn set_now(&mut self, now: Instant) {
         self.now = Some(now);
-        self
     }
 
-    /// This context for attempt number `attempt` (1 for the first).
-    #[must_use]
-    pub fn with_attempt(mut self, attempt: u32) -> Self {
+    /// Sets the attempt number (1 for the first).
+    pub fn set_attempt(&mut self, attempt: u32) {
         self.attempt = attempt;
-        self
-    }
-
-    /// This context carrying an attempt hook for a layer below to take.
-    #[must_use]
-    pub fn with_attempts(mut self, attempts: Attempts) -> Self {
-        self.attempts = Some(attempts);
-        self
     }
 
     /// The call's deadline, as set by a layer above.
@@ -207,12 +254,6 @@ impl CallContext {
         self.now
     }
 
-    /// The clock reading the call started with, or a fresh one.
-    #[must_use]
-    pub fn now_or_read(&self) -> Instant {
-        self.now.unwrap_or_else(Instant::now)
-    }
-
     /// The attempt number: 1 for the first attempt, 0 when no retry layer
     /// above said.
     #[must_use]
@@ -226,11 +267,46 @@ impl CallContext {
         self.attempts.is_some()
     }
 
-    /// Takes the attempt hook out of this context (the one
-    /// [`enter`](Self::enter) returns, when nobody below took it).
-    #[must_use]
-    pub fn into_attempts(self) -> Option<Attempts> {
-        self.attempts
+    fn fields(&self) -> Fields {
+        Fields {
+            deadline: self.deadline,
+            enforced: self.enforced,
+            now: self.now,
+            attempt: self.attempt,
+        }
+    }
+
+    fn set_fields(&mut self, fields: Fields) {
+        self.deadline = fields.deadline;
+        self.enforced = fields.enforced;
+        self.now = fields.now;
+        self.attempt = fields.attempt;
+    }
+}
+
+// === impl Captured ===
+
+impl Captured {
+    /// Runs `call` with the captured deadline and attempt number in the
+    /// context (and no clock reading).
+    pub fn scoped<R>(self, call: impl FnOnce() -> R) -> R {
+        CallContext::scoped(|cx| cx.set_fields(self.fields), call)
+    }
+
+    /// Like [`scoped`](Captured::scoped), with the context further changed
+    /// by `change` (a retry's attempt number and clock reading, say).
+    pub fn scoped_with<R>(
+        self,
+        change: impl FnOnce(&mut CallContext),
+        call: impl FnOnce() -> R,
+    ) -> R {
+        CallContext::scoped(
+            |cx| {
+                cx.set_fields(self.fields);
+                change(cx);
+            },
+            call,
+        )
     }
 }
 
@@ -258,49 +334,79 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn nested_contexts_restore_the_outer_one() {
+    async fn nested_scopes_restore_the_outer_values() {
         let outer = Deadline::after(Duration::from_secs(2));
         let inner = Deadline::after(Duration::from_secs(1));
-        let ((), _) = CallContext::new().with_deadline(outer, true).enter(|| {
-            let (seen, _) = CallContext::inherit()
-                .with_deadline(inner, false)
-                .with_attempt(2)
-                .enter(|| CallContext::current(|cx| (cx.deadline(), cx.attempt())));
-            assert_eq!(seen, (Some(inner), 2));
-            assert_eq!(CallContext::current(|cx| cx.deadline()), Some(outer));
-        });
-        assert_eq!(CallContext::current(|cx| cx.deadline()), None);
+        CallContext::scoped(
+            |cx| cx.set_deadline(outer, true),
+            || {
+                let seen = CallContext::scoped(
+                    |cx| {
+                        cx.set_deadline(inner, false);
+                        cx.set_attempt(2);
+                    },
+                    || CallContext::current(|cx| (cx.deadline(), cx.is_enforced(), cx.attempt())),
+                );
+                assert_eq!(seen, (Some(inner), false, 2));
+                let back =
+                    CallContext::current(|cx| (cx.deadline(), cx.is_enforced(), cx.attempt()));
+                assert_eq!(back, (Some(outer), true, 0));
+            },
+        );
+        assert_eq!(CallContext::current(CallContext::deadline), None);
     }
 
     #[test]
-    fn a_taken_hook_is_gone_from_what_enter_returns() {
+    fn a_taken_hook_does_not_come_back() {
         let hook = Arc::new(Cancels::default());
         let attempts = Attempts::new(hook.clone(), AttemptToken::new(1, 1));
-        let (taken, after) = CallContext::new()
-            .with_attempts(attempts)
-            .enter(CallContext::take_attempts);
+        let (taken, left) = CallContext::offer_attempts(attempts, || {
+            // A pass-through layer in between does not hide it.
+            CallContext::scoped(|cx| cx.set_attempt(1), CallContext::take_attempts)
+        });
         assert!(taken.is_some());
-        assert!(!after.has_attempts());
+        assert!(left.is_none());
         drop(taken);
-        assert_eq!(hook.0.load(Ordering::Relaxed), 1, "dropped in flight: cancelled");
+        assert_eq!(
+            hook.0.load(Ordering::Relaxed),
+            1,
+            "dropped in flight: cancelled"
+        );
     }
 
     #[test]
     fn an_untaken_hook_comes_back_uncancelled() {
         let hook = Arc::new(Cancels::default());
         let attempts = Attempts::new(hook.clone(), AttemptToken::new(1, 1));
-        let ((), after) = CallContext::new().with_attempts(attempts).enter(|| {});
-        let token = after.into_attempts().and_then(Attempts::into_in_flight);
+        let ((), left) = CallContext::offer_attempts(attempts, || {});
+        let token = left.and_then(Attempts::into_in_flight);
         assert_eq!(token, Some(AttemptToken::new(1, 1)));
+        assert_eq!(hook.0.load(Ordering::Relaxed), 0);
+        assert!(!CallContext::current(CallContext::has_attempts));
+    }
+
+    #[test]
+    fn an_outer_hook_is_hidden_then_restored() {
+        let hook = Arc::new(Cancels::default());
+        let outer = Attempts::new(hook.clone(), AttemptToken::new(1, 1));
+        let inner = Attempts::new(hook.clone(), AttemptToken::new(2, 2));
+        let (inner_seen, outer_left) = CallContext::offer_attempts(outer, || {
+            let (seen, left) = CallContext::offer_attempts(inner, || {
+                CallContext::take_attempts().and_then(Attempts::into_in_flight)
+            });
+            assert!(left.is_none());
+            seen
+        });
+        assert_eq!(inner_seen, Some(AttemptToken::new(2, 2)));
+        let outer_token = outer_left.and_then(Attempts::into_in_flight);
+        assert_eq!(outer_token, Some(AttemptToken::new(1, 1)));
         assert_eq!(hook.0.load(Ordering::Relaxed), 0);
     }
 
     #[test]
     fn a_panicking_call_restores_the_previous_context() {
         let result = std::panic::catch_unwind(|| {
-            CallContext::new()
-                .with_attempt(3)
-                .enter(|| panic!("inner service panicked"))
+            CallContext::scoped(|cx| cx.set_attempt(3), || panic!("inner service panicked"))
         });
         assert!(result.is_err());
         assert_eq!(CallContext::current(CallContext::attempt), 0);

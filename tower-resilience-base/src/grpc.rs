@@ -152,9 +152,7 @@ impl GrpcCode {
             [d @ b'0'..=b'9'] => Some(Self::from_u32(u32::from(d - b'0'))),
             [] => None,
             _ if value.len() <= 9 && value.iter().all(u8::is_ascii_digit) => {
-                let n = value
-                    .iter()
-                    .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
+                let n = value.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
                 Some(Self::from_u32(n))
             }
             _ => None,

@@ -224,7 +224,7 @@ impl AttemptToken {
 
 impl<'a> AttemptOutcome<'a> {
     /// The outcome of an attempt that produced `result`.
-    pub fn of<B: 'static, E: Error + 'static>(result: &'a Result<Response<B>, E>) -> Self {
+    pub fn of<B: 'static>(result: Result<&'a Response<B>, &'a (dyn Error + 'static)>) -> Self {
         match result {
             Ok(response) => Self::Response(ResponseView::of(response)),
             Err(e) => Self::Error(e),

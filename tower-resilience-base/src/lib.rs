@@ -62,7 +62,7 @@
 //! Raising it is a minor version change.
 
 pub mod answer;
-mod context;
+pub mod context;
 mod deadline;
 pub mod error;
 pub mod grpc;

@@ -1,8 +1,8 @@
 //! Backoff between attempts and the random source behind its jitter.
 
-use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use tower_resilience_base::random::mix;
 
 /// The increment of splitmix64 (the golden ratio in 64 bits).
 const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -10,7 +10,7 @@ const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 /// How long to wait before each retry.
 ///
 /// Both strategies are exponential with a cap and draw their delays from a
-/// per-request random sequence (see [`RandomSource`]), so that callers that
+/// per-request random sequence (see [`RandomSource`](crate::RandomSource)), so that callers that
 /// fail at the same moment do not come back at the same moment.
 ///
 /// - [`Backoff::full_jitter`] (the default, 50 ms base and 1 s cap): before
@@ -48,87 +48,6 @@ pub struct Backoff {
 enum Kind {
     Full,
     Decorrelated,
-}
-
-/// A source of seeds for the per-request jitter sequences.
-///
-/// The layer asks for one seed per request, and only when the request is
-/// about to be retried (a request that succeeds first time costs nothing).
-/// From that seed it draws the delays of that request with a small
-/// splitmix64 generator. Two requests must get different seeds: a backoff
-/// that replays the same "random" delays for every request is a retry storm
-/// in lock-step.
-///
-/// The default is [`ProcessRandom`]. Tests inject [`SeededRandom`] to make
-/// delays reproducible.
-///
-/// The trait is object safe; the layer keeps it as an
-/// `Arc<dyn RandomSource>`.
-///
-/// # Example
-///
-/// ```
-/// use std::sync::atomic::{AtomicU64, Ordering};
-/// use tower_retry_budget::{RandomSource, RetryLayer};
-///
-/// /// Seeds 1, 2, 3, ... (fine for a test, poor in production).
-/// #[derive(Debug, Default)]
-/// struct Counting(AtomicU64);
-///
-/// impl RandomSource for Counting {
-///     fn seed(&self) -> u64 {
-///         self.0.fetch_add(1, Ordering::Relaxed) + 1
-///     }
-/// }
-///
-/// let layer = RetryLayer::new().random(Counting::default());
-/// # let _ = layer;
-/// ```
-pub trait RandomSource: fmt::Debug + Send + Sync + 'static {
-    /// A seed for the jitter of one request; successive calls must return
-    /// different values.
-    fn seed(&self) -> u64;
-}
-
-/// The default [`RandomSource`]: a process-wide splitmix64 sequence on an
-/// atomic counter, mixed with the wall clock.
-///
-/// Each seed is one lock-free `fetch_add` on a counter that starts from the
-/// clock and the address of the source, mixed with the current wall-clock
-/// nanoseconds, so that seeds differ between requests, between layers and
-/// between processes started at the same moment. It is not a cryptographic
-/// generator and does not need to be.
-///
-/// # Example
-///
-/// ```
-/// use tower_retry_budget::{ProcessRandom, RandomSource};
-///
-/// let random = ProcessRandom::new();
-/// assert_ne!(random.seed(), random.seed());
-/// ```
-pub struct ProcessRandom {
-    counter: AtomicU64,
-}
-
-/// A deterministic [`RandomSource`] for tests: the splitmix64 sequence that
-/// starts at a fixed seed.
-///
-/// Successive seeds still differ (so per-request independence holds), but
-/// the whole run is reproducible.
-///
-/// # Example
-///
-/// ```
-/// use tower_retry_budget::{RandomSource, SeededRandom};
-///
-/// let a = SeededRandom::new(7);
-/// let b = SeededRandom::new(7);
-/// assert_eq!(a.seed(), b.seed());
-/// assert_ne!(a.seed(), a.seed());
-/// ```
-pub struct SeededRandom {
-    counter: AtomicU64,
 }
 
 /// The per-request generator: splitmix64 state plus the previous delay (for
@@ -240,19 +159,6 @@ fn uniform(low: Duration, high: Duration, bits: u64) -> Duration {
     low.saturating_add(Duration::from_nanos(offset))
 }
 
-/// The splitmix64 output function.
-const fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn wall_clock_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 // === impl Jitter ===
 
 impl Jitter {
@@ -266,68 +172,6 @@ impl Jitter {
     fn next(&mut self) -> u64 {
         self.state = self.state.wrapping_add(GAMMA);
         mix(self.state)
-    }
-}
-
-// === impl ProcessRandom ===
-
-impl ProcessRandom {
-    /// A source seeded from the wall clock and its own address.
-    #[must_use]
-    pub fn new() -> Self {
-        let this = Self {
-            counter: AtomicU64::new(0),
-        };
-        let start = mix(wall_clock_nanos() ^ (&this as *const Self as u64));
-        this.counter.store(start, Ordering::Relaxed);
-        this
-    }
-}
-
-impl Default for ProcessRandom {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl RandomSource for ProcessRandom {
-    fn seed(&self) -> u64 {
-        let n = self.counter.fetch_add(GAMMA, Ordering::Relaxed);
-        mix(n ^ mix(wall_clock_nanos()))
-    }
-}
-
-impl fmt::Debug for ProcessRandom {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ProcessRandom").finish_non_exhaustive()
-    }
-}
-
-// === impl SeededRandom ===
-
-impl SeededRandom {
-    /// The sequence that starts at `seed`.
-    #[must_use]
-    pub const fn new(seed: u64) -> Self {
-        Self {
-            counter: AtomicU64::new(seed),
-        }
-    }
-}
-
-impl RandomSource for SeededRandom {
-    fn seed(&self) -> u64 {
-        let n = self
-            .counter
-            .fetch_add(GAMMA, Ordering::Relaxed)
-            .wrapping_add(GAMMA);
-        mix(n)
-    }
-}
-
-impl fmt::Debug for SeededRandom {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SeededRandom").finish_non_exhaustive()
     }
 }
 
@@ -381,19 +225,5 @@ mod tests {
             assert!(d <= (previous * 3).min(200 * MS));
             previous = d;
         }
-    }
-
-    #[test]
-    fn seeds_differ_between_calls_and_sources() {
-        let a = ProcessRandom::new();
-        let b = ProcessRandom::new();
-        let seeds = [a.seed(), a.seed(), b.seed(), b.seed()];
-        for i in 0..seeds.len() {
-            for j in i + 1..seeds.len() {
-                assert_ne!(seeds[i], seeds[j]);
-            }
-        }
-        let s = SeededRandom::new(1);
-        assert_ne!(s.seed(), s.seed());
     }
 }

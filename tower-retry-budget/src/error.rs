@@ -39,80 +39,9 @@
 use std::error::Error;
 use std::fmt;
 
-use crate::BoxError;
-
-/// Every allowed attempt failed with a retryable error; the last one is
-/// the [`source`](Error::source).
-#[derive(Debug)]
-pub struct AttemptsExhausted {
-    attempts: u32,
-    source: BoxError,
-}
-
-/// The retry budget refused the retry of a retryable error; the last
-/// attempt's error is the [`source`](Error::source).
-///
-/// This is what callers see while a dependency is down and the budget is
-/// holding the load near the request rate.
-#[derive(Debug)]
-pub struct BudgetExhausted {
-    attempts: u32,
-    source: BoxError,
-}
-
-/// Not enough of the caller's deadline was left to back off and make
-/// another attempt of at least the minimum slice; the last attempt's error
-/// is the [`source`](Error::source).
-#[derive(Debug)]
-pub struct DeadlineTooClose {
-    attempts: u32,
-    source: BoxError,
-}
-
-/// A marker that says "this failure is a local rejection: do not retry it".
-///
-/// Layers that reject calls on purpose (a circuit breaker that is open, a
-/// load shedder) and that want this crate's retry layer to leave their
-/// errors alone put a `LocalRejection` in their error's
-/// [`source`](Error::source) chain: [`is_local_rejection`] finds it there,
-/// and [`Retry`](crate::Retry) never retries such an error, whatever its
-/// policy says. `tower-breaker`'s `CircuitOpen` does this, so even a retry
-/// layer stacked (wrongly) *above* a breaker does not retry against an open
-/// circuit.
-///
-/// [`is_local_rejection`]: crate::policy::is_local_rejection
-///
-/// # Example
-///
-/// ```
-/// use std::error::Error;
-/// use std::fmt;
-/// use tower_retry_budget::error::LocalRejection;
-/// use tower_retry_budget::policy::is_local_rejection;
-///
-/// #[derive(Debug)]
-/// struct Shed;
-///
-/// static REJECTED: LocalRejection = LocalRejection::new();
-///
-/// impl fmt::Display for Shed {
-///     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-///         f.write_str("load shed")
-///     }
-/// }
-///
-/// impl Error for Shed {
-///     fn source(&self) -> Option<&(dyn Error + 'static)> {
-///         Some(&REJECTED)
-///     }
-/// }
-///
-/// assert!(is_local_rejection(&Shed));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LocalRejection {
-    _p: (),
-}
+pub use tower_resilience_base::error::{
+    AttemptsExhausted, BudgetExhausted, DeadlineTooClose, LocalRejection,
+};
 
 /// A replay body of an earlier attempt was polled after a newer attempt
 /// started replaying the same request body; the earlier one can no longer
@@ -121,73 +50,6 @@ pub struct LocalRejection {
 pub struct ReplaySuperseded {
     _p: (),
 }
-
-macro_rules! exhausted {
-    ($name:ident, $what:literal) => {
-        // === impl $name ===
-
-        impl $name {
-            pub(crate) fn new(attempts: u32, source: BoxError) -> Self {
-                Self { attempts, source }
-            }
-
-            /// How many attempts were made, the first included.
-            #[must_use]
-            pub const fn attempts(&self) -> u32 {
-                self.attempts
-            }
-
-            /// The last attempt's error.
-            #[must_use]
-            pub fn into_source(self) -> BoxError {
-                self.source
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                let plural = if self.attempts == 1 { "" } else { "s" };
-                write!(
-                    f,
-                    concat!($what, " after {} attempt{}: {}"),
-                    self.attempts, plural, self.source
-                )
-            }
-        }
-
-        impl Error for $name {
-            fn source(&self) -> Option<&(dyn Error + 'static)> {
-                Some(&*self.source)
-            }
-        }
-    };
-}
-
-exhausted!(AttemptsExhausted, "retries exhausted");
-exhausted!(BudgetExhausted, "retry refused by the retry budget");
-exhausted!(
-    DeadlineTooClose,
-    "no time left to retry before the deadline"
-);
-
-// === impl LocalRejection ===
-
-impl LocalRejection {
-    /// The marker; `const`, so it can live in a `static` that an error's
-    /// `source()` returns a reference to.
-    #[must_use]
-    pub const fn new() -> Self {
-        Self { _p: () }
-    }
-}
-
-impl fmt::Display for LocalRejection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("rejected locally; retrying would only add load")
-    }
-}
-
-impl Error for LocalRejection {}
 
 // === impl ReplaySuperseded ===
 

@@ -8,17 +8,19 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
+use tower_resilience_base::context::Captured;
+use tower_resilience_base::error::DeadlineExceeded;
+use tower_resilience_base::grpc::is_grpc;
+use tower_resilience_base::hook::{AttemptOutcome, Attempts};
 use tower_service::Service;
 
 use crate::backoff::Jitter;
 use crate::body::ReplayMode;
 use crate::error::{AttemptsExhausted, BudgetExhausted, DeadlineTooClose};
-use crate::hook::AttemptHandle;
 use crate::outcome::{GaveUp, StopReason};
 use crate::policy::{is_local_rejection, Policy, Verdict};
 use crate::service::Shared;
@@ -41,10 +43,9 @@ pin_project! {
         state: State<S::Future>,
         retry: Option<Retrying<S, M::Saved, M::Body>>,
         shared: Arc<Shared<dyn Policy>>,
-        hook: Option<AttemptHandle<S::Response>>,
+        hook: Option<Attempts>,
         deadline: Option<Instant>,
         attempt: u32,
-        started: Instant,
         jitter: Option<Jitter>,
     }
 }
@@ -70,6 +71,8 @@ struct Retrying<S, Saved, Body> {
     template: Parts,
     saved: Saved,
     service: S,
+    /// The call's context, for the layers below on each retry.
+    context: Captured,
     /// The body of the next attempt, taken from `saved` when the retry was
     /// decided (which supersedes the previous attempt's body).
     next: Option<Body>,
@@ -90,24 +93,23 @@ where
     pub(crate) fn new(
         future: S::Future,
         shared: Arc<Shared<dyn Policy>>,
-        started: Instant,
-        hook: Option<AttemptHandle<S::Response>>,
+        hook: Option<Attempts>,
         deadline: Option<Instant>,
-        retry: Option<(Parts, M::Saved, S)>,
+        retry: Option<(Parts, M::Saved, S, Captured)>,
     ) -> Self {
         Self {
             state: State::Attempt { future },
-            retry: retry.map(|(template, saved, service)| Retrying {
+            retry: retry.map(|(template, saved, service, context)| Retrying {
                 template,
                 saved,
                 service,
+                context,
                 next: None,
             }),
             shared,
             hook,
             deadline,
             attempt: 1,
-            started,
             jitter: None,
         }
     }
@@ -126,19 +128,19 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Attempt { future } => {
-                    let result = ready!(future.poll(cx)).map_err(Into::into);
-                    if let Some(hook) = this.hook.as_ref() {
-                        let elapsed = Instant::now().saturating_duration_since(*this.started);
-                        let outcome = match &result {
+                    let result: Result<Response<ResB>, BoxError> =
+                        ready!(future.poll(cx)).map_err(Into::into);
+                    if let Some(hook) = this.hook.as_mut() {
+                        hook.record(AttemptOutcome::of(match &result {
                             Ok(response) => Ok(response),
                             Err(e) => Err(&**e as &(dyn Error + 'static)),
-                        };
-                        hook.record(outcome, elapsed);
+                        }));
                     }
                     let step = decide::<M, B, S, ResB>(
                         result,
                         this.shared,
                         this.retry,
+                        this.hook.as_ref(),
                         *this.attempt,
                         *this.deadline,
                         this.jitter,
@@ -165,8 +167,8 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(Err(e.into()));
                     }
-                    if let Some(hook) = this.hook.as_ref() {
-                        if let Err(e) = hook.before_retry() {
+                    if let Some(hook) = this.hook.as_mut() {
+                        if let Err(e) = hook.admit() {
                             tracing::debug!(
                                 attempt = *this.attempt + 1,
                                 error = %e,
@@ -175,7 +177,6 @@ where
                             this.state.set(State::Done);
                             return Poll::Ready(Err(e));
                         }
-                        *this.started = Instant::now();
                     }
                     let Some(body) = retrying.next.take() else {
                         unreachable!("a retry is scheduled with its body");
@@ -188,7 +189,15 @@ where
                         config.attempt_header.as_ref(),
                     );
                     *this.attempt += 1;
-                    let future = retrying.service.call(request);
+                    let attempt = *this.attempt;
+                    let service = &mut retrying.service;
+                    let future = retrying.context.scoped_with(
+                        |cx| {
+                            cx.set_attempt(attempt);
+                            cx.set_now(Instant::now());
+                        },
+                        || service.call(request),
+                    );
                     this.state.set(State::Attempt { future });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
@@ -204,6 +213,7 @@ fn decide<M, B, S, ResB>(
     mut result: Result<Response<ResB>, BoxError>,
     shared: &Shared<dyn Policy>,
     retry: &mut Option<Retrying<S, M::Saved, M::Body>>,
+    hook: Option<&Attempts>,
     attempt: u32,
     deadline: Option<Instant>,
     jitter: &mut Option<Jitter>,
@@ -251,7 +261,7 @@ where
         }
         Some(retrying) if !M::can_replay(&retrying.saved) => Err(StopReason::NotRetryable),
         Some(retrying) => {
-            let jitter = jitter.get_or_insert_with(|| Jitter::new(shared.random.seed()));
+            let jitter = jitter.get_or_insert_with(|| Jitter::new(shared.random.next_u64()));
             let delay = config
                 .backoff
                 .delay(attempt - 1, jitter)
@@ -261,6 +271,11 @@ where
                 d.saturating_duration_since(now) < delay.saturating_add(config.min_remaining)
             }) {
                 Err(StopReason::Deadline)
+            } else if let Some(Err(e)) = hook.map(Attempts::check) {
+                // The circuit opened (perhaps on this very failure): stop
+                // now instead of sleeping first, and spend no budget.
+                tracing::debug!(attempt, error = %e, "retry stopped by the attempt hook");
+                return Step::Return(Err(e));
             } else if !shared.budget.withdraw_at(now) {
                 tracing::debug!(attempt, reason, "retry refused by the retry budget");
                 Err(StopReason::Budget)
@@ -285,38 +300,18 @@ where
 }
 
 /// Whether an error is a per-attempt timeout worth retrying: a
-/// `tower-deadline` [`DeadlineExceeded`](tower_deadline::error::DeadlineExceeded)
+/// [`DeadlineExceeded`]
 /// raised below this layer while the call's own deadline (the one this layer
 /// knows, if any) still leaves more than the minimum slice. When the call's
 /// deadline is what passed, the error is the caller's and is returned
 /// unchanged (see [`is_local_rejection`]).
-#[cfg(feature = "deadline")]
 fn is_attempt_timeout(
     error: &(dyn Error + 'static),
     deadline: Option<Instant>,
     min_remaining: Duration,
 ) -> bool {
-    use tower_deadline::error::DeadlineExceeded;
-
-    let mut next = Some(error);
-    let mut found = false;
-    while let Some(e) = next {
-        if e.is::<DeadlineExceeded>() {
-            found = true;
-            break;
-        }
-        next = e.source();
-    }
-    found && deadline.is_none_or(|d| d.saturating_duration_since(Instant::now()) > min_remaining)
-}
-
-#[cfg(not(feature = "deadline"))]
-fn is_attempt_timeout(
-    _error: &(dyn Error + 'static),
-    _deadline: Option<Instant>,
-    _min_remaining: Duration,
-) -> bool {
-    false
+    tower_resilience_base::error::find::<DeadlineExceeded>(error).is_some()
+        && deadline.is_none_or(|d| d.saturating_duration_since(Instant::now()) > min_remaining)
 }
 
 /// Marks a retry with its attempt number: `grpc-previous-rpc-attempts`
@@ -328,18 +323,6 @@ fn mark_attempt(headers: &mut HeaderMap, previous: u32, http_header: Option<&htt
     } else if let Some(name) = http_header {
         headers.insert(name.clone(), HeaderValue::from(previous + 1));
     }
-}
-
-/// Whether the content type is `application/grpc` or one of its `+proto`,
-/// `+json`, `;...` variants.
-fn is_grpc(headers: &HeaderMap) -> bool {
-    const PREFIX: &[u8] = b"application/grpc";
-    headers.get(CONTENT_TYPE).is_some_and(|v| {
-        let v = v.as_bytes();
-        v.len() >= PREFIX.len()
-            && v[..PREFIX.len()].eq_ignore_ascii_case(PREFIX)
-            && matches!(v.get(PREFIX.len()), None | Some(b'+' | b';'))
-    })
 }
 
 /// The final outcome when the layer stops: a response says why in a

@@ -6,12 +6,13 @@ use std::time::Duration;
 use http::HeaderName;
 use tower_layer::Layer;
 
-use crate::backoff::{Backoff, ProcessRandom, RandomSource};
+use crate::backoff::Backoff;
 use crate::body::{Buffered, CloneBody, DEFAULT_BODY_LIMIT};
 use crate::budget::{Counters, RetryBudget};
 use crate::policy::{DefaultPolicy, Policy};
 use crate::service::{Retry, Shared};
 use crate::RETRY_ATTEMPT_HEADER;
+use crate::{ProcessRandom, RandomSource};
 
 /// The default maximum number of attempts, the first included: 3.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;

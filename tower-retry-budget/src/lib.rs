@@ -287,7 +287,6 @@ pub mod body;
 mod budget;
 pub mod error;
 pub mod future;
-mod hook;
 mod layer;
 mod outcome;
 pub mod policy;
@@ -295,27 +294,29 @@ mod service;
 
 use http::HeaderName;
 
-pub use backoff::{Backoff, ProcessRandom, RandomSource, SeededRandom};
+pub use backoff::Backoff;
 pub use body::{Buffered, CloneBody};
 pub use budget::{Counters, RetryBudget, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW};
-pub use hook::{AttemptHandle, AttemptHook};
 pub use layer::{
     RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,
 };
 pub use outcome::{GaveUp, StopReason};
 pub use policy::{DefaultPolicy, Policy, Verdict};
 pub use service::Retry;
+pub use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, AttemptToken};
+pub use tower_resilience_base::random::{ProcessRandom, RandomSource, SeededRandom};
 
-/// The boxed error type of [`Retry`], as in tower.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The boxed error type of [`Retry`], as in tower (the toolkit's one
+/// definition, from `tower-resilience-base`).
+pub use tower_resilience_base::BoxError;
 
-/// The "do not retry" signal: `x-tower-no-retry: 1`.
+/// The "do not retry" signal: `x-tower-no-retry: 1` (the toolkit's one
+/// definition, from `tower-resilience-base`).
 ///
 /// Set on a failed response by this layer when a limit ended its retries,
 /// and by the toolkit's bulkhead and breaker on their `503` answers. A
 /// [`Retry`] that receives a response carrying it never retries that
-/// response, and removes the header before passing the response on, so
-/// the signal travels exactly one hop.
+/// response, and removes the header before passing the response on.
 ///
 /// # Example
 ///
@@ -329,7 +330,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///     .unwrap();
 /// assert_eq!(response.headers()["x-tower-no-retry"], "1");
 /// ```
-pub const NO_RETRY_HEADER: HeaderName = HeaderName::from_static("x-tower-no-retry");
+pub use tower_resilience_base::NO_RETRY_HEADER;
 
 /// The attempt number on retries of plain HTTP requests: `x-retry-attempt`.
 ///

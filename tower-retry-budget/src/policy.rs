@@ -6,17 +6,15 @@ use std::time::{Duration, SystemTime};
 
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use tower_resilience_base::grpc::GrpcCode;
 
 /// The header that makes a non-idempotent request retryable:
 /// `idempotency-key`.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// gRPC's server pushback, in milliseconds: `grpc-retry-pushback-ms`. A
+/// `grpc-retry-pushback-ms` (the toolkit's one definition, from
+/// `tower-resilience-base`): how long a gRPC server asks before a retry; a
 /// negative or malformed value means "do not retry".
-pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-/// gRPC's status in a trailers-only response: `grpc-status`.
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-/// gRPC status 14, UNAVAILABLE.
-const GRPC_UNAVAILABLE: &[u8] = b"14";
+pub use tower_resilience_base::grpc::GRPC_RETRY_PUSHBACK_MS;
 
 /// What the [`Policy`] says about the outcome of one attempt.
 ///
@@ -236,9 +234,9 @@ pub fn classify_response(status: StatusCode, headers: &HeaderMap) -> Verdict {
         503 => ("503", false),
         504 => ("504", false),
         429 => ("429", true),
-        200 => match headers.get(GRPC_STATUS).map(HeaderValue::as_bytes) {
-            None | Some(b"0") => return Verdict::Success,
-            Some(GRPC_UNAVAILABLE) => ("grpc unavailable", false),
+        200 => match GrpcCode::from_headers(headers) {
+            None | Some(GrpcCode::Ok) => return Verdict::Success,
+            Some(code) if code.is_transient() => ("grpc unavailable", false),
             Some(_) => return Verdict::Failure,
         },
         _ if status.is_client_error() || status.is_server_error() => return Verdict::Failure,
@@ -284,72 +282,41 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
     }
 }
 
-/// Whether an error, or any error in its `source()` chain, is a local
-/// rejection that retrying would only make worse; the layer never retries
-/// these, whatever its policy says.
+/// Whether an error, or any error in its `source()` chain, is one this
+/// layer never retries, whatever its policy says:
 ///
-/// Recognised: the [`LocalRejection`](crate::error::LocalRejection) marker
-/// (which `tower-breaker`'s `CircuitOpen` carries as its source), every
-/// error of this crate ([`crate::error`]: the retries already ended below,
-/// so this tier must not start again), and, with the
-/// `deadline` feature, `tower-deadline`'s `DeadlineExceeded` and
-/// `InsufficientBudget` (the caller's budget is spent; the layer itself
-/// still retries a `DeadlineExceeded` raised below it while the call's own
-/// deadline has time left, since that is a per-attempt timeout); with the `bulkhead`
-/// feature, `tower-bulkhead`'s `BulkheadFull` (local overload: the
-/// dependency was not called).
+/// - a local rejection
+///   ([`tower_resilience_base::error::is_local_rejection`]: an open
+///   circuit, a full bulkhead, a budget too small to start, or a
+///   [`LocalRejection`](crate::error::LocalRejection) of your own): the
+///   dependency was not called, and a retry would only add load;
+/// - spent retries ([`tower_resilience_base::error::retries_spent`]): a
+///   retry layer below already gave up, so this tier must not start again;
+/// - a passed deadline
+///   ([`DeadlineExceeded`](tower_resilience_base::error::DeadlineExceeded)):
+///   the caller's budget is spent (the layer itself still retries a
+///   `DeadlineExceeded` raised below it while the call's own deadline has
+///   time left, since that is a per-attempt timeout);
+/// - a [`ReplaySuperseded`](crate::error::ReplaySuperseded) body.
 ///
 /// # Example
 ///
 /// ```
 /// use std::io;
+/// use tower_retry_budget::error::LocalRejection;
 /// use tower_retry_budget::policy::is_local_rejection;
 ///
 /// assert!(!is_local_rejection(&io::Error::from(io::ErrorKind::TimedOut)));
+/// assert!(is_local_rejection(&LocalRejection::new("shed")));
 /// ```
 #[must_use]
 pub fn is_local_rejection(error: &(dyn Error + 'static)) -> bool {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if is_local_rejection_one(e) {
-            return true;
-        }
-        next = e.source();
-    }
-    false
-}
+    use tower_resilience_base::error::{self, DeadlineExceeded};
 
-/// The list of local rejections, checked on each error of a chain. Add new
-/// kinds here.
-fn is_local_rejection_one(e: &(dyn Error + 'static)) -> bool {
-    use crate::error::{
-        AttemptsExhausted, BudgetExhausted, DeadlineTooClose, LocalRejection, ReplaySuperseded,
-    };
-
-    if e.is::<LocalRejection>()
-        || e.is::<AttemptsExhausted>()
-        || e.is::<BudgetExhausted>()
-        || e.is::<DeadlineTooClose>()
-        || e.is::<ReplaySuperseded>()
-    {
-        return true;
-    }
-    #[cfg(feature = "deadline")]
-    {
-        use tower_deadline::error::{DeadlineExceeded, InsufficientBudget};
-        if e.is::<DeadlineExceeded>() || e.is::<InsufficientBudget>() {
-            return true;
-        }
-    }
-    #[cfg(feature = "bulkhead")]
-    {
-        // Local overload: the dependency was not even called, and a retry
-        // would only add load where there is too much already.
-        if e.is::<tower_bulkhead::error::BulkheadFull>() {
-            return true;
-        }
-    }
-    false
+    error::is_local_rejection(error)
+        || error::retries_spent(error)
+        || error::find::<DeadlineExceeded>(error).is_some()
+        || error::find::<crate::error::ReplaySuperseded>(error).is_some()
 }
 
 /// Parses `Retry-After`: delta seconds (`"120"`) or an HTTP date (`"Wed, 21

@@ -9,13 +9,14 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::backoff::RandomSource;
+use tower_resilience_base::{CallContext, Deadline};
+
 use crate::body::{Buffered, ReplayMode};
 use crate::budget::{Counters, RetryBudget};
 use crate::future::ResponseFuture;
-use crate::hook::AttemptHandle;
 use crate::layer::Config;
 use crate::policy::{DefaultPolicy, Policy};
+use crate::RandomSource;
 use crate::{BoxError, RetryLayer};
 
 /// Middleware that retries transient failures of idempotent requests, with
@@ -163,21 +164,22 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let now = Instant::now();
+        // The deadline and the clock reading of the call, from the layers
+        // above (one clock read per call for the whole stack).
+        let (from_context, now) = CallContext::current(|cx| (cx.effective_deadline(), cx.now()));
+        let now = now.unwrap_or_else(Instant::now);
         let shared = &self.shared;
         shared.budget.deposit_at(now);
+        // A breaker above hands its attempt hook to this layer: from here on
+        // this layer reports every attempt, and the breaker counts nothing.
+        let attempts = CallContext::take_attempts();
 
-        let (mut parts, body) = request.into_parts();
-        // The hook is this layer's to use: taken out, so that the attempts
-        // below neither carry (and clone) it nor let a second retry layer
-        // record the same attempts again.
-        let hook = parts.extensions.remove::<AttemptHandle<Response<ResB>>>();
-        if hook.is_some() && parts.extensions.is_empty() {
-            // An emptied map still owns its table, which every clone of the
-            // request head below would allocate again; a new map owns none.
-            parts.extensions = http::Extensions::new();
+        let (parts, body) = request.into_parts();
+        let deadline = match (from_context, Deadline::from_extensions(&parts.extensions)) {
+            (Some(a), Some(b)) => Some(a.earliest(b)),
+            (a, b) => a.or(b),
         }
-        let deadline = deadline(&parts.extensions);
+        .map(Deadline::instant);
         let retryable = shared.config.max_attempts > 1
             && shared
                 .policy
@@ -185,6 +187,10 @@ where
         let (body, saved) = M::prepare(body, shared.config.body_limit, retryable);
 
         let shared: Arc<Shared<dyn Policy>> = self.shared.clone();
+        let first = |cx: &mut CallContext| {
+            cx.set_attempt(1);
+            cx.set_now(now);
+        };
         match saved {
             Some(saved) if retryable => {
                 let template = parts.clone();
@@ -192,38 +198,22 @@ where
                 // for the retries, which poll it again first.
                 let clone = self.inner.clone();
                 let mut ready = mem::replace(&mut self.inner, clone);
-                let future = ready.call(Request::from_parts(parts, body));
+                let request = Request::from_parts(parts, body);
+                let future = CallContext::scoped(first, || ready.call(request));
                 ResponseFuture::new(
                     future,
                     shared,
-                    now,
-                    hook,
+                    attempts,
                     deadline,
-                    Some((template, saved, ready)),
+                    Some((template, saved, ready, CallContext::capture())),
                 )
             }
             _ => {
-                let future = self.inner.call(Request::from_parts(parts, body));
-                ResponseFuture::new(future, shared, now, hook, deadline, None)
+                let inner = &mut self.inner;
+                let request = Request::from_parts(parts, body);
+                let future = CallContext::scoped(first, || inner.call(request));
+                ResponseFuture::new(future, shared, attempts, deadline, None)
             }
         }
     }
-}
-
-/// The earliest of the request's deadline and the task-local one.
-#[cfg(feature = "deadline")]
-fn deadline(extensions: &http::Extensions) -> Option<Instant> {
-    use tower_deadline::Deadline;
-
-    let from_request = Deadline::from_extensions(extensions);
-    let in_scope = Deadline::current();
-    match (from_request, in_scope) {
-        (Some(a), Some(b)) => Some(a.earliest(b).instant()),
-        (a, b) => a.or(b).map(Deadline::instant),
-    }
-}
-
-#[cfg(not(feature = "deadline"))]
-fn deadline(_extensions: &http::Extensions) -> Option<Instant> {
-    None
 }

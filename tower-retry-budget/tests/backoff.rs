@@ -141,7 +141,7 @@ async fn simultaneous_failures_get_independent_delays() {
 struct SameSeed(AtomicU64);
 
 impl RandomSource for SameSeed {
-    fn seed(&self) -> u64 {
+    fn next_u64(&self) -> u64 {
         self.0.load(Ordering::Relaxed) + 7
     }
 }

@@ -1,5 +1,5 @@
-//! The attempt hook: every attempt recorded exactly once, asked before
-//! every retry, and able to stop the loop.
+//! The attempt hook: every attempt recorded exactly once, checked before
+//! every backoff, admitted before every retry, and able to stop the loop.
 
 mod support;
 
@@ -12,24 +12,29 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use support::{get, status, Log, Scripted};
-use tower::{service_fn, BoxError, Layer, ServiceExt};
+use tokio::time::Instant;
+use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
+use tower_resilience_base::hook::Attempts;
+use tower_resilience_base::CallContext;
 use tower_retry_budget::body::ReplayBody;
-use tower_retry_budget::{AttemptHandle, AttemptHook, RetryLayer, SeededRandom};
+use tower_retry_budget::{AttemptHook, AttemptOutcome, AttemptToken, RetryLayer, SeededRandom};
 
 type Res = Response<String>;
 
 /// What the hook saw, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
-    BeforeRetry,
-    Record(Result<u16, String>, Duration),
+    Check,
+    Admit,
+    Record(Result<u16, String>),
+    Cancel,
 }
 
-/// A counting hook; it refuses retries once `open_after` failures were
+/// A counting hook; it refuses attempts once `open_after` failures were
 /// recorded.
 #[derive(Debug)]
 struct Breaker {
-    events: Mutex<Vec<Event>>,
+    events: Mutex<Vec<(Event, Instant)>>,
     failures: AtomicU32,
     open_after: u32,
 }
@@ -54,51 +59,83 @@ impl Breaker {
         })
     }
 
+    fn push(&self, event: Event) {
+        self.events.lock().unwrap().push((event, Instant::now()));
+    }
+
     fn events(&self) -> Vec<Event> {
-        self.events.lock().unwrap().clone()
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(e, _)| e.clone())
+            .collect()
+    }
+
+    fn last_at(&self) -> Instant {
+        self.events.lock().unwrap().last().unwrap().1
     }
 
     fn count(&self, pred: impl Fn(&Event) -> bool) -> usize {
         self.events().iter().filter(|e| pred(e)).count()
     }
-}
 
-impl AttemptHook<Res> for Breaker {
-    fn before_retry(&self) -> Result<(), BoxError> {
-        self.events.lock().unwrap().push(Event::BeforeRetry);
+    fn open(&self) -> Result<(), BoxError> {
         if self.failures.load(Ordering::SeqCst) >= self.open_after {
             return Err(CircuitOpen.into());
         }
         Ok(())
     }
+}
 
-    fn record(&self, outcome: Result<&Res, &(dyn Error + 'static)>, elapsed: Duration) {
+impl AttemptHook for Breaker {
+    fn admit(&self) -> Result<AttemptToken, BoxError> {
+        self.push(Event::Admit);
+        self.open()?;
+        Ok(AttemptToken::new(0, 0))
+    }
+
+    fn check(&self) -> Result<(), BoxError> {
+        self.push(Event::Check);
+        self.open()
+    }
+
+    fn record(&self, _token: AttemptToken, outcome: AttemptOutcome<'_>) {
         let outcome = match outcome {
-            Ok(r) => {
+            AttemptOutcome::Response(r) => {
                 if r.status().is_server_error() {
                     self.failures.fetch_add(1, Ordering::SeqCst);
                 }
                 Ok(r.status().as_u16())
             }
-            Err(e) => {
+            AttemptOutcome::Error(e) => {
                 self.failures.fetch_add(1, Ordering::SeqCst);
                 Err(e.to_string())
             }
         };
-        self.events
-            .lock()
-            .unwrap()
-            .push(Event::Record(outcome, elapsed));
+        self.push(Event::Record(outcome));
+    }
+
+    fn cancel(&self, _token: AttemptToken) {
+        self.push(Event::Cancel);
     }
 }
 
-fn with_hook(hook: &Arc<Breaker>) -> Request<String> {
-    let mut request = get();
-    let hook: Arc<dyn AttemptHook<Res>> = hook.clone();
-    request
-        .extensions_mut()
-        .insert(AttemptHandle::from_arc(hook));
-    request
+/// Calls `svc` as a breaker above it would: with the hook, and the first
+/// attempt already admitted, offered in the call context.
+async fn call_with_hook<S>(
+    mut svc: S,
+    hook: &Arc<Breaker>,
+    request: Request<String>,
+) -> Result<Res, BoxError>
+where
+    S: Service<Request<String>, Response = Res, Error = BoxError>,
+{
+    svc.ready().await?;
+    let attempts = Attempts::new(hook.clone(), AttemptToken::new(0, 0));
+    let (future, left) = CallContext::offer_attempts(attempts, || svc.call(request));
+    assert!(left.is_none(), "the retry layer takes the hook");
+    future.await
 }
 
 fn layer() -> RetryLayer {
@@ -122,23 +159,23 @@ fn timed(
     })
 }
 
-const MS30: Duration = Duration::from_millis(30);
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn every_attempt_is_recorded_once_and_every_retry_asked_first() {
+async fn every_attempt_is_recorded_once_and_every_retry_checked_and_admitted_first() {
     let hook = Breaker::new(u32::MAX);
     let log = Log::new();
     let svc = layer().layer(timed(&log, &[503, 502]));
-    let response = svc.oneshot(with_hook(&hook)).await.unwrap();
+    let response = call_with_hook(svc, &hook, get()).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(
         hook.events(),
         [
-            Event::Record(Ok(503), MS30),
-            Event::BeforeRetry,
-            Event::Record(Ok(502), MS30),
-            Event::BeforeRetry,
-            Event::Record(Ok(200), MS30),
+            Event::Record(Ok(503)),
+            Event::Check,
+            Event::Admit,
+            Event::Record(Ok(502)),
+            Event::Check,
+            Event::Admit,
+            Event::Record(Ok(200)),
         ]
     );
     assert_eq!(log.count(), 3);
@@ -149,8 +186,8 @@ async fn a_first_time_success_is_recorded_and_nothing_is_asked() {
     let hook = Breaker::new(0);
     let log = Log::new();
     let svc = layer().layer(timed(&log, &[]));
-    let _ = svc.oneshot(with_hook(&hook)).await.unwrap();
-    assert_eq!(hook.events(), [Event::Record(Ok(200), MS30)]);
+    let _ = call_with_hook(svc, &hook, get()).await.unwrap();
+    assert_eq!(hook.events(), [Event::Record(Ok(200))]);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -158,27 +195,42 @@ async fn the_last_attempt_and_non_retryable_outcomes_are_recorded() {
     let hook = Breaker::new(u32::MAX);
     let log = Log::new();
     let svc = layer().layer(timed(&log, &[503, 503, 503, 503]));
-    let _ = svc.oneshot(with_hook(&hook)).await.unwrap();
+    let _ = call_with_hook(svc, &hook, get()).await.unwrap();
     assert_eq!(hook.count(|e| matches!(e, Event::Record(..))), 3);
-    assert_eq!(hook.count(|e| *e == Event::BeforeRetry), 2);
+    assert_eq!(hook.count(|e| *e == Event::Admit), 2);
+    assert_eq!(hook.count(|e| *e == Event::Cancel), 0);
 
     let hook = Breaker::new(u32::MAX);
     let svc = layer().layer(timed(&Log::new(), &[404]));
-    let _ = svc.oneshot(with_hook(&hook)).await.unwrap();
-    assert_eq!(hook.events(), [Event::Record(Ok(404), MS30)]);
+    let _ = call_with_hook(svc, &hook, get()).await.unwrap();
+    assert_eq!(hook.events(), [Event::Record(Ok(404))]);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn an_opening_hook_stops_the_loop_with_its_error() {
+async fn an_opening_hook_stops_the_loop_with_its_error_without_sleeping() {
     let hook = Breaker::new(2);
     let log = Log::new();
     let svc = layer().max_attempts(10).layer(Scripted::always(&log, 503));
-    let err = svc.oneshot(with_hook(&hook)).await.unwrap_err();
-    // Two failures recorded, the second retry refused: two calls, not ten.
+    let err = call_with_hook(svc, &hook, get()).await.unwrap_err();
+    // Two failures recorded, then the check before the next backoff says
+    // open: two calls, not ten, and no sleep after the second failure.
     assert_eq!(log.count(), 2);
     assert!(err.is::<CircuitOpen>(), "{err}");
-    assert_eq!(hook.count(|e| matches!(e, Event::Record(..))), 2);
-    assert_eq!(hook.count(|e| *e == Event::BeforeRetry), 2);
+    assert_eq!(
+        hook.events(),
+        [
+            Event::Record(Ok(503)),
+            Event::Check,
+            Event::Admit,
+            Event::Record(Ok(503)),
+            Event::Check,
+        ]
+    );
+    assert_eq!(
+        Instant::now(),
+        hook.last_at(),
+        "no virtual time passed after the check"
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -192,59 +244,56 @@ async fn errors_are_recorded_as_errors() {
             Ok(status(200))
         }
     }));
-    let _ = svc.oneshot(with_hook(&hook)).await.unwrap();
+    let _ = call_with_hook(svc, &hook, get()).await.unwrap();
     assert_eq!(
         hook.events(),
         [
-            Event::Record(Err("reset by peer".into()), Duration::ZERO),
-            Event::BeforeRetry,
-            Event::Record(Ok(200), Duration::ZERO),
+            Event::Record(Err("reset by peer".into())),
+            Event::Check,
+            Event::Admit,
+            Event::Record(Ok(200)),
         ]
     );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_handle_for_another_response_type_is_ignored() {
-    let hook = Breaker::new(0);
-    let mut request = get();
-    // The wrong response type: `Response<()>`, not `Response<String>`.
-    struct Other(Arc<Breaker>);
-    impl AttemptHook<Response<()>> for Other {
-        fn before_retry(&self) -> Result<(), BoxError> {
-            self.0.before_retry()
-        }
-        fn record(&self, _: Result<&Response<()>, &(dyn Error + 'static)>, _: Duration) {
-            self.0.events.lock().unwrap().push(Event::BeforeRetry);
-        }
-    }
-    request
-        .extensions_mut()
-        .insert(AttemptHandle::new(Other(hook.clone())));
+async fn a_call_dropped_mid_attempt_cancels_the_attempt_in_flight() {
+    // Regression: a cancelled attempt used to be neither recorded nor given
+    // back, so a probe's slot waited for the breaker's half-open timeout.
+    let hook = Breaker::new(u32::MAX);
     let log = Log::new();
-    let svc = layer().layer(Scripted::fails_then_ok(&log, 503, 1));
-    assert_eq!(svc.oneshot(request).await.unwrap().status(), 200);
-    assert!(hook.events().is_empty());
+    let mut svc = layer().layer(timed(&log, &[503]));
+    svc.ready().await.unwrap();
+    let attempts = Attempts::new(hook.clone(), AttemptToken::new(0, 0));
+    let (future, _) = CallContext::offer_attempts(attempts, || svc.call(get()));
+    let mut task = tokio_test::task::spawn(future);
+    assert!(task.poll().is_pending());
+    tokio::time::advance(Duration::from_millis(31)).await;
+    // The first attempt failed; the retry is in its backoff or in flight.
+    let _ = task.poll();
+    drop(task);
+    let events = hook.events();
+    assert_eq!(events.first(), Some(&Event::Record(Ok(503))));
+    let admitted = hook.count(|e| *e == Event::Admit);
+    assert_eq!(hook.count(|e| *e == Event::Cancel), admitted, "{events:?}");
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn the_handle_is_taken_out_of_the_requests_sent_below() {
-    // The hook belongs to this retry layer: the attempts it sends neither
-    // carry it (no clone per attempt) nor let a second retry layer below
-    // record the same attempts again.
+async fn the_hook_is_taken_so_no_layer_below_sees_it() {
+    // The hook belongs to this retry layer: a second retry layer below
+    // cannot record the same attempts again.
     let hook = Breaker::new(u32::MAX);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let svc = layer().layer(service_fn({
         let seen = seen.clone();
-        move |req: Request<ReplayBody<String>>| {
-            seen.lock().unwrap().push(
-                req.extensions()
-                    .get::<AttemptHandle<Response<String>>>()
-                    .is_some(),
-            );
+        move |_req: Request<ReplayBody<String>>| {
+            seen.lock()
+                .unwrap()
+                .push(CallContext::current(|cx| (cx.has_attempts(), cx.attempt())));
             async move { Ok::<_, BoxError>(status(503)) }
         }
     }));
-    let _ = svc.oneshot(with_hook(&hook)).await.unwrap();
-    assert_eq!(*seen.lock().unwrap(), [false, false, false]);
-    assert_eq!(hook.events().len(), 3 + 2, "three records, two asks");
+    let _ = call_with_hook(svc, &hook, get()).await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(false, 1), (false, 2), (false, 3)]);
+    assert_eq!(hook.count(|e| matches!(e, Event::Record(..))), 3);
 }

@@ -3,17 +3,19 @@
 
 mod support;
 
-use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use support::{get, status, Log, Scripted};
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok};
+use tower::Service;
 use tower::{BoxError, Layer, ServiceExt};
+use tower_resilience_base::hook::Attempts;
+use tower_resilience_base::CallContext;
 use tower_retry_budget::{
-    AttemptHandle, AttemptHook, DefaultPolicy, Policy, ProcessRandom, RandomSource, RetryLayer,
-    SeededRandom, Verdict,
+    AttemptHook, AttemptOutcome, AttemptToken, DefaultPolicy, Policy, ProcessRandom, RandomSource,
+    RetryLayer, SeededRandom, Verdict,
 };
 use tower_test::mock;
 
@@ -122,20 +124,16 @@ fn debug_output_is_useful() {
 #[derive(Debug)]
 struct Hook;
 
-impl AttemptHook<Response<String>> for Hook {
-    fn before_retry(&self) -> Result<(), BoxError> {
-        Ok(())
+impl AttemptHook for Hook {
+    fn admit(&self) -> Result<AttemptToken, BoxError> {
+        Ok(AttemptToken::new(0, 0))
     }
-    fn record(&self, _: Result<&Response<String>, &(dyn Error + 'static)>, _: Duration) {}
+    fn record(&self, _: AttemptToken, _: AttemptOutcome<'_>) {}
+    fn cancel(&self, _: AttemptToken) {}
 }
 
 #[allow(dead_code)]
-fn object_safety(
-    _policy: &dyn Policy,
-    _random: &dyn RandomSource,
-    _hook: &dyn AttemptHook<Response<String>>,
-) {
-}
+fn object_safety(_policy: &dyn Policy, _random: &dyn RandomSource, _hook: &dyn AttemptHook) {}
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn trait_objects_work_as_policy_random_source_and_hook() {
@@ -147,18 +145,21 @@ async fn trait_objects_work_as_policy_random_source_and_hook() {
         Verdict::Success
     );
     let random: Box<dyn RandomSource> = Box::new(ProcessRandom::new());
-    let _ = random.seed();
-    let hook: Arc<dyn AttemptHook<Response<String>>> = Arc::new(Hook);
-    let handle = AttemptHandle::from_arc(hook);
-    assert!(handle.before_retry().is_ok());
+    let _ = random.next_u64();
+    let hook: Arc<dyn AttemptHook> = Arc::new(Hook);
+    assert!(hook.admit().is_ok());
 
     let log = Log::new();
-    let svc = RetryLayer::new()
+    let mut svc = RetryLayer::new()
         .policy(policy)
         .random(SeededRandom::new(3))
         .layer(Scripted::fails_then_ok(&log, 503, 1));
-    let mut request = get();
-    request.extensions_mut().insert(handle);
-    assert_eq!(svc.oneshot(request).await.unwrap().status(), 200);
+    ServiceExt::<Request<String>>::ready(&mut svc)
+        .await
+        .unwrap();
+    let attempts = Attempts::new(hook, AttemptToken::new(0, 0));
+    let (future, left) = CallContext::offer_attempts(attempts, || svc.call(get()));
+    assert!(left.is_none());
+    assert_eq!(future.await.unwrap().status(), 200);
     assert_eq!(log.count(), 2);
 }
