@@ -1,7 +1,10 @@
-//! The whole client stack, outermost first: per-call deadline, breaker,
-//! retry with budget, bulkhead, per-attempt deadline; against a bare
-//! `service_fn` and against two of tower's layers (`Timeout` and
-//! `ConcurrencyLimit`), on the happy path, plus allocations per call.
+//! The whole client stack and its joints, against a bare `service_fn` and
+//! against tower's own layers in the same run: the stack built up one layer
+//! at a time (to attribute the cost), the one-line `client_stack`, the
+//! rejection while the circuit is open, and allocations per call; each on a
+//! bare `Request<()>` and on a request that carries headers and an
+//! extension as a real hyper or reqwest request does, with a deadline in
+//! scope (the task-local deadline of a request being served).
 //!
 //! Run with `cargo bench -p tower-breaker --bench stack`.
 
@@ -16,10 +19,11 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::{Request, Response};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::time::Instant;
-use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_breaker::{Breaker, BreakerLayer};
+use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_breaker::stack::client_stack;
+use tower_breaker::{Breaker, BreakerLayer, Mode};
 use tower_bulkhead::BulkheadLayer;
-use tower_deadline::ClientDeadlineLayer;
+use tower_deadline::{ClientDeadlineLayer, Deadline};
 use tower_retry_budget::RetryLayer;
 
 #[global_allocator]
@@ -31,17 +35,54 @@ fn bare() -> Bare {
     service_fn(|_req: Request<()>| ready(Ok::<_, Infallible>(Response::new(()))))
 }
 
-async fn run<S>(mut svc: S, iters: u64) -> Duration
+/// What a request carries besides its head: an extension of the caller's.
+#[derive(Clone, Copy, Debug)]
+struct RequestId(#[allow(dead_code)] u64);
+
+/// Which request each call sends.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// `Request::new(())`: no headers, no extensions.
+    Bare,
+    /// A GET with a URI, three headers and one extension, as a real client
+    /// request has (built the same way for the bare service, so only the
+    /// layers' own cost shows).
+    Real,
+}
+
+fn request(shape: Shape) -> Request<()> {
+    match shape {
+        Shape::Bare => Request::new(()),
+        Shape::Real => {
+            let mut request = Request::get("http://catalog.internal/items?page=2")
+                .header("host", "catalog.internal")
+                .header("user-agent", "bench/1.0")
+                .header("accept", "*/*")
+                .body(())
+                .unwrap();
+            request.extensions_mut().insert(RequestId(42));
+            request
+        }
+    }
+}
+
+/// `iters` calls of `svc` inside the task-local scope of a 60 s deadline,
+/// timed.
+async fn run<S>(mut svc: S, shape: Shape, iters: u64) -> Duration
 where
     S: Service<Request<()>>,
 {
-    let start = Instant::now();
-    for _ in 0..iters {
-        let _ = svc.ready().await;
-        let out = svc.call(Request::new(())).await;
-        std::hint::black_box(out.is_ok());
-    }
-    start.elapsed()
+    Deadline::after(Duration::from_secs(60))
+        .scope(async move {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let _ = svc.ready().await;
+                let out = svc.call(request(shape)).await;
+                std::hint::black_box(out.is_ok());
+            }
+            start.elapsed()
+        })
+        .await
 }
 
 fn tower_two<S>(inner: S) -> impl Service<Request<()>, Response = Response<()>> + Clone
@@ -55,33 +96,14 @@ where
         .service(inner)
 }
 
-/// The four layers without deadlines: breaker, retry, bulkhead.
-fn ours_three(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+fn tower_timeout(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
     ServiceBuilder::new()
-        .layer(BreakerLayer::new(Breaker::new("bench")))
-        .layer(RetryLayer::new().clone_bodies())
-        .layer(BulkheadLayer::new("bench", 1024))
+        .timeout(Duration::from_secs(60))
         .service(inner)
 }
 
-/// The full stack of the README, with a 60 s budget for every call.
-fn ours_full(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    ServiceBuilder::new()
-        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(60)))
-        .layer(BreakerLayer::new(Breaker::new("bench")))
-        .layer(RetryLayer::new().clone_bodies())
-        .layer(BulkheadLayer::new("bench", 1024))
-        .layer(ClientDeadlineLayer::new())
-        .service(inner)
-}
-
-/// The stack built up one layer at a time, from the transport side, to
-/// attribute the cost: bulkhead, then retry, then breaker, then the outer
-/// deadline (the per-attempt deadline is the difference to the full stack).
 fn step_bulkhead(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    ServiceBuilder::new()
-        .layer(BulkheadLayer::new("bench", 1024))
-        .service(inner)
+    BulkheadLayer::new("bench", 1024).layer(inner)
 }
 
 fn step_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
@@ -91,81 +113,147 @@ fn step_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>>
         .service(inner)
 }
 
-fn step_deadline(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+fn step_breaker(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
     ServiceBuilder::new()
-        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(60)))
         .layer(BreakerLayer::new(Breaker::new("bench")))
         .layer(RetryLayer::new().clone_bodies())
         .layer(BulkheadLayer::new("bench", 1024))
         .service(inner)
 }
 
-fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, svc: S) -> f64
+/// The full stack by hand, as the module docs of `tower_breaker::stack`
+/// show it.
+fn full_by_hand(
+    inner: Bare,
+    breaker: Breaker,
+) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .layer(
+            ClientDeadlineLayer::new()
+                .default_timeout(Duration::from_secs(60))
+                .enforce_only(),
+        )
+        .layer(BreakerLayer::new(breaker))
+        .layer(RetryLayer::new().clone_bodies())
+        .layer(BulkheadLayer::new("bench", 1024))
+        .layer(ClientDeadlineLayer::new())
+        .service(inner)
+}
+
+/// The same stack in one line.
+fn one_line(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    client_stack("bench")
+        .timeout(Duration::from_secs(60))
+        .retry(RetryLayer::new().clone_bodies())
+        .concurrency(1024)
+        .layer(inner)
+}
+
+/// The full stack whose circuit is forced open.
+fn open(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    let breaker = Breaker::new("bench");
+    breaker.set_mode(Mode::ForcedOpen);
+    full_by_hand(inner, breaker)
+}
+
+/// Each layer alone, for the joints' own targets.
+fn retry_alone(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    RetryLayer::new().clone_bodies().layer(inner)
+}
+
+fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    #[derive(Clone)]
+    struct Attempts(usize);
+    impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for Attempts {
+        type Future = Ready<()>;
+        fn retry(
+            &mut self,
+            _: &mut Request<()>,
+            result: &mut Result<Response<()>, E>,
+        ) -> Option<Self::Future> {
+            match result {
+                Ok(_) => None,
+                Err(_) if self.0 > 0 => {
+                    self.0 -= 1;
+                    Some(ready(()))
+                }
+                Err(_) => None,
+            }
+        }
+        fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
+            let mut copy = Request::new(());
+            *copy.method_mut() = req.method().clone();
+            *copy.uri_mut() = req.uri().clone();
+            *copy.headers_mut() = req.headers().clone();
+            *copy.extensions_mut() = req.extensions().clone();
+            Some(copy)
+        }
+    }
+    tower::retry::Retry::new(Attempts(2), inner)
+}
+
+fn breaker_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    BreakerLayer::new(Breaker::new("bench")).layer(inner)
+}
+
+fn deadline_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ClientDeadlineLayer::new().layer(inner)
+}
+
+fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, svc: S, shape: Shape) -> f64
 where
     S: Service<Request<()>>,
 {
     const N: u64 = 10_000;
     let region = Region::new(GLOBAL);
-    rt.block_on(run(svc, N));
+    rt.block_on(run(svc, shape, N));
     region.change().allocations as f64 / N as f64
 }
 
-fn benches(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    let mut group = c.benchmark_group("stack");
-    group.bench_function("bare service_fn", |b| {
-        b.iter_custom(|iters| rt.block_on(run(bare(), iters)))
-    });
-    group.bench_function("tower Timeout + ConcurrencyLimit", |b| {
-        b.iter_custom(|iters| rt.block_on(run(tower_two(bare()), iters)))
-    });
-    group.bench_function("bulkhead", |b| {
-        b.iter_custom(|iters| rt.block_on(run(step_bulkhead(bare()), iters)))
-    });
-    group.bench_function("retry + bulkhead", |b| {
-        b.iter_custom(|iters| rt.block_on(run(step_retry(bare()), iters)))
-    });
-    group.bench_function("breaker + retry + bulkhead", |b| {
-        b.iter_custom(|iters| rt.block_on(run(ours_three(bare()), iters)))
-    });
-    group.bench_function("deadline + breaker + retry + bulkhead", |b| {
-        b.iter_custom(|iters| rt.block_on(run(step_deadline(bare()), iters)))
-    });
-    group.bench_function("full stack with deadlines", |b| {
-        b.iter_custom(|iters| rt.block_on(run(ours_full(bare()), iters)))
-    });
-    group.finish();
+macro_rules! variants {
+    ($($name:literal => $make:expr),* $(,)?) => {
+        fn benches(c: &mut Criterion) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            for (shape, label) in [(Shape::Bare, "bare request"), (Shape::Real, "real request")] {
+                let mut group = c.benchmark_group(format!("stack, {label}"));
+                $(
+                    group.bench_function($name, |b| {
+                        b.iter_custom(|iters| rt.block_on(run($make, shape, iters)))
+                    });
+                )*
+                group.finish();
+            }
+            for (shape, label) in [(Shape::Bare, "bare request"), (Shape::Real, "real request")] {
+                println!("\nallocations per call, {label} (the bare service's included):");
+                $(
+                    println!(
+                        "  {:<44} {:.2}",
+                        $name,
+                        allocations_per_call(&rt, $make, shape)
+                    );
+                )*
+            }
+        }
+    };
+}
 
-    println!("\nallocations per call:");
-    for (name, n) in [
-        ("bare service_fn", allocations_per_call(&rt, bare())),
-        (
-            "tower Timeout + ConcurrencyLimit",
-            allocations_per_call(&rt, tower_two(bare())),
-        ),
-        ("bulkhead", allocations_per_call(&rt, step_bulkhead(bare()))),
-        (
-            "retry + bulkhead",
-            allocations_per_call(&rt, step_retry(bare())),
-        ),
-        (
-            "breaker + retry + bulkhead",
-            allocations_per_call(&rt, ours_three(bare())),
-        ),
-        (
-            "deadline + breaker + retry + bulkhead",
-            allocations_per_call(&rt, step_deadline(bare())),
-        ),
-        (
-            "full stack with deadlines",
-            allocations_per_call(&rt, ours_full(bare())),
-        ),
-    ] {
-        println!("  {name:<38} {n:.2}");
-    }
+variants! {
+    "bare service_fn" => bare(),
+    "tower Timeout" => tower_timeout(bare()),
+    "tower Timeout + ConcurrencyLimit" => tower_two(bare()),
+    "tower Retry (policy cloning the request)" => tower_retry(bare()),
+    "bulkhead" => step_bulkhead(bare()),
+    "retry alone" => retry_alone(bare()),
+    "breaker alone (client mode, hook offered)" => breaker_client(bare()),
+    "client deadline alone (deadline in scope)" => deadline_client(bare()),
+    "retry + bulkhead" => step_retry(bare()),
+    "breaker + retry + bulkhead" => step_breaker(bare()),
+    "full stack by hand" => full_by_hand(bare(), Breaker::new("bench")),
+    "client_stack (one line)" => one_line(bare()),
+    "full stack, circuit open (rejection)" => open(bare()),
 }
 
 criterion_group!(group, benches);

@@ -180,12 +180,15 @@
 //! attempt:
 //!
 //! ```text
-//! DeadlineLayer      one budget for the whole logical call
-//! BreakerLayer       fails fast while open; counts every attempt via the hook
-//! RetryLayer         backoff, budget; asks the breaker before each retry
-//! BulkheadLayer      caps attempts in flight; its rejections are not counted
+//! ClientDeadlineLayer  one budget for the whole logical call (enforce_only)
+//! BreakerLayer         fails fast while open; counts every attempt via the hook
+//! RetryLayer           backoff, budget; asks the breaker before each retry
+//! BulkheadLayer        caps attempts in flight; its rejections are not counted
+//! ClientDeadlineLayer  per attempt: writes the budget left on the wire
 //! transport
 //! ```
+//!
+//! [`stack::client_stack`] builds exactly this in one line (feature `stack`).
 //!
 //! In client mode the breaker offers its attempt hook
 //! (`tower_resilience_base::hook`, one per layer, no allocation per call)
@@ -390,6 +393,9 @@ pub mod mode;
 pub mod redis_store;
 mod service;
 mod snapshot;
+#[cfg(feature = "stack")]
+#[cfg_attr(docsrs, doc(cfg(feature = "stack")))]
+pub mod stack;
 mod state;
 pub mod store;
 mod window;
@@ -409,8 +415,11 @@ pub use keyed::{
 pub use layer::BreakerLayer;
 pub use service::CircuitBreaker;
 pub use snapshot::{Cause, Listener, Snapshot, Totals, Transition, WindowCounts};
+#[cfg(feature = "stack")]
+pub use stack::{client_stack, server_stack, ClientStack, ServerStack};
 pub use state::{Mode, State};
 pub use tower_resilience_base::random::{ProcessRandom, RandomSource, SeededRandom};
+pub use tower_resilience_base::Answer;
 
 /// The boxed error type of [`CircuitBreaker`] in client and plain modes, as
 /// in tower (the toolkit's one definition, from `tower-resilience-base`).

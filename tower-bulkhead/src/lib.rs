@@ -122,7 +122,7 @@
 //! dependency:
 //!
 //! ```text
-//! DeadlineLayer        one budget for the logical call
+//! ClientDeadlineLayer  one budget for the logical call
 //!   BreakerLayer       ignores BulkheadFull (not the dependency's fault)
 //!     RetryLayer       does not retry BulkheadFull; sleeps hold no slot
 //!       BulkheadLayer  caps attempts in flight; refuses when full

@@ -117,11 +117,19 @@
 //! goes *twice* around a retry layer, or once below it:
 //!
 //! ```text
-//! ClientDeadlineLayer     one budget for the logical call, in extensions
+//! ClientDeadlineLayer     one budget for the logical call (enforce_only)
 //!   BreakerLayer / RetryLayer / BulkheadLayer
-//!     ClientDeadlineLayer a fresh header and a cut-off for each attempt
+//!     ClientDeadlineLayer a fresh header for each attempt
 //!       transport
 //! ```
+//!
+//! The outer layer hands the deadline to the layers below in the
+//! [`CallContext`] (no extension, no allocation) and cuts the whole call;
+//! with [`enforce_only`](ClientDeadlineLayer::enforce_only) it writes no
+//! header, since the per-attempt layer writes a fresh one on every attempt.
+//! The per-attempt layer arms no timer of its own for a deadline the outer
+//! one already enforces: one timer per call, armed only if the call does
+//! not answer at once.
 //!
 //! Placed only *above* a retry layer, the header is written once, before
 //! the first attempt, and a retry sent after a backoff would tell the callee

@@ -9,11 +9,11 @@
 //! |---|---|---|---|---|
 //! | [`CircuitOpen`] | 503 | UNAVAILABLE | until the next probe | yes |
 //! | [`BulkheadFull`] | 503 | RESOURCE_EXHAUSTED | the layer's setting (1 s from an error) | yes |
-//! | [`LocalRejection`](crate::error::LocalRejection) | 503 | UNAVAILABLE | – | yes |
-//! | [`DeadlineExceeded`](crate::error::DeadlineExceeded), [`InsufficientBudget`](crate::error::InsufficientBudget) | 504 | DEADLINE_EXCEEDED | – | if retries were spent |
-//! | [`BudgetExhausted`](crate::error::BudgetExhausted) | 503 | UNAVAILABLE | – | yes |
-//! | [`AttemptsExhausted`](crate::error::AttemptsExhausted) | 502 | UNAVAILABLE | – | yes |
-//! | [`DeadlineTooClose`](crate::error::DeadlineTooClose) | 504 | DEADLINE_EXCEEDED | – | yes |
+//! | [`LocalRejection`] | 503 | UNAVAILABLE | – | yes |
+//! | [`DeadlineExceeded`], [`InsufficientBudget`] | 504 | DEADLINE_EXCEEDED | – | if retries were spent |
+//! | [`BudgetExhausted`] | 503 | UNAVAILABLE | – | yes |
+//! | [`AttemptsExhausted`] | 502 | UNAVAILABLE | – | yes |
+//! | [`DeadlineTooClose`] | 504 | DEADLINE_EXCEEDED | – | yes |
 //! | any other error of the dependency | 502 | UNAVAILABLE | – | no |
 //!
 //! A gRPC answer is "trailers-only": HTTP 200 whose header block carries

@@ -1,6 +1,6 @@
 //! Errors returned by [`Retry`](crate::Retry).
 //!
-//! The service's error type is [`BoxError`]. When the layer
+//! The service's error type is [`BoxError`](crate::BoxError). When the layer
 //! gives up on a retryable *error* because a limit was reached, it wraps the
 //! last attempt's error in the struct that names the limit:
 //! [`AttemptsExhausted`], [`BudgetExhausted`] or [`DeadlineTooClose`]; the

@@ -53,8 +53,8 @@
 //!    or a `grpc-retry-pushback-ms` sets the least delay; a negative or
 //!    malformed pushback means never. Whatever the policy says, a response
 //!    carrying [`NO_RETRY_HEADER`] and a local rejection
-//!    ([`policy::is_local_rejection`]: this crate's errors,
-//!    `tower-deadline`'s and `tower-bulkhead`'s) are never retried.
+//!    ([`policy::is_local_rejection`]: an open circuit, a full bulkhead, a
+//!    spent deadline, retries already spent below) are never retried.
 //! 2. **May the request be repeated?** It must be idempotent (`GET`,
 //!    `HEAD`, `OPTIONS`, `PUT`, `DELETE`, `TRACE`) or carry an
 //!    `Idempotency-Key` header; the rule is the policy's
@@ -65,9 +65,10 @@
 //! 4. **Server delay:** a server may not ask for more than
 //!    [`max_server_delay`](RetryLayer::max_server_delay).
 //! 5. **Deadline:** the delay is the backoff, or the server's delay if
-//!    longer. If the request has a deadline (the earliest of the
-//!    `tower_deadline::Deadline` in its extensions and
-//!    `tower_deadline::Deadline::current()`), the retry is made only if at
+//!    longer. If the call has a deadline (the earliest of the one a
+//!    `tower_deadline::ClientDeadline` above set in the call context, a
+//!    `Deadline` in the request's extensions and the task-local deadline of
+//!    the request being served), the retry is made only if at
 //!    least [`min_remaining`](RetryLayer::min_remaining) is left after the
 //!    delay: the layer never sleeps past the deadline, and never starts an
 //!    attempt that cannot get the minimum slice.
@@ -122,11 +123,21 @@
 //! `application/grpc...`), [`RETRY_ATTEMPT_HEADER`] (`x-retry-attempt`,
 //! the attempt's number, 2 for the first retry) on others.
 //!
-//! **The breaker hook.** When the request's extensions hold an
-//! [`AttemptHandle`] for the inner service's response type, the layer
-//! records every attempt's outcome and duration on it and asks it before
-//! every retry; an `Err` stops the retries at once with that error. See
-//! [`AttemptHook`].
+//! **The breaker hook.** When a breaker above offers its [`AttemptHook`] in
+//! the call context (`tower_resilience_base::CallContext`), the layer takes
+//! it and reports every attempt's outcome to it, asks it before sleeping
+//! each backoff (so the call that trips the circuit returns `CircuitOpen`
+//! at once, and spends no budget), and admits every retry through it; an
+//! `Err` stops the retries at once with that error. An attempt the caller
+//! abandons is given back to the hook, never lost. The hook sees each
+//! response through its status and headers, so it does not depend on the
+//! response type. See [`AttemptHook`].
+//!
+//! **The call context.** Each attempt is sent with its number
+//! (`CallContext::attempt`) and the clock reading of the call in the
+//! context, so the layers below read neither extensions nor the clock
+//! again; the request's head is copied only when the request may be
+//! retried.
 //!
 //! **Observability.** A `tracing` event at `DEBUG` for every retry
 //! (`attempt`, `delay_ms`, `reason`), every refusal by the budget and every
@@ -156,7 +167,7 @@
 //! The order of the toolkit, outermost first:
 //!
 //! ```text
-//! DeadlineLayer        one budget for the whole logical call
+//! ClientDeadlineLayer  one budget for the whole logical call (enforce_only)
 //! BreakerLayer         fails fast while open; sees every attempt through the hook
 //! RetryLayer           this crate: backoff, budget, stops when the breaker opens
 //! BulkheadLayer        caps attempts in flight; its rejections are not retried
@@ -165,8 +176,8 @@
 //! ```
 //!
 //! The breaker goes *outside* the retries but still counts every attempt:
-//! it inserts an [`AttemptHandle`] into the request, and this layer records
-//! each attempt on it and asks it before each retry. Contrast with the two
+//! it offers its [`AttemptHook`] in the call context, and this layer reports
+//! each attempt to it and asks it before each backoff and retry. Contrast with the two
 //! naive stacks:
 //!
 //! ```text
@@ -180,8 +191,8 @@
 //! and a timeout is retried); a timeout for the whole call goes above it.
 //! With `tower-deadline`, a `DeadlineExceeded` from a `ClientDeadlineLayer`
 //! below this one is such a per-attempt timeout, and is retried, as long as
-//! the call's own deadline (from the request's extensions or the task-local
-//! scope) leaves more than [`min_remaining`](RetryLayer::min_remaining);
+//! the call's own deadline (from the call context, the request's extensions
+//! or the task-local scope) leaves more than [`min_remaining`](RetryLayer::min_remaining);
 //! once the call's deadline is what passed, it is returned unchanged.
 //! Load shedding goes above it: a shed request must not be retried.
 //!
@@ -255,9 +266,11 @@
 //!   a downstream failure to its own response must copy [`NO_RETRY_HEADER`]
 //!   (or add it) for the tier above to see it; the layer does so on the
 //!   responses it returns, not on the handler's.
-//! - **The attempt hook's type must match.** The layer looks up
-//!   `AttemptHandle<S::Response>` exactly; a handle for another response
-//!   type is silently ignored.
+//! - **Keep the chain synchronous.** The hook and the deadline reach this
+//!   layer through the call context, during `call`; a layer between the
+//!   breaker and this one that calls its inner service later or on another
+//!   task (tower's `Buffer`) cuts the chain, and the breaker then counts
+//!   each call once. Put such layers outside the stack.
 //! - **A `POST` needs a key.** Non-idempotent requests are never retried
 //!   unless they carry `Idempotency-Key`, which the server must honour.
 //! - **Large request bodies are sent once.** Raise
@@ -268,11 +281,10 @@
 //!
 //! # Feature flags
 //!
-//! - `deadline` (default): read the deadline from `tower-deadline` (the
-//!   request's extensions and the task-local scope) and never retry its
-//!   errors. Without it, retries are not limited by a deadline.
-//! - `bulkhead` (default): never retry a `tower-bulkhead` rejection
-//!   (`BulkheadFull`, found anywhere in the error's `source()` chain).
+//! The layer cooperates with the deadline, bulkhead and breaker layers
+//! without any feature: the vocabulary they share (the call context, the
+//! attempt hook, the errors) lives in `tower-resilience-base`.
+//!
 //! - `tower`: implement `tower::retry::budget::Budget` for [`RetryBudget`],
 //!   so it can back `tower::retry` policies too.
 //!

@@ -36,7 +36,8 @@ use crate::{BoxError, RetryLayer};
 /// 4. for a retryable failure, retries after the backoff unless the
 ///    attempts, the deadline or the budget forbid it, in that order of
 ///    checking; the retry carries the attempt number on the wire and asks
-///    the request's [`AttemptHandle`], if any, first;
+///    breaker's [`AttemptHook`](crate::AttemptHook), if one was offered in
+///    the call context, first;
 /// 5. otherwise returns the outcome, saying why it stopped (see
 ///    [`GaveUp`](crate::GaveUp) and [`crate::error`]).
 ///

@@ -2,13 +2,15 @@
 //! downstream dependency through a reqwest client wrapped in the client
 //! stack. Everything runs on 127.0.0.1.
 //!
-//! The `shop` server (the one we are building) has, added with
-//! `Router::layer`: `ServerDeadlineLayer` (reads the caller's budget),
-//! `HttpBulkheadLayer` (at most 2 requests at once, the rest get 503 with
-//! `Retry-After`) and `BreakerLayer::http_answers` (a breaker for the whole
-//! server). Its handler calls `inventory`, a second local axum server,
-//! through `ClientDeadline -> Breaker -> Retry (budget) -> Bulkhead ->
-//! ClientDeadline (per attempt) -> reqwest`. It shows:
+//! The `shop` server (the one we are building) has `server_stack("shop")`
+//! on its `Router`: the caller's budget (`ServerDeadlineLayer`), a
+//! bulkhead (at most 2 requests at once, the rest get 503 with
+//! `Retry-After`) and a breaker for the whole server, in one `layer`. Its
+//! handler calls `inventory`, a second local axum server, through
+//! `client_stack("inventory")`: `ClientDeadline -> Breaker -> Retry
+//! (budget) -> Bulkhead -> ClientDeadline (per attempt) -> reqwest`, and
+//! turns the stack's errors into answers with `Answer::for_error`. It
+//! shows:
 //!
 //! 1. the caller's budget propagated: `shop` receives 800 ms, works 50 ms,
 //!    and `inventory` is told what is left;
@@ -38,14 +40,11 @@ use axum::Router;
 use examples::demo::{check, serve_local};
 use examples::reqwest_adapter::{BoxError, Client, ReqwestService};
 use tokio::time::Instant;
-use tower::ServiceBuilder;
-use tower_breaker::error::CircuitOpen;
-use tower_breaker::{Breaker, BreakerConfig, BreakerLayer};
-use tower_bulkhead::error::BulkheadFull;
-use tower_bulkhead::{BulkheadLayer, CompartmentHandle, HttpBulkheadLayer};
-use tower_deadline::error::{DeadlineExceeded, InsufficientBudget};
+use tower::Layer;
+use tower_breaker::stack::{client_stack, server_stack};
+use tower_breaker::{Breaker, BreakerConfig};
+use tower_bulkhead::{CompartmentHandle, HttpBulkheadLayer};
 use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
-use tower_retry_budget::RetryLayer;
 
 // ---------------------------------------------------------------- inventory
 
@@ -125,45 +124,33 @@ async fn order(State(shop): State<Shop>, Path(sku): Path<String>) -> Response {
             let text = format!("shop had {left} ms; inventory says: {text} (call: {took} us)");
             (status, text).into_response()
         }
-        Err(e) => {
-            let (status, text) = downstream_error(&e);
-            let mut response = (status, format!("{text} (call: {took} us)")).into_response();
-            if let Some(open) = e.downcast_ref::<CircuitOpen>() {
-                // Tell our caller when to come back, as the breaker told us.
-                let secs = open.retry_after().as_secs().max(1);
-                response.headers_mut().insert("retry-after", secs.into());
-            }
-            response
-        }
+        Err(e) => downstream_error(&e, took),
     }
 }
 
-/// Turns the client stack's typed errors into answers for our caller.
-fn downstream_error(e: &BoxError) -> (StatusCode, String) {
-    let status = if e.is::<CircuitOpen>() || e.is::<BulkheadFull>() {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else if e.is::<DeadlineExceeded>() || e.is::<InsufficientBudget>() {
-        StatusCode::GATEWAY_TIMEOUT
-    } else {
-        StatusCode::BAD_GATEWAY
-    };
-    (status, format!("inventory unavailable: {e}"))
+/// Turns the client stack's typed errors into answers for our caller: 503
+/// with `Retry-After` (as the breaker or bulkhead told us) and the
+/// do-not-retry mark for an open circuit or a full bulkhead, 504 for a
+/// passed deadline, 502 for a failed dependency.
+fn downstream_error(e: &BoxError, took: u128) -> Response {
+    let mut response: Response = tower_breaker::Answer::for_error(&**e).into_response(false);
+    *response.body_mut() = format!("inventory unavailable: {e} (call: {took} us)").into();
+    response
 }
 
-/// The client stack for calls to `inventory`, outermost first.
+/// The client stack for calls to `inventory`: deadline, breaker, retry,
+/// bulkhead, per-attempt deadline, in one line.
 fn inventory_client(breaker: Breaker) -> Client {
-    let stack = ServiceBuilder::new()
-        // One budget for the whole call: the caller's (task-local), at most 2 s.
-        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(2)))
+    let stack = client_stack("inventory")
         // Fails fast while open; counts every attempt of the retry layer.
-        .layer(BreakerLayer::new(breaker))
-        // Full-jitter backoff, 3 attempts, 10% budget, deadline aware.
-        .layer(RetryLayer::new())
+        .breaker(breaker)
+        // One budget for the whole call: the caller's (task-local), at most 2 s.
+        .timeout(Duration::from_secs(2))
         // At most 16 attempts in flight to inventory.
-        .layer(BulkheadLayer::new("inventory", 16))
-        // Per attempt: a fresh x-request-timeout-ms header and a cut-off.
-        .layer(ClientDeadlineLayer::new().margin(Duration::from_millis(1)))
-        .service(ReqwestService::new(
+        .concurrency(16)
+        // Per attempt: a fresh x-request-timeout-ms header, 1 ms for the network.
+        .attempt_deadline(ClientDeadlineLayer::new().margin(Duration::from_millis(1)))
+        .layer(ReqwestService::new(
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_millis(200))
                 .build()
@@ -176,27 +163,27 @@ async fn start_shop(shop: Shop, bulkhead: HttpBulkheadLayer, breaker: Breaker) -
     let app = Router::new()
         .route("/order/{sku}", get(order))
         .with_state(shop)
-        // The last `layer` is the outermost: deadline, then bulkhead, then breaker.
-        .layer(BreakerLayer::new(breaker).http_answers())
-        .layer(bulkhead)
+        // Outermost first: the caller's deadline, a bulkhead, a breaker.
         .layer(
-            ServerDeadlineLayer::new()
-                .default_timeout(Duration::from_secs(2))
-                .max_timeout(Duration::from_secs(5)),
+            server_stack("shop")
+                .timeout(Duration::from_secs(2))
+                .max_timeout(Duration::from_secs(5))
+                .bulkhead(bulkhead)
+                .breaker(breaker),
         );
     serve_local(app).await
 }
 
 // ------------------------------------------------------------------- caller
 
-struct Answer {
+struct Reply {
     status: StatusCode,
     headers: HeaderMap,
     text: String,
     took: Duration,
 }
 
-async fn call(shop: SocketAddr, sku: &str, budget_ms: u64) -> Answer {
+async fn call(shop: SocketAddr, sku: &str, budget_ms: u64) -> Reply {
     let start = Instant::now();
     // A plain client, as any caller of our server would have.
     let response = reqwest::Client::new()
@@ -208,7 +195,7 @@ async fn call(shop: SocketAddr, sku: &str, budget_ms: u64) -> Answer {
     let status = response.status();
     let headers = response.headers().clone();
     let text = response.text().await.unwrap_or_default();
-    Answer {
+    Reply {
         status,
         headers,
         text,

@@ -49,15 +49,13 @@ use axum::routing::get;
 use axum::Router;
 use examples::reqwest_adapter::{Client, ReqwestService};
 use tokio::time::{Instant, MissedTickBehavior};
-use tower::ServiceBuilder;
+use tower::Layer;
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::redis_store::{RedisOptions, RedisStore};
+use tower_breaker::stack::client_stack;
 use tower_breaker::store::Store;
-use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, State as CircuitState, Transition};
+use tower_breaker::{Breaker, BreakerConfig, State as CircuitState, Transition};
 use tower_bulkhead::error::BulkheadFull;
-use tower_bulkhead::BulkheadLayer;
-use tower_deadline::ClientDeadlineLayer;
-use tower_retry_budget::RetryLayer;
 
 #[path = "../outage_fleet.rs"]
 mod fleet;
@@ -413,14 +411,12 @@ async fn stack_call(client: &Client, url: &str) -> (Outcome, bool) {
 const BULKHEAD: usize = 20;
 
 fn full_stack(args: &Args, breaker: Breaker) -> Client {
-    let stack = ServiceBuilder::new()
+    let stack = client_stack("dependency")
+        .breaker(breaker)
         // The caller's whole budget, for all attempts together.
-        .layer(ClientDeadlineLayer::new().default_timeout(args.timeout))
-        .layer(BreakerLayer::new(breaker))
-        .layer(RetryLayer::new())
-        .layer(BulkheadLayer::new("dependency", BULKHEAD))
-        .layer(ClientDeadlineLayer::new())
-        .service(ReqwestService::new(
+        .timeout(args.timeout)
+        .concurrency(BULKHEAD)
+        .layer(ReqwestService::new(
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_millis(100))
                 .build()

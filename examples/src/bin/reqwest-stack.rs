@@ -35,13 +35,11 @@ use bytes::Bytes;
 use examples::demo::check;
 use examples::reqwest_adapter::{BoxError, Client, ReqwestService};
 use tokio::time::Instant;
-use tower::ServiceBuilder;
+use tower::Layer;
 use tower_breaker::error::CircuitOpen;
-use tower_breaker::{Breaker, BreakerConfig, BreakerLayer};
-use tower_bulkhead::BulkheadLayer;
+use tower_breaker::stack::client_stack;
+use tower_breaker::{Breaker, BreakerConfig};
 use tower_deadline::error::DeadlineExceeded;
-use tower_deadline::ClientDeadlineLayer;
-use tower_retry_budget::RetryLayer;
 
 /// The local server: counts calls, fails the first attempt of each order.
 #[derive(Clone, Default)]
@@ -127,18 +125,20 @@ async fn main() -> Result<(), BoxError> {
             .minimum_calls(10)
             .open_period(Duration::from_secs(5)),
     );
-    let retry = RetryLayer::new();
-    let stack = ServiceBuilder::new()
-        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(2)))
-        .layer(BreakerLayer::new(breaker.clone()))
-        .layer(retry.clone())
-        .layer(BulkheadLayer::new("catalog", 32))
-        .layer(ClientDeadlineLayer::new())
-        .service(ReqwestService::new(
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_millis(200))
-                .build()?,
-        ));
+    // Deadline, breaker, retry, bulkhead, per-attempt deadline, in one line.
+    let stack = client_stack("catalog")
+        .breaker(breaker.clone())
+        .timeout(Duration::from_secs(2))
+        .concurrency(32);
+    let retry_counters = {
+        let stack = stack.clone();
+        move || stack.retry_counters()
+    };
+    let stack = stack.layer(ReqwestService::new(
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(200))
+            .build()?,
+    ));
     let client = Client::new(stack);
     let base = format!("http://{addr}");
 
@@ -165,7 +165,7 @@ async fn main() -> Result<(), BoxError> {
     let status = response.status();
     println!("   {status}: {}", response.text().await?);
     check(
-        status == StatusCode::CREATED && retry.counters().retries == 1,
+        status == StatusCode::CREATED && retry_counters().retries == 1,
         "one retry, the body replayed byte for byte",
         &mut failures,
     );

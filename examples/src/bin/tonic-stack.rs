@@ -34,14 +34,10 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 use tower::{BoxError, ServiceBuilder};
-use tower_breaker::error::CircuitOpen;
-use tower_breaker::{Breaker, BreakerConfig, BreakerLayer};
-use tower_bulkhead::error::BulkheadFull;
-use tower_bulkhead::BulkheadLayer;
-use tower_deadline::error::{DeadlineExceeded, InsufficientBudget};
-use tower_deadline::{codec, ClientDeadlineLayer, ServerDeadlineLayer};
+use tower_breaker::stack::client_stack;
+use tower_breaker::{Breaker, BreakerConfig};
+use tower_deadline::{codec, ServerDeadlineLayer};
 use tower_retry_budget::body::ReplayBody;
-use tower_retry_budget::RetryLayer;
 
 /// The code generated from `proto/stock.proto`.
 mod stock {
@@ -140,16 +136,15 @@ async fn start_server(service: StockService) -> SocketAddr {
 /// Turns the layers' typed errors into gRPC statuses, so the generated
 /// client returns `Status` codes callers already handle.
 fn to_status(e: BoxError) -> BoxError {
-    let status = if let Some(open) = e.downcast_ref::<CircuitOpen>() {
-        Status::unavailable(format!("{open} (not sent)"))
-    } else if e.is::<BulkheadFull>() {
-        Status::resource_exhausted(e.to_string())
-    } else if e.is::<DeadlineExceeded>() || e.is::<InsufficientBudget>() {
-        Status::deadline_exceeded(e.to_string())
-    } else {
+    // The stack's own errors (an open circuit, a full bulkhead, a passed
+    // deadline, spent retries) get the gRPC code of their documented
+    // answer; the transport's errors pass through for tonic to convert.
+    if !tower_retry_budget::policy::is_local_rejection(&*e) {
         return e;
-    };
-    Box::new(status)
+    }
+    let answer = tower_breaker::Answer::for_error(&*e);
+    let code = tonic::Code::from(answer.grpc_code().as_u32() as i32);
+    Box::new(Status::new(code, e.to_string()))
 }
 
 fn reserve(sku: &str, request_id: &str) -> Request<ReserveRequest> {
@@ -189,14 +184,16 @@ async fn main() -> Result<(), BoxError> {
             .minimum_calls(6)
             .open_period(Duration::from_secs(5)),
     );
-    let retry = RetryLayer::new();
+    let resilience = client_stack("stock")
+        .breaker(breaker.clone())
+        .timeout(Duration::from_secs(2)) // or tonic's set_timeout, if shorter
+        .concurrency(16);
+    let retry = resilience.clone();
     let stack = ServiceBuilder::new()
         .map_err(to_status)
-        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(2)))
-        .layer(BreakerLayer::new(breaker.clone()))
-        .layer(retry.clone())
-        .layer(BulkheadLayer::new("stock", 16))
-        .layer(ClientDeadlineLayer::new())
+        // Deadline, breaker, retry, bulkhead, per-attempt deadline (which
+        // writes grpc-timeout), in one layer.
+        .layer(resilience)
         // The retry layer hands down a replayable body; the channel takes
         // tonic's body type.
         .map_request(|r: http::Request<ReplayBody<tonic::body::Body>>| {
@@ -227,7 +224,7 @@ async fn main() -> Result<(), BoxError> {
         reply.reserved, reply.attempt
     );
     check(
-        reply.reserved && reply.attempt == 2 && retry.counters().retries == 1,
+        reply.reserved && reply.attempt == 2 && retry.retry_counters().retries == 1,
         "retried once, the same message on both attempts",
         &mut failures,
     );

@@ -1,0 +1,353 @@
+//! The recommended stacks in one line (feature `stack`, on by default).
+//!
+//! A client stack, outermost first:
+//!
+//! ```text
+//! ClientDeadline (whole call)   one budget for the logical call; enforces it,
+//!                               writes nothing (the per-attempt layer does)
+//! CircuitBreaker                fails fast while open; counts every attempt
+//! Retry                         jittered backoff, 10% budget, asks the breaker
+//! Bulkhead                      caps attempts in flight; rejects when full
+//! ClientDeadline (per attempt)  writes the budget left on the wire
+//! ```
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{service_fn, BoxError, Layer, ServiceExt};
+//! use tower_breaker::stack::client_stack;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! // The transport: hyper, reqwest (through an adapter), a tonic Channel...
+//! let transport = service_fn(|req: http::Request<_>| async move {
+//!     let budget = req.headers()["x-request-timeout-ms"].clone();
+//!     let _body: tower_retry_budget::body::ReplayBody<String> = req.into_body();
+//!     Ok::<_, BoxError>(http::Response::new(budget))
+//! });
+//!
+//! let stack = client_stack("inventory")
+//!     .timeout(Duration::from_secs(2))
+//!     .concurrency(32);
+//! let breaker = stack.breaker_handle().clone();
+//! let client = stack.layer(transport);
+//!
+//! let response = client.oneshot(http::Request::new(String::new())).await?;
+//! assert_eq!(response.into_body(), "2000");
+//! assert_eq!(breaker.snapshot().totals.successful, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A server stack for `axum::Router::layer`, outermost first: the caller's
+//! deadline (504 when it passes), a bulkhead (503 + `Retry-After` when
+//! full), a breaker (503 + `Retry-After` while open); every rejection is a
+//! response, so the error type stays the router's:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_breaker::stack::server_stack;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let handler = service_fn(|_req: http::Request<()>| async {
+//!     Ok::<_, Infallible>(http::Response::new(String::from("ok")))
+//! });
+//! // With axum: `Router::new().route(..).layer(server_stack("shop").timeout(..))`.
+//! let server = server_stack("shop")
+//!     .timeout(Duration::from_secs(2))
+//!     .max_timeout(Duration::from_secs(5))
+//!     .concurrency(64)
+//!     .layer(handler);
+//! let response = server.oneshot(http::Request::new(())).await.unwrap();
+//! assert_eq!(response.status(), 200);
+//! # }
+//! ```
+//!
+//! Composing the layers by hand stays possible; a [`ClientStack`] is
+//! exactly this `ServiceBuilder` (with the outer deadline in
+//! [`enforce_only`](tower_deadline::ClientDeadlineLayer::enforce_only)
+//! mode, so that only the innermost layer writes headers):
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_breaker::{Breaker, BreakerLayer};
+//! use tower_bulkhead::BulkheadLayer;
+//! use tower_deadline::ClientDeadlineLayer;
+//! use tower_retry_budget::RetryLayer;
+//!
+//! let by_hand = ServiceBuilder::new()
+//!     .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(2)).enforce_only())
+//!     .layer(BreakerLayer::new(Breaker::new("inventory")))
+//!     .layer(RetryLayer::new())
+//!     .layer(BulkheadLayer::new("inventory", 32))
+//!     .layer(ClientDeadlineLayer::new());
+//! # let _ = by_hand;
+//! ```
+//!
+//! Handlers that call a dependency through a client stack turn its errors
+//! into answers with [`Answer::for_error`](crate::Answer::for_error): 503
+//! with `Retry-After` and the do-not-retry mark for an open circuit or a
+//! full bulkhead, 504 for a passed deadline, and so on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_bulkhead::{Bulkhead, BulkheadLayer, HttpBulkhead, HttpBulkheadLayer};
+use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer};
+use tower_layer::Layer;
+use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryLayer};
+
+use crate::classify::DefaultClassifier;
+use crate::mode::Server;
+use crate::{Breaker, BreakerConfig, BreakerLayer, CircuitBreaker};
+
+/// The bulkhead size of a [`client_stack`]: calls in flight to the
+/// dependency at once. Size it with Little's law (rate times normal
+/// latency, times a few for bursts).
+pub const DEFAULT_CLIENT_CONCURRENCY: usize = 64;
+
+/// The bulkhead size of a [`server_stack`]: requests served at once.
+pub const DEFAULT_SERVER_CONCURRENCY: usize = 512;
+
+/// The service a [`ClientStack`] builds around a transport `S`.
+pub type ClientStackService<S, P = DefaultPolicy, M = Buffered> =
+    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>>, P, M>>>;
+
+/// The service a [`ServerStack`] builds around a handler or router `S`.
+pub type ServerStackService<S> =
+    ServerDeadline<HttpBulkhead<CircuitBreaker<S, DefaultClassifier, Server>>>;
+
+/// The recommended client stack for one dependency, as one [`Layer`]; see
+/// the [module docs](self) for the order and the hand-built equivalent.
+///
+/// Every setting has a default: no timeout of its own (the caller's
+/// deadline, if any, still applies), a [`Breaker`] with the default
+/// [`BreakerConfig`], a [`RetryLayer`] with its defaults (3 attempts, 10%
+/// budget), a bulkhead of [`DEFAULT_CLIENT_CONCURRENCY`].
+///
+/// # Clone
+///
+/// Clones share the breaker, the retry budget and the bulkhead's
+/// compartment: one dependency, one stack, however many clones.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ClientStack<P = DefaultPolicy, M = Buffered> {
+    name: Arc<str>,
+    call: ClientDeadlineLayer,
+    breaker: BreakerLayer,
+    retry: RetryLayer<P, M>,
+    bulkhead: BulkheadLayer,
+    attempt: ClientDeadlineLayer,
+}
+
+/// The recommended server stack, as one [`Layer`] for
+/// `axum::Router::layer` or `tonic::transport::Server::layer`; see the
+/// [module docs](self).
+///
+/// Defaults: [`ServerDeadlineLayer::new`]'s (the caller's `grpc-timeout` or
+/// `x-request-timeout-ms`, no default), a bulkhead of
+/// [`DEFAULT_SERVER_CONCURRENCY`], a [`Breaker`] with the default
+/// [`BreakerConfig`] in [`http_answers`](BreakerLayer::http_answers) mode.
+///
+/// # Clone
+///
+/// Clones share the breaker and the bulkhead's compartment.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ServerStack {
+    name: Arc<str>,
+    deadline: ServerDeadlineLayer,
+    bulkhead: HttpBulkheadLayer,
+    breaker: BreakerLayer<DefaultClassifier, Server>,
+}
+
+/// The recommended client stack for the dependency `name` (the name of its
+/// breaker and bulkhead compartment).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::stack::client_stack;
+///
+/// let stack = client_stack("catalog")
+///     .timeout(Duration::from_millis(800))
+///     .max_attempts(2)
+///     .concurrency(16);
+/// assert_eq!(stack.breaker_handle().name(), "catalog");
+/// ```
+pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
+    let name = name.into();
+    ClientStack {
+        call: ClientDeadlineLayer::new().enforce_only(),
+        breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))),
+        retry: RetryLayer::new(),
+        bulkhead: BulkheadLayer::new(Arc::clone(&name), DEFAULT_CLIENT_CONCURRENCY),
+        attempt: ClientDeadlineLayer::new(),
+        name,
+    }
+}
+
+/// The recommended server stack; `name` names its breaker and bulkhead.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::stack::server_stack;
+///
+/// let stack = server_stack("shop").timeout(Duration::from_secs(2)).concurrency(128);
+/// assert_eq!(stack.breaker_handle().name(), "shop");
+/// ```
+pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
+    let name = name.into();
+    ServerStack {
+        deadline: ServerDeadlineLayer::new(),
+        bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY),
+        breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))).http_answers(),
+        name,
+    }
+}
+
+// === impl ClientStack ===
+
+impl<P, M> ClientStack<P, M> {
+    /// The budget of the whole logical call, retries and backoffs included
+    /// (an upper bound: a shorter deadline of the caller still wins).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.call = self.call.default_timeout(timeout);
+        self
+    }
+
+    /// The per-attempt deadline layer, for its margin, header names or a
+    /// per-attempt timeout shorter than the call's.
+    pub fn attempt_deadline(mut self, layer: ClientDeadlineLayer) -> Self {
+        self.attempt = layer;
+        self
+    }
+
+    /// Use `breaker` (one with a shared store, say, or one already watched
+    /// by a dashboard).
+    pub fn breaker(mut self, breaker: Breaker) -> Self {
+        self.breaker = BreakerLayer::new(breaker);
+        self
+    }
+
+    /// A breaker of this stack's name with `config`.
+    pub fn breaker_config(self, config: BreakerConfig) -> Self {
+        let breaker = Breaker::with_config(Arc::clone(&self.name), config);
+        self.breaker(breaker)
+    }
+
+    /// The most attempts per call, the first included (default 3).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.retry = self.retry.max_attempts(attempts);
+        self
+    }
+
+    /// Replace the retry layer (its policy, budget, backoff, body mode).
+    pub fn retry<Q, N>(self, retry: RetryLayer<Q, N>) -> ClientStack<Q, N> {
+        ClientStack {
+            name: self.name,
+            call: self.call,
+            breaker: self.breaker,
+            retry,
+            bulkhead: self.bulkhead,
+            attempt: self.attempt,
+        }
+    }
+
+    /// The bulkhead size: attempts in flight to the dependency at once
+    /// (default [`DEFAULT_CLIENT_CONCURRENCY`]).
+    pub fn concurrency(mut self, limit: usize) -> Self {
+        self.bulkhead = BulkheadLayer::new(Arc::clone(&self.name), limit);
+        self
+    }
+
+    /// The stack's breaker, for snapshots, listeners and manual modes.
+    #[must_use]
+    pub fn breaker_handle(&self) -> &Breaker {
+        self.breaker.breaker()
+    }
+
+    /// The counters of the stack's retry budget.
+    #[must_use]
+    pub fn retry_counters(&self) -> Counters {
+        self.retry.counters()
+    }
+}
+
+impl<S, P: Clone, M> Layer<S> for ClientStack<P, M> {
+    type Service = ClientStackService<S, P, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let attempt = self.attempt.layer(inner);
+        let bulkhead = self.bulkhead.layer(attempt);
+        let retry = self.retry.layer(bulkhead);
+        let breaker = self.breaker.layer(retry);
+        self.call.layer(breaker)
+    }
+}
+
+// === impl ServerStack ===
+
+impl ServerStack {
+    /// The budget of a request that arrives without one.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.deadline = self.deadline.default_timeout(timeout);
+        self
+    }
+
+    /// The most budget a caller may ask for; larger ones are clamped.
+    pub fn max_timeout(mut self, max: Duration) -> Self {
+        self.deadline = self.deadline.max_timeout(max);
+        self
+    }
+
+    /// Replace the deadline layer (header names, malformed-header policy,
+    /// minimum budget).
+    pub fn deadline(mut self, layer: ServerDeadlineLayer) -> Self {
+        self.deadline = layer;
+        self
+    }
+
+    /// The bulkhead size: requests served at once (default
+    /// [`DEFAULT_SERVER_CONCURRENCY`]).
+    pub fn concurrency(mut self, limit: usize) -> Self {
+        self.bulkhead = HttpBulkheadLayer::new(Arc::clone(&self.name), limit);
+        self
+    }
+
+    /// Replace the bulkhead (its `Retry-After`, a bounded wait, per-key
+    /// compartments, or one whose [`handle`](HttpBulkheadLayer::handle)
+    /// you keep).
+    pub fn bulkhead(mut self, layer: HttpBulkheadLayer) -> Self {
+        self.bulkhead = layer;
+        self
+    }
+
+    /// Use `breaker`.
+    pub fn breaker(mut self, breaker: Breaker) -> Self {
+        self.breaker = BreakerLayer::new(breaker).http_answers();
+        self
+    }
+
+    /// The stack's breaker.
+    #[must_use]
+    pub fn breaker_handle(&self) -> &Breaker {
+        self.breaker.breaker()
+    }
+}
+
+impl<S> Layer<S> for ServerStack {
+    type Service = ServerStackService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let breaker = self.breaker.layer(inner);
+        let bulkhead = self.bulkhead.layer(breaker);
+        self.deadline.layer(bulkhead)
+    }
+}
