@@ -253,17 +253,23 @@ where
         let (above, enforced_above, now) =
             CallContext::current(|cx| (cx.deadline(), cx.is_enforced(), cx.now()));
         let grpc = is_grpc(request.headers());
-        let from_request = Deadline::from_extensions(request.extensions());
-        // A budget the caller wrote into the request itself (tonic's
-        // `Request::set_timeout` writes `grpc-timeout`) is one more deadline.
-        // When a layer above set the deadline, the header, if any, was
-        // written from it and is not read again: the deadline is exact.
-        let from_header = if above.is_none() && from_request.is_none() {
-            config.header_budget(&request, grpc)
+        let (from_request, from_header, in_scope) = if enforced_above {
+            // A `ClientDeadline` above already took the earliest of the
+            // request's extension, its header and the task-local deadline.
+            (None, None, None)
         } else {
-            None
+            let from_request = Deadline::from_extensions(request.extensions());
+            // A budget the caller wrote into the request itself (tonic's
+            // `Request::set_timeout` writes `grpc-timeout`) is one more
+            // deadline. When a layer above set the deadline, the header, if
+            // any, was written from it and is not read again.
+            let from_header = if above.is_none() && from_request.is_none() {
+                config.header_budget(&request, grpc)
+            } else {
+                None
+            };
+            (from_request, from_header, Deadline::current())
         };
-        let in_scope = Deadline::current();
         if above.is_none()
             && from_request.is_none()
             && from_header.is_none()

@@ -268,21 +268,21 @@ fn duration_from_nanos(nanos: u128) -> Duration {
 
 /// Writes `value` in decimal into `buf`; returns the length written.
 pub(crate) fn write_decimal(value: u64, buf: &mut [u8; 20]) -> usize {
-    let mut digits = [0u8; 20];
+    // Digits are produced from the right end of `buf`, then moved to the
+    // front: one division per digit, no second buffer.
     let mut n = value;
-    let mut len = 0;
+    let mut at = buf.len();
     loop {
+        at -= 1;
         // `n % 10` is below 10: the cast cannot truncate.
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
+        buf[at] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    for (i, d) in digits[..len].iter().rev().enumerate() {
-        buf[i] = *d;
-    }
+    let len = buf.len() - at;
+    buf.copy_within(at.., 0);
     len
 }
 

@@ -156,7 +156,6 @@ pin_project! {
         Bounded {
             #[pin]
             inner: F,
-            #[pin]
             timer: Timer,
         },
         Refused {
@@ -166,34 +165,26 @@ pin_project! {
     }
 }
 
-pin_project! {
-    /// A timer armed on first use.
-    #[project = TimerProj]
-    enum Timer {
-        Idle {
-            at: Instant,
-        },
-        Armed {
-            #[pin]
-            sleep: Sleep,
-        },
-    }
+/// A timer armed on first use, on the heap: a call that answers at once
+/// never allocates it, and the response future stays small (a `Sleep` is
+/// over 100 bytes, moved with the future at every layer above).
+enum Timer {
+    Idle { at: Instant },
+    Armed { sleep: Pin<Box<Sleep>> },
 }
 
 // === impl Timer ===
 
 impl Timer {
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        loop {
-            match self.as_mut().project() {
-                TimerProj::Idle { at } => {
-                    let at = *at;
-                    self.set(Timer::Armed {
-                        sleep: sleep_until(at),
-                    });
-                }
-                TimerProj::Armed { sleep } => return sleep.poll(cx),
-            }
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Timer::Idle { at } = *self {
+            *self = Timer::Armed {
+                sleep: Box::pin(sleep_until(at)),
+            };
+        }
+        match self {
+            Timer::Armed { sleep } => sleep.as_mut().poll(cx),
+            Timer::Idle { .. } => Poll::Pending,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The per-call context the layers hand to each other during `call`, and
 //! [`Captured`], for a layer that calls its inner service later.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use tokio::time::Instant;
 
@@ -9,7 +9,11 @@ use crate::hook::Attempts;
 use crate::Deadline;
 
 thread_local! {
-    static FRAME: RefCell<CallContext> = const { RefCell::new(CallContext::new()) };
+    /// The plain fields: a `Cell` of a `Copy` value, so reading and
+    /// restoring them costs a copy, not a borrow.
+    static FIELDS: Cell<CallContext> = const { Cell::new(CallContext::EMPTY) };
+    /// The attempt hook on offer, if any.
+    static ATTEMPTS: RefCell<Option<Attempts>> = const { RefCell::new(None) };
 }
 
 /// What the layers of one client stack tell the layers below them about a
@@ -22,7 +26,7 @@ thread_local! {
 /// for the duration of its inner service's `call`; the layers below read it
 /// with [`current`](CallContext::current), or take the hook with
 /// [`take_attempts`](CallContext::take_attempts), during their own `call`.
-/// The context lives in a thread-local for exactly that synchronous call, so
+/// The context lives in thread-locals for exactly that synchronous call, so
 /// it costs no allocation and no entry in the request's extensions.
 ///
 /// | field | set by | read by |
@@ -32,6 +36,11 @@ thread_local! {
 /// | [`attempt`](CallContext::attempt) | the retry layer | layers below that care (1 for the first attempt; 0 outside a retry layer) |
 /// | the attempt hook ([`take_attempts`](CallContext::take_attempts)) | the breaker | the retry layer, which then reports every attempt (see [`hook`](crate::hook)) |
 ///
+/// A deadline set as *enforced* is the earliest of every deadline the layer
+/// that set it knew, [`Deadline::current`] included, so the layers below
+/// need not look anywhere else (see
+/// [`effective_deadline`](CallContext::effective_deadline)).
+///
 /// # Pitfall: deferred calls
 ///
 /// A layer that does not call its inner service within its own `call`
@@ -40,7 +49,9 @@ thread_local! {
 /// outside (above) the resilience stack. The layers degrade safely: the
 /// breaker, seeing its hook untaken, counts the call once itself; the
 /// per-attempt deadline falls back to the task-local and default deadline,
-/// and the outer one still cuts the call.
+/// and the outer one still cuts the call. A layer of ours that must call
+/// later (a bulkhead waiting for a slot) keeps the context with
+/// [`CallContext::capture`].
 ///
 /// # Example
 ///
@@ -61,13 +72,12 @@ thread_local! {
 /// assert_eq!(CallContext::current(|cx| cx.deadline()), None);
 /// # }
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct CallContext {
     deadline: Option<Deadline>,
     enforced: bool,
     now: Option<Instant>,
     attempt: u32,
-    attempts: Option<Attempts>,
 }
 
 /// The deadline and attempt number of a call's context, kept by a layer
@@ -94,38 +104,24 @@ pub struct CallContext {
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Captured {
-    fields: Fields,
-}
-
-/// The fields [`CallContext::scoped`] changes and restores.
-#[derive(Debug, Clone, Copy)]
-struct Fields {
-    deadline: Option<Deadline>,
-    enforced: bool,
-    now: Option<Instant>,
-    attempt: u32,
+    context: CallContext,
 }
 
 // === impl CallContext ===
 
 impl CallContext {
-    const fn new() -> Self {
-        Self {
-            deadline: None,
-            enforced: false,
-            now: None,
-            attempt: 0,
-            attempts: None,
-        }
-    }
+    const EMPTY: Self = Self {
+        deadline: None,
+        enforced: false,
+        now: None,
+        attempt: 0,
+    };
 
     /// Runs `f` on the current context (an empty one outside any layer's
     /// call).
+    #[inline]
     pub fn current<R>(f: impl FnOnce(&CallContext) -> R) -> R {
-        if FRAME.try_with(|_| ()).is_err() {
-            return f(&CallContext::new());
-        }
-        FRAME.with(|frame| f(&frame.borrow()))
+        f(&FIELDS.try_with(Cell::get).unwrap_or(Self::EMPTY))
     }
 
     /// Runs `call` (a call of the inner service) with the current context
@@ -134,25 +130,24 @@ impl CallContext {
     /// through to the layers below.
     ///
     /// The previous values are restored even if `call` panics.
+    #[inline]
     pub fn scoped<R>(change: impl FnOnce(&mut CallContext), call: impl FnOnce() -> R) -> R {
-        struct Restore(Fields);
+        struct Restore(CallContext);
 
         impl Drop for Restore {
+            #[inline]
             fn drop(&mut self) {
-                let _ = FRAME.try_with(|frame| frame.borrow_mut().set_fields(self.0));
+                let _ = FIELDS.try_with(|fields| fields.set(self.0));
             }
         }
 
-        if FRAME.try_with(|_| ()).is_err() {
+        let Ok(saved) = FIELDS.try_with(Cell::get) else {
             // Thread-local storage is being torn down: no context at all.
             return call();
-        }
-        let saved = FRAME.with(|frame| {
-            let mut frame = frame.borrow_mut();
-            let saved = frame.fields();
-            change(&mut frame);
-            saved
-        });
+        };
+        let mut changed = saved;
+        change(&mut changed);
+        let _ = FIELDS.try_with(|fields| fields.set(changed));
         let _restore = Restore(saved);
         call()
     }
@@ -163,6 +158,7 @@ impl CallContext {
     ///
     /// A hook already in the context (a breaker above this one) is hidden
     /// during `call` and put back afterwards.
+    #[inline]
     pub fn offer_attempts<R>(
         attempts: Attempts,
         call: impl FnOnce() -> R,
@@ -172,44 +168,49 @@ impl CallContext {
         impl Drop for Restore {
             fn drop(&mut self) {
                 if let Some(outer) = self.0.take() {
-                    let _ = FRAME.try_with(|frame| frame.borrow_mut().attempts = outer);
+                    let _ = ATTEMPTS.try_with(|slot| *slot.borrow_mut() = outer);
                 }
             }
         }
 
-        if FRAME.try_with(|_| ()).is_err() {
-            return (call(), Some(attempts));
-        }
-        let outer = FRAME.with(|frame| frame.borrow_mut().attempts.replace(attempts));
+        let Ok(outer) = ATTEMPTS.try_with(|slot| slot.borrow_mut().replace(attempts)) else {
+            // Torn down: `attempts` was dropped with the closure, which
+            // cancelled its admission; nothing was offered.
+            return (call(), None);
+        };
         let mut restore = Restore(Some(outer));
         let result = call();
         let outer = restore.0.take().unwrap_or_default();
-        let left = FRAME.with(|frame| std::mem::replace(&mut frame.borrow_mut().attempts, outer));
+        let left = ATTEMPTS
+            .try_with(|slot| std::mem::replace(&mut *slot.borrow_mut(), outer))
+            .unwrap_or_default();
         (result, left)
+    }
+
+    /// Takes the attempt hook out of the current context: the caller is now
+    /// the one that reports every attempt (see [`hook`](crate::hook)).
+    #[inline]
+    #[must_use]
+    pub fn take_attempts() -> Option<Attempts> {
+        ATTEMPTS
+            .try_with(|slot| slot.borrow_mut().take())
+            .ok()
+            .flatten()
     }
 
     /// The current context's deadline and attempt number, to re-enter later
     /// with [`Captured::scoped`].
     #[must_use]
     pub fn capture() -> Captured {
-        let mut fields = Self::current(Self::fields);
-        fields.now = None;
-        Captured { fields }
-    }
-
-    /// Takes the attempt hook out of the current context: the caller is now
-    /// the one that reports every attempt (see [`hook`](crate::hook)).
-    #[must_use]
-    pub fn take_attempts() -> Option<Attempts> {
-        FRAME
-            .try_with(|frame| frame.borrow_mut().attempts.take())
-            .ok()
-            .flatten()
+        let mut context = FIELDS.try_with(Cell::get).unwrap_or(Self::EMPTY);
+        context.now = None;
+        Captured { context }
     }
 
     /// Sets the call's deadline; `enforced` says that the layer setting it
     /// cuts the call when it passes, so layers below need not arm a timer of
-    /// their own for the same instant.
+    /// their own for the same instant, and that the deadline already is the
+    /// earliest the layer knew, [`Deadline::current`] included.
     pub fn set_deadline(&mut self, deadline: Deadline, enforced: bool) {
         self.deadline = Some(deadline);
         self.enforced = enforced;
@@ -232,9 +233,14 @@ impl CallContext {
     }
 
     /// The earliest of the call's deadline and the deadline of the request
-    /// being served by this task ([`Deadline::current`]).
+    /// being served by this task ([`Deadline::current`]); an enforced
+    /// deadline already includes the latter.
     #[must_use]
+    #[inline]
     pub fn effective_deadline(&self) -> Option<Deadline> {
+        if self.enforced {
+            return self.deadline;
+        }
         match (self.deadline, Deadline::current()) {
             (Some(a), Some(b)) => Some(a.earliest(b)),
             (a, b) => a.or(b),
@@ -261,26 +267,13 @@ impl CallContext {
         self.attempt
     }
 
-    /// Whether the context carries an attempt hook that no layer took yet.
+    /// Whether the current context carries an attempt hook that no layer
+    /// took yet.
     #[must_use]
     pub fn has_attempts(&self) -> bool {
-        self.attempts.is_some()
-    }
-
-    fn fields(&self) -> Fields {
-        Fields {
-            deadline: self.deadline,
-            enforced: self.enforced,
-            now: self.now,
-            attempt: self.attempt,
-        }
-    }
-
-    fn set_fields(&mut self, fields: Fields) {
-        self.deadline = fields.deadline;
-        self.enforced = fields.enforced;
-        self.now = fields.now;
-        self.attempt = fields.attempt;
+        ATTEMPTS
+            .try_with(|slot| slot.borrow().is_some())
+            .unwrap_or(false)
     }
 }
 
@@ -290,7 +283,7 @@ impl Captured {
     /// Runs `call` with the captured deadline and attempt number in the
     /// context (and no clock reading).
     pub fn scoped<R>(self, call: impl FnOnce() -> R) -> R {
-        CallContext::scoped(|cx| cx.set_fields(self.fields), call)
+        CallContext::scoped(|cx| *cx = self.context, call)
     }
 
     /// Like [`scoped`](Captured::scoped), with the context further changed
@@ -302,7 +295,7 @@ impl Captured {
     ) -> R {
         CallContext::scoped(
             |cx| {
-                cx.set_fields(self.fields);
+                *cx = self.context;
                 change(cx);
             },
             call,

@@ -12,10 +12,10 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
-use tower_resilience_base::context::Captured;
 use tower_resilience_base::error::DeadlineExceeded;
 use tower_resilience_base::grpc::is_grpc;
 use tower_resilience_base::hook::{AttemptOutcome, Attempts};
+use tower_resilience_base::{CallContext, Deadline};
 use tower_service::Service;
 
 use crate::backoff::Jitter;
@@ -57,9 +57,10 @@ pin_project! {
             #[pin]
             future: F,
         },
+        // On the heap: allocated only when a retry is decided, so the
+        // future (moved by every layer above) does not carry a `Sleep`.
         Backoff {
-            #[pin]
-            sleep: Sleep,
+            sleep: Pin<Box<Sleep>>,
         },
         Ready,
         Done,
@@ -71,8 +72,9 @@ struct Retrying<S, Saved, Body> {
     template: Parts,
     saved: Saved,
     service: S,
-    /// The call's context, for the layers below on each retry.
-    context: Captured,
+    /// Whether the call's deadline was set and enforced by a layer above,
+    /// to hand it to the layers below again on each retry.
+    enforced: bool,
     /// The body of the next attempt, taken from `saved` when the retry was
     /// decided (which supersedes the previous attempt's body).
     next: Option<Body>,
@@ -90,20 +92,21 @@ where
     M: ReplayMode<B>,
     S: Service<Request<M::Body>>,
 {
+    #[inline]
     pub(crate) fn new(
         future: S::Future,
         shared: Arc<Shared<dyn Policy>>,
         hook: Option<Attempts>,
         deadline: Option<Instant>,
-        retry: Option<(Parts, M::Saved, S, Captured)>,
+        retry: Option<(Parts, M::Saved, S, bool)>,
     ) -> Self {
         Self {
             state: State::Attempt { future },
-            retry: retry.map(|(template, saved, service, context)| Retrying {
+            retry: retry.map(|(template, saved, service, enforced)| Retrying {
                 template,
                 saved,
                 service,
-                context,
+                enforced,
                 next: None,
             }),
             shared,
@@ -151,12 +154,12 @@ where
                             return Poll::Ready(out);
                         }
                         Step::Sleep(delay) => this.state.set(State::Backoff {
-                            sleep: tokio::time::sleep(delay),
+                            sleep: Box::pin(tokio::time::sleep(delay)),
                         }),
                     }
                 }
                 StateProj::Backoff { sleep } => {
-                    ready!(sleep.poll(cx));
+                    ready!(sleep.as_mut().poll(cx));
                     this.state.set(State::Ready);
                 }
                 StateProj::Ready => {
@@ -181,7 +184,7 @@ where
                     let Some(body) = retrying.next.take() else {
                         unreachable!("a retry is scheduled with its body");
                     };
-                    let mut request = Request::from_parts(retrying.template.clone(), body);
+                    let mut request = Request::from_parts(clone_head(&retrying.template), body);
                     let config = &this.shared.config;
                     mark_attempt(
                         request.headers_mut(),
@@ -191,8 +194,12 @@ where
                     *this.attempt += 1;
                     let attempt = *this.attempt;
                     let service = &mut retrying.service;
-                    let future = retrying.context.scoped_with(
+                    let deadline = this.deadline.filter(|_| retrying.enforced);
+                    let future = CallContext::scoped(
                         |cx| {
+                            if let Some(at) = deadline {
+                                cx.set_deadline(Deadline::at(at), true);
+                            }
                             cx.set_attempt(attempt);
                             cx.set_now(Instant::now());
                         },
@@ -312,6 +319,23 @@ fn is_attempt_timeout(
 ) -> bool {
     tower_resilience_base::error::find::<DeadlineExceeded>(error).is_some()
         && deadline.is_none_or(|d| d.saturating_duration_since(Instant::now()) > min_remaining)
+}
+
+/// A copy of a request head for the next attempt; an empty header map or
+/// extension map is made anew rather than cloned (which costs more than
+/// nothing even when empty).
+pub(crate) fn clone_head(parts: &Parts) -> Parts {
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = parts.method.clone();
+    head.uri = parts.uri.clone();
+    head.version = parts.version;
+    if !parts.headers.is_empty() {
+        head.headers = parts.headers.clone();
+    }
+    if !parts.extensions.is_empty() {
+        head.extensions = parts.extensions.clone();
+    }
+    head
 }
 
 /// Marks a retry with its attempt number: `grpc-previous-rpc-attempts`

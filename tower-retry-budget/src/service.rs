@@ -167,7 +167,8 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         // The deadline and the clock reading of the call, from the layers
         // above (one clock read per call for the whole stack).
-        let (from_context, now) = CallContext::current(|cx| (cx.effective_deadline(), cx.now()));
+        let (from_context, enforced, now) =
+            CallContext::current(|cx| (cx.effective_deadline(), cx.is_enforced(), cx.now()));
         let now = now.unwrap_or_else(Instant::now);
         let shared = &self.shared;
         shared.budget.deposit_at(now);
@@ -176,9 +177,14 @@ where
         let attempts = CallContext::take_attempts();
 
         let (parts, body) = request.into_parts();
-        let deadline = match (from_context, Deadline::from_extensions(&parts.extensions)) {
-            (Some(a), Some(b)) => Some(a.earliest(b)),
-            (a, b) => a.or(b),
+        let deadline = if enforced {
+            // Set by a `ClientDeadline` above: already the earliest it knew.
+            from_context
+        } else {
+            match (from_context, Deadline::from_extensions(&parts.extensions)) {
+                (Some(a), Some(b)) => Some(a.earliest(b)),
+                (a, b) => a.or(b),
+            }
         }
         .map(Deadline::instant);
         let retryable = shared.config.max_attempts > 1
@@ -194,7 +200,7 @@ where
         };
         match saved {
             Some(saved) if retryable => {
-                let template = parts.clone();
+                let template = crate::future::clone_head(&parts);
                 // Call the service that was polled ready; keep the other
                 // for the retries, which poll it again first.
                 let clone = self.inner.clone();
@@ -206,7 +212,7 @@ where
                     shared,
                     attempts,
                     deadline,
-                    Some((template, saved, ready, CallContext::capture())),
+                    Some((template, saved, ready, enforced)),
                 )
             }
             _ => {
