@@ -80,9 +80,13 @@ struct ClientConfig {
 ///    it without an entry in the request's extensions;
 /// 5. when the deadline passes first, drops the inner future (cancelling
 ///    the request) and fails with
-///    [`DeadlineExceeded`](crate::error::DeadlineExceeded). A layer whose
-///    deadline is the one a `ClientDeadline` above already enforces arms no
-///    timer of its own: the outer one cuts the whole call.
+///    [`DeadlineExceeded`](crate::error::DeadlineExceeded). The timer is
+///    armed only if the inner future does not answer at once. A
+///    per-attempt layer arms its own timer even for the deadline a layer
+///    above enforces: its `DeadlineExceeded` is what tells a retry layer
+///    and a breaker between them that the attempt timed out (the outer
+///    layer's expiry would only drop them, which they count as a
+///    cancellation).
 ///
 /// # Clone
 ///
@@ -313,12 +317,11 @@ where
             },
             || inner.call(request),
         );
-        if enforced_above && above == Some(deadline) {
-            // The layer that set this very deadline cuts the call.
-            ClientResponseFuture::unbounded(future)
-        } else {
-            ClientResponseFuture::bounded(deadline, future)
-        }
+        // Armed even when a layer above enforces the same deadline: this
+        // layer's `DeadlineExceeded` is how the layers in between (a retry
+        // layer, a breaker's attempt hook) learn that the attempt timed out;
+        // the outer layer's expiry would only drop them, as a cancellation.
+        ClientResponseFuture::bounded(deadline, future)
     }
 }
 

@@ -137,8 +137,7 @@ pin_project! {
     /// the inner future is dropped at once and the call fails with
     /// [`DeadlineExceeded`]. The timer is armed only when the inner future
     /// first returns `Pending`, so a call that answers at once never
-    /// touches the timer wheel; and no timer at all is armed for a deadline
-    /// that a layer above already enforces.
+    /// touches the timer wheel.
     #[must_use = "futures do nothing unless polled"]
     pub struct ClientResponseFuture<F> {
         #[pin]

@@ -127,9 +127,10 @@
 //! [`CallContext`] (no extension, no allocation) and cuts the whole call;
 //! with [`enforce_only`](ClientDeadlineLayer::enforce_only) it writes no
 //! header, since the per-attempt layer writes a fresh one on every attempt.
-//! The per-attempt layer arms no timer of its own for a deadline the outer
-//! one already enforces: one timer per call, armed only if the call does
-//! not answer at once.
+//! Timers are armed only when a call does not answer at once. The
+//! per-attempt layer's expiry, not the outer one's, is what the retry layer
+//! and the breaker between them see as a timed-out attempt (an expiry above
+//! them only drops them, a cancellation), so both layers arm one.
 //!
 //! Placed only *above* a retry layer, the header is written once, before
 //! the first attempt, and a retry sent after a backoff would tell the callee

@@ -31,7 +31,7 @@ thread_local! {
 ///
 /// | field | set by | read by |
 /// |---|---|---|
-/// | [`deadline`](CallContext::deadline), [`is_enforced`](CallContext::is_enforced) | the outer `ClientDeadline` | the retry layer (never sleeps past it), the per-attempt `ClientDeadline` (writes it on the wire; arms no second timer for a deadline already enforced above) |
+/// | [`deadline`](CallContext::deadline), [`is_enforced`](CallContext::is_enforced) | the outer `ClientDeadline` | the retry layer (never sleeps past it), the per-attempt `ClientDeadline` (writes it on the wire, and cuts the attempt so the layers in between see a timeout, not a cancellation) |
 /// | [`now`](CallContext::now) | the first layer that read the clock | every layer below that needs the time (one clock read per call) |
 /// | [`attempt`](CallContext::attempt) | the retry layer | layers below that care (1 for the first attempt; 0 outside a retry layer) |
 /// | the attempt hook ([`take_attempts`](CallContext::take_attempts)) | the breaker | the retry layer, which then reports every attempt (see [`hook`](crate::hook)) |
@@ -208,9 +208,9 @@ impl CallContext {
     }
 
     /// Sets the call's deadline; `enforced` says that the layer setting it
-    /// cuts the call when it passes, so layers below need not arm a timer of
-    /// their own for the same instant, and that the deadline already is the
-    /// earliest the layer knew, [`Deadline::current`] included.
+    /// cuts the call when it passes, and that the deadline already is the
+    /// earliest that layer knew, [`Deadline::current`] included, so the
+    /// layers below need not look anywhere else.
     pub fn set_deadline(&mut self, deadline: Deadline, enforced: bool) {
         self.deadline = Some(deadline);
         self.enforced = enforced;

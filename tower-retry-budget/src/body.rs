@@ -19,6 +19,19 @@
 //!   as `Full<Bytes>` or `String`: the body is cloned before each attempt
 //!   and the inner service sees `Request<B>` unchanged, with no size limit.
 //!
+//! Two type errors follow from the mode. "The retry layer cannot replay a
+//! request body of type `()`" means the mode cannot replay the body: the
+//! default [`Buffered`] needs an [`http_body::Body`] (`()` is not one:
+//! send a `String`, `Full<Bytes>` or `Empty<Bytes>`), [`CloneBody`] a
+//! `Clone` body. An error that the inner service gets
+//! `Request<ReplayBody<B>>` where it expects `Request<B>` (a mismatched
+//! `service_fn` closure, or the unsatisfied bounds of `oneshot`) means the
+//! transport was written for `Request<B>`: make it accept any
+//! [`http_body::Body`] (hyper, tonic and reqwest-style clients do), or use
+//! [`RetryLayer::clone_bodies`] for a `Clone` body. To call such a
+//! transport without the retry layer (in a test, say), wrap the body with
+//! [`ReplayBody::new`].
+//!
 //! [`RetryLayer`]: crate::RetryLayer
 //! [`RetryLayer::clone_bodies`]: crate::RetryLayer::clone_bodies
 
@@ -54,6 +67,19 @@ pub struct CloneBody {
 
 /// How a replay mode turns the caller's body into the bodies of the
 /// attempts. Implemented by [`Buffered`] and [`CloneBody`] only (sealed).
+///
+/// [`Buffered`] implements it for every [`http_body::Body`], [`CloneBody`]
+/// for every `Clone` type. When a request's body does not fit the layer's
+/// mode, the compiler says so in this trait's terms (its impls are marked
+/// `diagnostic::do_not_recommend`, so the error names the body and the
+/// mode rather than a missing `Body` or `Clone` bound deep inside), with
+/// both fixes; see the [module docs](self).
+#[diagnostic::on_unimplemented(
+    message = "the retry layer cannot replay a request body of type `{B}` (replay mode `{Self}`)",
+    label = "the retry layer cannot replay this request's body",
+    note = "`Buffered` (the default mode) replays any `http_body::Body`; `()` is not one: send a `String`, `Full<Bytes>` or `Empty<Bytes>`",
+    note = "`CloneBody` (`RetryLayer::new().clone_bodies()`) replays any `Clone` body by cloning it for each attempt; the inner service then receives `Request<{B}>` unchanged"
+)]
 pub trait ReplayMode<B>: sealed::Sealed {
     /// The body type the inner service receives.
     type Body;
@@ -141,6 +167,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl sealed::Sealed for Buffered {}
 
+// Not recommended in errors: a body that is not an `http_body::Body` is
+// reported as "cannot replay" by `ReplayMode`'s own message.
+#[diagnostic::do_not_recommend]
 impl<B> ReplayMode<B> for Buffered
 where
     B: Body,
@@ -157,7 +186,7 @@ where
             return (ReplayBody::empty(), Some(BufferedReplay { shared: None }));
         }
         if !retryable || body.size_hint().lower() > limit as u64 {
-            return (ReplayBody::once(body), None);
+            return (ReplayBody::new(body), None);
         }
         let shared = Arc::new(Mutex::new(Tee {
             body: Some(Box::pin(body)),
@@ -206,6 +235,8 @@ where
 
 impl sealed::Sealed for CloneBody {}
 
+// Likewise for a body that is not `Clone`.
+#[diagnostic::do_not_recommend]
 impl<B: Clone> ReplayMode<B> for CloneBody {
     type Body = B;
     type Saved = B;
@@ -230,7 +261,38 @@ impl<B: Clone> ReplayMode<B> for CloneBody {
 // === impl ReplayBody ===
 
 impl<B> ReplayBody<B> {
-    fn once(body: B) -> Self {
+    /// A body sent once and never replayed: `body` itself, with its data
+    /// frames turned into `Bytes` and its errors boxed.
+    ///
+    /// The retry layer builds the bodies of its attempts itself (this is
+    /// also what it sends when a request will not be retried). This
+    /// constructor is for requests made *without* it to a service written
+    /// for it, one that takes `Request<ReplayBody<B>>`: a transport called
+    /// directly, the inner service of a [`Retry`](crate::Retry) in a test.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use http_body_util::BodyExt;
+    /// use tower::{service_fn, BoxError, ServiceExt};
+    /// use tower_retry_budget::body::ReplayBody;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), BoxError> {
+    /// // A transport written for the retry layer's bodies...
+    /// let transport = service_fn(|req: http::Request<ReplayBody<String>>| async move {
+    ///     let body = req.into_body().collect().await?.to_bytes();
+    ///     Ok::<_, BoxError>(http::Response::new(body.len()))
+    /// });
+    ///
+    /// // ...called without one.
+    /// let request = http::Request::new(ReplayBody::new(String::from("hello")));
+    /// let response = transport.oneshot(request).await?;
+    /// assert_eq!(*response.body(), 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn new(body: B) -> Self {
         Self {
             kind: Kind::Once { body },
         }

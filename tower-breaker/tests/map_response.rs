@@ -1,0 +1,197 @@
+//! The attempt hook survives a `map_response` between the breaker and the
+//! retry layer: it judges each attempt by its status and headers, so every
+//! attempt is still counted; a classifier that only knows the breaker's own
+//! response type falls back to the default rules, with one warning.
+
+mod support;
+
+use std::error::Error;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response};
+use support::*;
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_breaker::classify::{classify_error, default_outcome};
+use tower_breaker::error::CircuitOpen;
+use tower_breaker::{classify_fn, Breaker, BreakerLayer, State};
+use tower_retry_budget::{RetryLayer, SeededRandom};
+
+/// The message the breaker's hook logs when it reports responses of
+/// another type than its classifier judges.
+const MISMATCH: &str = "circuit_hook_type_mismatch";
+
+fn retry() -> RetryLayer<tower_retry_budget::DefaultPolicy, tower_retry_budget::body::CloneBody> {
+    RetryLayer::new()
+        .max_attempts(3)
+        .random(SeededRandom::new(3))
+        .clone_bodies()
+}
+
+fn counted(window: usize) -> Breaker {
+    Breaker::with_config(
+        "dependency",
+        config()
+            .count_window(window)
+            .minimum_calls(window as u32)
+            .failure_rate(0.5),
+    )
+}
+
+/// The body length: what the `map_response` between the layers makes of
+/// each response.
+fn body_len(response: Response<String>) -> Response<usize> {
+    response.map(|body| body.len())
+}
+
+async fn send_mapped<S>(svc: &S) -> Result<Response<usize>, BoxError>
+where
+    S: Service<Request<String>, Response = Response<usize>, Error = BoxError> + Clone,
+{
+    svc.clone().oneshot(Request::new(String::new())).await
+}
+
+/// A `tracing` subscriber that keeps the message of every `WARN` (or more
+/// severe) event.
+#[derive(Clone, Default)]
+struct Warnings {
+    messages: Arc<Mutex<Vec<String>>>,
+    next_span: Arc<AtomicU64>,
+}
+
+impl Warnings {
+    /// How many warnings so far mention `text`.
+    fn mentioning(&self, text: &str) -> usize {
+        self.messages
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| m.contains(text))
+            .count()
+    }
+}
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= tracing::Level::WARN
+    }
+
+    fn new_span(&self, _span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(self.next_span.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    fn record(&self, _span: &tracing::span::Id, _values: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _span: &tracing::span::Id, _follows: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.messages.lock().unwrap().push(message.0);
+    }
+
+    fn enter(&self, _span: &tracing::span::Id) {}
+
+    fn exit(&self, _span: &tracing::span::Id) {}
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_map_response_between_breaker_and_retry_still_counts_every_attempt() {
+    let warnings = Warnings::default();
+    let _guard = tracing::subscriber::set_default(warnings.clone());
+    let breaker = counted(4);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .map_response(body_len)
+        .layer(retry())
+        .service(answering(&calls, 503));
+
+    let first = send_mapped(&client).await.unwrap();
+    assert_eq!(first.status(), 503);
+    assert_eq!(calls.calls(), 3);
+    let s = breaker.snapshot();
+    assert_eq!(
+        (s.window.calls, s.window.failures),
+        (3, 3),
+        "three attempts, three failures: the hook reached the retry layer"
+    );
+    assert_eq!(s.state, State::Closed);
+
+    // The first attempt of the second call is the 4th failure: the circuit
+    // opens during the call and the retry loop stops with the breaker's
+    // error instead of retrying.
+    let err = send_mapped(&client).await.unwrap_err();
+    let open = err
+        .downcast_ref::<CircuitOpen>()
+        .unwrap_or_else(|| panic!("not the breaker's error: {err:?}"));
+    assert_eq!(open.breaker(), "dependency");
+    assert_eq!(calls.calls(), 4, "no retry once the circuit opened");
+    let s = breaker.snapshot();
+    assert_eq!(s.state, State::Open);
+    assert_eq!(s.totals.failed, 4);
+    assert_eq!(s.totals.rejected, 1, "the refused retry");
+
+    // The default classifier judges status and headers: no type to mismatch.
+    assert_eq!(warnings.mentioning(MISMATCH), 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_classifier_of_the_mapped_type_falls_back_to_the_default_rules_and_warns_once() {
+    let warnings = Warnings::default();
+    let _guard = tracing::subscriber::set_default(warnings.clone());
+    // Only judges `Response<usize>`, the breaker's own response type; the
+    // retry layer below reports `Response<String>`.
+    let judged = Arc::new(AtomicUsize::new(0));
+    let classifier = classify_fn({
+        let judged = judged.clone();
+        move |result: Result<&Response<usize>, &(dyn Error + 'static)>| match result {
+            Ok(response) => {
+                judged.fetch_add(1, Ordering::SeqCst);
+                default_outcome(response.status(), response.headers())
+            }
+            Err(e) => classify_error(e),
+        }
+    });
+    let breaker = counted(10);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()).classifier(classifier))
+        .map_response(body_len)
+        .layer(retry())
+        .service(answering(&calls, 503));
+
+    for n in 1..=2 {
+        let response = send_mapped(&client).await.unwrap();
+        assert_eq!(response.status(), 503);
+        let s = breaker.snapshot();
+        assert_eq!(
+            (s.window.calls, s.window.failures),
+            (3 * n, 3 * n),
+            "call {n}: every attempt counted, by the default rules"
+        );
+    }
+    assert_eq!(calls.calls(), 6);
+    assert_eq!(breaker.snapshot().totals.failed, 6);
+    assert_eq!(
+        judged.load(Ordering::SeqCst),
+        0,
+        "the classifier cannot see the retry layer's responses"
+    );
+    assert_eq!(
+        warnings.mentioning(MISMATCH),
+        1,
+        "one warning for six mismatched attempts over two calls"
+    );
+    assert_eq!(breaker.snapshot().state, State::Closed);
+}
