@@ -101,10 +101,10 @@ impl<C, M> BreakerLayer<C, M> {
         }
     }
 
-    /// Whether client mode puts the attempt handle into each request
-    /// (default true, with the `retry` feature). Each handle costs an
-    /// allocation and an extensions insert per call; turn it off when no
-    /// retry layer sits below.
+    /// Whether client mode offers its attempt hook to a retry layer below
+    /// (default true). The hook is shared by every call (no allocation);
+    /// offering it costs a few nanoseconds per call, which a stack with no
+    /// retry layer below can save.
     pub const fn count_attempts(mut self, on: bool) -> Self {
         self.count_attempts = on;
         self

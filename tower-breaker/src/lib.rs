@@ -354,10 +354,15 @@
 //!   above); the `4xx` of a misbehaving caller never count.
 //! - A [`Listener`] runs on the thread of the call that made the
 //!   transition: keep it short and never block in it.
-//! - With the hook, each HTTP request costs an allocation and an
-//!   extensions insert; turn it off with
-//!   [`count_attempts(false)`](BreakerLayer::count_attempts) when no retry
-//!   layer sits below.
+//! - Client mode (the default) takes `http::Request<B>` only: on any other
+//!   request type the compiler reports that `CircuitBreaker<S>` does not
+//!   implement `Service<YourRequest>`. Use
+//!   [`BreakerLayer::plain`] for non-HTTP services (each call counted once,
+//!   no attempt hook).
+//! - The hook reaches a retry layer below through the call context, during
+//!   `call`: a layer in between that calls its inner service later or on
+//!   another task (tower's `Buffer`) cuts it, and each call is then counted
+//!   once. Keep such layers outside the stack.
 //! - The snapshot of an open circuit whose period is over still says open
 //!   until the next call moves it (there is no background task).
 //! - Server mode judges the response head: a gRPC status sent in trailers

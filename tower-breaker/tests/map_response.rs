@@ -14,29 +14,11 @@ use support::*;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::classify::{classify_error, default_outcome};
 use tower_breaker::error::CircuitOpen;
-use tower_breaker::{classify_fn, Breaker, BreakerLayer, State};
-use tower_retry_budget::{RetryLayer, SeededRandom};
+use tower_breaker::{classify_fn, BreakerLayer, State};
 
 /// The message the breaker's hook logs when it reports responses of
 /// another type than its classifier judges.
 const MISMATCH: &str = "circuit_hook_type_mismatch";
-
-fn retry() -> RetryLayer<tower_retry_budget::DefaultPolicy, tower_retry_budget::body::CloneBody> {
-    RetryLayer::new()
-        .max_attempts(3)
-        .random(SeededRandom::new(3))
-        .clone_bodies()
-}
-
-fn counted(window: usize) -> Breaker {
-    Breaker::with_config(
-        "dependency",
-        config()
-            .count_window(window)
-            .minimum_calls(window as u32)
-            .failure_rate(0.5),
-    )
-}
 
 /// The body length: what the `map_response` between the layers makes of
 /// each response.

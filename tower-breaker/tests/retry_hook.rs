@@ -9,24 +9,6 @@ use support::*;
 use tower::{BoxError, ServiceBuilder};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::{Breaker, BreakerLayer, Outcome, State};
-use tower_retry_budget::{RetryLayer, SeededRandom};
-
-fn retry() -> RetryLayer<tower_retry_budget::DefaultPolicy, tower_retry_budget::body::CloneBody> {
-    RetryLayer::new()
-        .max_attempts(3)
-        .random(SeededRandom::new(3))
-        .clone_bodies()
-}
-
-fn counted(window: usize) -> Breaker {
-    Breaker::with_config(
-        "dependency",
-        config()
-            .count_window(window)
-            .minimum_calls(window as u32)
-            .failure_rate(0.5),
-    )
-}
 
 /// A breaker tripped by one failure, whose open period has just ended: the
 /// next call is its probe.

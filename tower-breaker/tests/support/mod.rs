@@ -27,6 +27,28 @@ pub fn breaker(window: usize) -> Breaker {
 }
 
 /// Records `n` outcomes through permits.
+/// A retry layer of 3 attempts with reproducible jitter, for `Clone` bodies.
+pub fn retry() -> tower_retry_budget::RetryLayer<
+    tower_retry_budget::DefaultPolicy,
+    tower_retry_budget::body::CloneBody,
+> {
+    tower_retry_budget::RetryLayer::new()
+        .max_attempts(3)
+        .random(SeededRandom::new(3))
+        .clone_bodies()
+}
+
+/// A breaker that opens at 50% failures of a full window of `window` calls.
+pub fn counted(window: usize) -> Breaker {
+    Breaker::with_config(
+        "dependency",
+        config()
+            .count_window(window)
+            .minimum_calls(window as u32)
+            .failure_rate(0.5),
+    )
+}
+
 pub fn record(breaker: &Breaker, outcome: Outcome, n: usize) {
     for _ in 0..n {
         breaker
