@@ -23,7 +23,9 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::time::Instant;
 use tower::limit::ConcurrencyLimit;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, Outcome};
+use tower_breaker::{
+    Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Outcome, PlainBreakerLayer,
+};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -126,7 +128,7 @@ macro_rules! variants {
         );
         $f!(
             "breaker_closed_plain",
-            BreakerLayer::new(closed()).plain().layer(bare())
+            PlainBreakerLayer::new(closed()).layer(bare())
         );
         $f!(
             "breaker_closed_with_hook",
@@ -138,9 +140,7 @@ macro_rules! variants {
         );
         $f!(
             "breaker_open_http_answer",
-            BreakerLayer::new(open_breaker())
-                .http_answers()
-                .layer(bare())
+            HttpBreakerLayer::new(open_breaker()).layer(bare())
         );
     }};
 }

@@ -117,7 +117,7 @@ pub struct DefaultClassifier;
 
 /// A classifier for any response type: every response is a success, errors
 /// follow [`classify_error`]. The default of
-/// [`BreakerLayer::plain`](crate::BreakerLayer::plain), for services whose
+/// [`PlainBreakerLayer`](crate::PlainBreakerLayer), for services whose
 /// responses are not HTTP.
 ///
 /// # Example

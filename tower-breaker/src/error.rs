@@ -1,8 +1,8 @@
 //! The error of a breaker that rejects a call.
 //!
-//! In client mode ([`CircuitBreaker`](crate::CircuitBreaker) with the
-//! default [`Client`](crate::mode::Client) or [`Plain`](crate::mode::Plain)
-//! mode) the error type is [`BoxError`](crate::BoxError): either the inner
+//! The error type of [`CircuitBreaker`](crate::CircuitBreaker) and
+//! [`PlainCircuitBreaker`](crate::PlainCircuitBreaker) is
+//! [`BoxError`](crate::BoxError): either the inner
 //! service's error, unchanged, or a [`CircuitOpen`]. Tell them apart with
 //! `is` or `downcast_ref`, which keeps working when other layers above box
 //! the error again:

@@ -1,4 +1,6 @@
-//! The response futures of [`CircuitBreaker`](crate::CircuitBreaker).
+//! The response futures of [`CircuitBreaker`](crate::CircuitBreaker),
+//! [`HttpCircuitBreaker`](crate::HttpCircuitBreaker) and
+//! [`PlainCircuitBreaker`](crate::PlainCircuitBreaker).
 
 use std::error::Error;
 use std::fmt;
@@ -16,8 +18,8 @@ use crate::error::CircuitOpen;
 use crate::BoxError;
 
 pin_project! {
-    /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) in
-    /// client and plain modes.
+    /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) and
+    /// [`PlainCircuitBreaker`](crate::PlainCircuitBreaker).
     ///
     /// Either fails at once with [`CircuitOpen`] (the inner service was
     /// not called), or waits for the inner future and counts its outcome
@@ -33,8 +35,7 @@ pin_project! {
 }
 
 pin_project! {
-    /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) in
-    /// server mode ([`mode::Server`](crate::mode::Server)).
+    /// Response future of [`HttpCircuitBreaker`](crate::HttpCircuitBreaker).
     ///
     /// Either answers at once (503 with `Retry-After`, or a trailers-only
     /// gRPC UNAVAILABLE), or waits for the inner future, counts its

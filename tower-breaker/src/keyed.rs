@@ -256,7 +256,7 @@ impl<K> fmt::Debug for BreakerRegistry<K> {
 ///
 /// The key function sees each HTTP request (`Fn(&http::Request<B>) -> K`),
 /// typically returning its host or route. The services work like
-/// [`CircuitBreaker`](crate::CircuitBreaker) in client mode with the
+/// [`CircuitBreaker`](crate::CircuitBreaker) (the client flavour) with the
 /// [`DefaultClassifier`] (typed errors, the attempt hook).
 ///
 /// # Clone

@@ -146,9 +146,36 @@
 //! the [`Totals`] (successful, failed, slow, ignored, **rejected**, stale,
 //! opened); a [`Listener`] for alarms.
 //!
+//! # Flavours
+//!
+//! The same [`Breaker`] can guard three kinds of service. Each flavour is
+//! its own type with its own layer; they differ only in what they accept
+//! and how they say "open":
+//!
+//! | service (layer) | requests | when open | inner error | attempt hook |
+//! |---|---|---|---|---|
+//! | [`CircuitBreaker`] ([`BreakerLayer`]), for HTTP clients | `http::Request<B>` | `Err(`[`CircuitOpen`](error::CircuitOpen)`)` in a [`BoxError`] | boxed | yes |
+//! | [`HttpCircuitBreaker`] ([`HttpBreakerLayer`]), for HTTP servers | `http::Request<B>`, responses with a `B: Default` body | `503` + `Retry-After` + `x-tower-no-retry: 1`, or a gRPC UNAVAILABLE | unchanged | no |
+//! | [`PlainCircuitBreaker`] ([`PlainBreakerLayer`]), for anything else | any | `Err(`[`CircuitOpen`](error::CircuitOpen)`)` in a [`BoxError`] | boxed | no |
+//!
+//! - The **client** flavour counts every attempt of a retry layer below
+//!   through its attempt hook (see [Ordering](#ordering)); its default
+//!   classifier is the [`DefaultClassifier`].
+//! - The **server** flavour turns a rejection into an answer, so the
+//!   service keeps its inner error type and fits `axum::Router::layer`
+//!   (see [Using with axum](#using-with-axum)). It counts each request
+//!   once; an inner error counts as a failure. Default classifier:
+//!   [`DefaultClassifier`].
+//! - The **plain** flavour takes any request type and counts each call
+//!   once. Its responses need not be HTTP, so its default classifier is
+//!   [`ErrorsOnly`] (responses succeed, errors fail).
+//!
+//! [`BreakerLayer::http_answers`] and [`BreakerLayer::plain`] turn a client
+//! layer into the other two, keeping its breaker.
+//!
 //! # Readiness
 //!
-//! [`CircuitBreaker`] forwards the inner service's `poll_ready` and decides
+//! Every flavour forwards the inner service's `poll_ready` and decides
 //! in `call`: it is a "reject" design, like `tower::load_shed`. It never
 //! returns `Pending` because the circuit is open, never holds anything
 //! between `poll_ready` and `call`, and so works with axum, which clones
@@ -156,15 +183,15 @@
 //!
 //! # Errors
 //!
-//! In client mode (the default) and plain mode the error is
+//! The error of [`CircuitBreaker`] and [`PlainCircuitBreaker`] is
 //! [`BoxError`]: either the inner service's error, unchanged, or
 //! [`error::CircuitOpen`], which names the breaker and says when it will
-//! probe; downcast to tell them apart (see the [`error`] module). In server
-//! mode ([`BreakerLayer::http_answers`]) the breaker adds no error: open
-//! means `503 Service Unavailable` with `Retry-After` (whole seconds until
-//! the probe, rounded up) and `x-tower-no-retry: 1`, or for gRPC requests
-//! an HTTP 200 trailers-only answer with `grpc-status: 14` (UNAVAILABLE);
-//! the inner error passes through.
+//! probe; downcast to tell them apart (see the [`error`] module).
+//! [`HttpCircuitBreaker`] adds no error: open means `503 Service
+//! Unavailable` with `Retry-After` (whole seconds until the probe, rounded
+//! up) and `x-tower-no-retry: 1`, or for gRPC requests an HTTP 200
+//! trailers-only answer with `grpc-status: 14` (UNAVAILABLE); the inner
+//! error passes through.
 //!
 //! What counts as a failure is the [`Classify`] policy's call; the
 //! [`DefaultClassifier`] counts transport errors, timeouts and `5xx` as
@@ -190,9 +217,10 @@
 //!
 //! [`stack::client_stack`] builds exactly this in one line (feature `stack`).
 //!
-//! In client mode the breaker offers its attempt hook
+//! [`CircuitBreaker`] offers its attempt hook
 //! (`tower_resilience_base::hook`, one per layer, no allocation per call)
-//! in the call context while it calls the layers below. A
+//! in the call context while it calls the layers below (the other two
+//! flavours do not). A
 //! `tower_retry_budget::Retry` below takes it, reports each attempt's
 //! outcome to it (so the breaker's window sees three failures when the
 //! dependency saw three calls), asks it before each backoff and admits
@@ -241,12 +269,12 @@
 //!
 //! ```
 //! use axum::{routing::get, Router};
-//! use tower_breaker::{Breaker, BreakerLayer};
+//! use tower_breaker::{Breaker, HttpBreakerLayer};
 //!
 //! let breaker = Breaker::new("app");
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(BreakerLayer::new(breaker.clone()).http_answers());
+//!     .layer(HttpBreakerLayer::new(breaker.clone()));
 //! # let _ = app;
 //! ```
 //!
@@ -354,10 +382,10 @@
 //!   above); the `4xx` of a misbehaving caller never count.
 //! - A [`Listener`] runs on the thread of the call that made the
 //!   transition: keep it short and never block in it.
-//! - Client mode (the default) takes `http::Request<B>` only: on any other
+//! - [`CircuitBreaker`] takes `http::Request<B>` only: on any other
 //!   request type the compiler reports that `CircuitBreaker<S>` does not
-//!   implement `Service<YourRequest>`. Use
-//!   [`BreakerLayer::plain`] for non-HTTP services (each call counted once,
+//!   implement `Service<YourRequest>`. Use [`PlainCircuitBreaker`]
+//!   ([`PlainBreakerLayer`]) for non-HTTP services (each call counted once,
 //!   no attempt hook).
 //! - The hook reaches a retry layer below through the call context, during
 //!   `call`: a layer in between that calls its inner service later or on
@@ -365,8 +393,8 @@
 //!   once. Keep such layers outside the stack.
 //! - The snapshot of an open circuit whose period is over still says open
 //!   until the next call moves it (there is no background task).
-//! - Server mode judges the response head: a gRPC status sent in trailers
-//!   after a body is not seen.
+//! - [`HttpCircuitBreaker`] judges the response head: a gRPC status sent
+//!   in trailers after a body is not seen.
 //!
 //! # Feature flags
 //!
@@ -393,7 +421,6 @@ pub mod future;
 mod hook;
 mod keyed;
 mod layer;
-pub mod mode;
 #[cfg(feature = "redis")]
 pub mod redis_store;
 mod service;
@@ -417,8 +444,8 @@ pub use keyed::{
     BreakerRegistry, KeyedBreakerLayer, KeyedCircuitBreaker, DEFAULT_IDLE_EVICTION,
     DEFAULT_MAX_KEYS,
 };
-pub use layer::BreakerLayer;
-pub use service::CircuitBreaker;
+pub use layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
+pub use service::{CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker};
 pub use snapshot::{Cause, Listener, Snapshot, Totals, Transition, WindowCounts};
 #[cfg(feature = "stack")]
 pub use stack::{client_stack, server_stack, ClientStack, ServerStack};
@@ -426,6 +453,6 @@ pub use state::{Mode, State};
 pub use tower_resilience_base::random::{ProcessRandom, RandomSource, SeededRandom};
 pub use tower_resilience_base::Answer;
 
-/// The boxed error type of [`CircuitBreaker`] in client and plain modes, as
+/// The boxed error type of [`CircuitBreaker`] and [`PlainCircuitBreaker`], as
 /// in tower (the toolkit's one definition, from `tower-resilience-base`).
 pub use tower_resilience_base::BoxError;

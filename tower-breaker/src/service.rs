@@ -1,5 +1,4 @@
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
@@ -9,35 +8,37 @@ use tower_resilience_base::hook::{AttemptHook, Attempts};
 use tower_resilience_base::{Answer, CallContext};
 use tower_service::Service;
 
-use crate::breaker::{Breaker, Kind};
-use crate::classify::{Classify, DefaultClassifier};
+use crate::breaker::{Breaker, Kind, Raw};
+use crate::classify::{Classify, DefaultClassifier, ErrorsOnly};
+use crate::error::CircuitOpen;
 use crate::future::{AnswerFuture, ResponseFuture, Tracker};
 use crate::hook::{token, unpack, BreakerHook};
-use crate::layer::BreakerLayer;
-use crate::mode::{Client, Plain, Server};
+use crate::layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
 use crate::BoxError;
 
-/// Middleware that fails fast while its [`Breaker`] is open, and counts the
-/// outcome of every call (every attempt, with a retry layer below) it lets
-/// through.
+/// Middleware for HTTP clients that fails fast while its [`Breaker`] is
+/// open, and counts the outcome of every call (every attempt, with a retry
+/// layer below) it lets through.
 ///
-/// Built by [`BreakerLayer`]. The type parameters are the classifier
-/// (default [`DefaultClassifier`]) and the mode (default
-/// [`Client`]; see [`crate::mode`]).
+/// The client flavour (see [Flavours](crate#flavours)), built by
+/// [`BreakerLayer`]. The type parameter is the
+/// [classifier](crate::Classify) (default [`DefaultClassifier`]). The
+/// server flavour is [`HttpCircuitBreaker`], the one for any request type
+/// [`PlainCircuitBreaker`].
 ///
 /// For each request it asks the breaker (one atomic load while closed).
-/// Refused: it fails at once with
-/// [`CircuitOpen`](crate::error::CircuitOpen) (server mode: answers 503),
-/// without calling the inner service. Allowed: in client mode it puts an
-/// attempt handle into the request's extensions (see the
+/// Refused: it fails at once with [`CircuitOpen`] in a [`BoxError`],
+/// without calling the inner service. Allowed: it offers its attempt hook
+/// to a retry layer below (see the
 /// [crate docs](crate#why-count-every-attempt)), calls the inner service,
-/// and counts the outcome with the classifier when the response future
-/// completes.
+/// and, unless a retry layer below took the hook and counted every
+/// attempt, counts the outcome with the classifier when the response
+/// future completes. The inner service's errors are boxed, unchanged.
 ///
 /// # Clone
 ///
-/// Clones share the breaker (one `Arc`) and clone the inner service and
-/// the classifier.
+/// Clones share the breaker and the attempt hook (one `Arc` each), and
+/// clone the inner service and the classifier.
 ///
 /// # Example
 ///
@@ -59,7 +60,7 @@ use crate::BoxError;
 /// # Ok(())
 /// # }
 /// ```
-pub struct CircuitBreaker<S, C = DefaultClassifier, M = Client> {
+pub struct CircuitBreaker<S, C = DefaultClassifier> {
     inner: S,
     breaker: Breaker,
     classifier: C,
@@ -67,26 +68,171 @@ pub struct CircuitBreaker<S, C = DefaultClassifier, M = Client> {
     /// The attempt hook, made on the first call (when the response type is
     /// known) and shared by every clone.
     hook: Arc<OnceLock<Arc<dyn AttemptHook>>>,
-    _mode: PhantomData<fn() -> M>,
 }
+
+/// Middleware for HTTP servers that answers `503 Service Unavailable`
+/// while its [`Breaker`] is open, and counts the outcome of every request
+/// it lets through.
+///
+/// The server flavour (see [Flavours](crate#flavours)), built by
+/// [`HttpBreakerLayer`] (or [`BreakerLayer::http_answers`]). The type
+/// parameter is the [classifier](crate::Classify) (default
+/// [`DefaultClassifier`]).
+///
+/// Refused requests are answered without calling the inner service: `503`
+/// with `Retry-After` (whole seconds until the probe, rounded up) and
+/// `x-tower-no-retry: 1`, or for gRPC requests (`content-type:
+/// application/grpc...`) an HTTP 200 trailers-only answer with
+/// `grpc-status: 14` (UNAVAILABLE). The answers have an empty body, so the
+/// response body type must implement [`Default`], as axum's and tonic's
+/// do. The error type stays the inner service's, so the layer fits
+/// `axum::Router::layer`; an inner error counts as a failure. Each request
+/// is counted once (no attempt hook).
+///
+/// # Clone
+///
+/// Clones share the breaker (one `Arc`) and clone the inner service and
+/// the classifier.
+///
+/// # Example
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{service_fn, ServiceExt};
+/// use tower_breaker::{Breaker, HttpCircuitBreaker, Mode};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let handler = service_fn(|_req: http::Request<()>| async {
+///     Ok::<_, Infallible>(http::Response::new(String::from("hello")))
+/// });
+/// let breaker = Breaker::new("app");
+/// let server = HttpCircuitBreaker::new(handler, breaker.clone());
+///
+/// let response = server.clone().oneshot(http::Request::new(())).await.unwrap();
+/// assert_eq!(response.status(), 200);
+///
+/// breaker.set_mode(Mode::ForcedOpen);
+/// let grpc = http::Request::builder()
+///     .header("content-type", "application/grpc")
+///     .body(())
+///     .unwrap();
+/// let response = server.oneshot(grpc).await.unwrap();
+/// assert_eq!(response.status(), 200);
+/// assert_eq!(response.headers()["grpc-status"], "14");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct HttpCircuitBreaker<S, C = DefaultClassifier> {
+    inner: S,
+    breaker: Breaker,
+    classifier: C,
+}
+
+/// Middleware for services of any request type that fails fast while its
+/// [`Breaker`] is open, and counts the outcome of every call it lets
+/// through.
+///
+/// The plain flavour (see [Flavours](crate#flavours)), built by
+/// [`PlainBreakerLayer`] (or [`BreakerLayer::plain`]). The type parameter
+/// is the [classifier](crate::Classify), by default [`ErrorsOnly`] (every
+/// response succeeds, errors fail). Refused calls fail at once with
+/// [`CircuitOpen`] in a [`BoxError`]; the inner service's errors are boxed,
+/// unchanged. Each call is counted once (no attempt hook).
+///
+/// # Clone
+///
+/// Clones share the breaker (one `Arc`) and clone the inner service and
+/// the classifier.
+///
+/// # Example
+///
+/// ```
+/// use tower::{service_fn, BoxError, ServiceExt};
+/// use tower_breaker::error::CircuitOpen;
+/// use tower_breaker::{Breaker, Mode, PlainCircuitBreaker};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), BoxError> {
+/// let lookup = service_fn(|id: u32| async move { Ok::<_, BoxError>(format!("user {id}")) });
+/// let breaker = Breaker::new("users-db");
+/// let lookup = PlainCircuitBreaker::new(lookup, breaker.clone());
+/// assert_eq!(lookup.clone().oneshot(7).await?, "user 7");
+///
+/// breaker.set_mode(Mode::ForcedOpen);
+/// let err = lookup.oneshot(7).await.unwrap_err();
+/// assert!(err.is::<CircuitOpen>());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PlainCircuitBreaker<S, C = ErrorsOnly> {
+    inner: S,
+    breaker: Breaker,
+    classifier: C,
+}
+
+/// The accessors and the `Debug` every flavour shares: one definition for
+/// the three types (extra fields to show in `Debug` after the name).
+macro_rules! accessors {
+    ($service:ident $(, $field:ident)*) => {
+        impl<S, C> $service<S, C> {
+            /// The breaker, for snapshots, listeners and manual modes.
+            pub fn breaker(&self) -> &Breaker {
+                &self.breaker
+            }
+
+            /// A reference to the inner service.
+            pub fn get_ref(&self) -> &S {
+                &self.inner
+            }
+
+            /// A mutable reference to the inner service.
+            pub fn get_mut(&mut self) -> &mut S {
+                &mut self.inner
+            }
+
+            /// Consumes `self`, returning the inner service.
+            pub fn into_inner(self) -> S {
+                self.inner
+            }
+        }
+
+        impl<S: fmt::Debug, C: fmt::Debug> fmt::Debug for $service<S, C> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($service))
+                    .field("inner", &self.inner)
+                    .field("breaker", &self.breaker.name())
+                    .field("classifier", &self.classifier)
+                    $(.field(stringify!($field), &self.$field))*
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+
+accessors!(CircuitBreaker, count_attempts);
+accessors!(HttpCircuitBreaker);
+accessors!(PlainCircuitBreaker);
 
 // === impl CircuitBreaker ===
 
 impl<S> CircuitBreaker<S> {
-    /// Wraps `inner` with `breaker`, in client mode with the default
-    /// classifier.
+    /// Wraps `inner` with `breaker` and the [`DefaultClassifier`],
+    /// offering the attempt hook: the same as
+    /// `BreakerLayer::new(breaker).layer(inner)`.
     pub fn new(inner: S, breaker: Breaker) -> Self {
         Self::from_parts(inner, breaker, DefaultClassifier, true)
     }
 
-    /// A layer that wraps services with `breaker`; the same as
-    /// [`BreakerLayer::new`].
+    /// A layer that wraps services in a [`CircuitBreaker`] with `breaker`;
+    /// the same as [`BreakerLayer::new`].
     pub fn layer(breaker: Breaker) -> BreakerLayer {
         BreakerLayer::new(breaker)
     }
 }
 
-impl<S, C, M> CircuitBreaker<S, C, M> {
+impl<S, C> CircuitBreaker<S, C> {
     pub(crate) fn from_parts(
         inner: S,
         breaker: Breaker,
@@ -99,58 +245,24 @@ impl<S, C, M> CircuitBreaker<S, C, M> {
             classifier,
             count_attempts,
             hook: Arc::new(OnceLock::new()),
-            _mode: PhantomData,
         }
-    }
-
-    /// The breaker.
-    pub fn breaker(&self) -> &Breaker {
-        &self.breaker
-    }
-
-    /// A reference to the inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// A mutable reference to the inner service.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
     }
 }
 
-impl<S: Clone, C: Clone, M> Clone for CircuitBreaker<S, C, M> {
+impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             breaker: self.breaker.clone(),
             classifier: self.classifier.clone(),
             count_attempts: self.count_attempts,
+            // Shared, not reset: the hook holds no per-handle state.
             hook: Arc::clone(&self.hook),
-            _mode: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, C: fmt::Debug, M> fmt::Debug for CircuitBreaker<S, C, M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CircuitBreaker")
-            .field("inner", &self.inner)
-            .field("breaker", &self.breaker.name())
-            .field("classifier", &self.classifier)
-            .field("count_attempts", &self.count_attempts)
-            .field("mode", &std::any::type_name::<M>())
-            .finish()
-    }
-}
-
-/// Client mode: HTTP requests, the attempt hook, typed errors.
-impl<S, C, B> Service<Request<B>> for CircuitBreaker<S, C, Client>
+impl<S, C, B> Service<Request<B>> for CircuitBreaker<S, C>
 where
     S: Service<Request<B>>,
     S::Error: Into<BoxError>,
@@ -186,7 +298,121 @@ where
     }
 }
 
-/// The client-mode call, shared with the keyed service: admits the call,
+// === impl HttpCircuitBreaker ===
+
+impl<S> HttpCircuitBreaker<S> {
+    /// Wraps `inner` with `breaker` and the [`DefaultClassifier`]: the
+    /// same as `HttpBreakerLayer::new(breaker).layer(inner)`.
+    pub fn new(inner: S, breaker: Breaker) -> Self {
+        Self::from_parts(inner, breaker, DefaultClassifier)
+    }
+
+    /// A layer that wraps services in an [`HttpCircuitBreaker`] with
+    /// `breaker`; the same as [`HttpBreakerLayer::new`].
+    pub fn layer(breaker: Breaker) -> HttpBreakerLayer {
+        HttpBreakerLayer::new(breaker)
+    }
+}
+
+impl<S, C> HttpCircuitBreaker<S, C> {
+    pub(crate) fn from_parts(inner: S, breaker: Breaker, classifier: C) -> Self {
+        Self {
+            inner,
+            breaker,
+            classifier,
+        }
+    }
+}
+
+impl<S, C, B, ResB> Service<Request<B>> for HttpCircuitBreaker<S, C>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    ResB: Default,
+    C: Classify<Response<ResB>> + Clone,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = AnswerFuture<S::Future, C, ResB>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        match admit(&self.breaker, &self.classifier) {
+            Ok(tracker) => AnswerFuture::called(self.inner.call(request), tracker),
+            Err(open) => {
+                let grpc = is_grpc(request.headers());
+                AnswerFuture::answered(Answer::circuit_open(&open).into_response(grpc))
+            }
+        }
+    }
+}
+
+// === impl PlainCircuitBreaker ===
+
+impl<S> PlainCircuitBreaker<S> {
+    /// Wraps `inner` with `breaker` and the [`ErrorsOnly`] classifier: the
+    /// same as `PlainBreakerLayer::new(breaker).layer(inner)`.
+    pub fn new(inner: S, breaker: Breaker) -> Self {
+        Self::from_parts(inner, breaker, ErrorsOnly)
+    }
+
+    /// A layer that wraps services in a [`PlainCircuitBreaker`] with
+    /// `breaker`; the same as [`PlainBreakerLayer::new`].
+    pub fn layer(breaker: Breaker) -> PlainBreakerLayer {
+        PlainBreakerLayer::new(breaker)
+    }
+}
+
+impl<S, C> PlainCircuitBreaker<S, C> {
+    pub(crate) fn from_parts(inner: S, breaker: Breaker, classifier: C) -> Self {
+        Self {
+            inner,
+            breaker,
+            classifier,
+        }
+    }
+}
+
+impl<S, C, Req> Service<Req> for PlainCircuitBreaker<S, C>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response> + Clone,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, C>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Req) -> Self::Future {
+        match admit(&self.breaker, &self.classifier) {
+            Ok(tracker) => ResponseFuture::called(self.inner.call(request), tracker),
+            Err(open) => ResponseFuture::rejected(open),
+        }
+    }
+}
+
+// === the calls, shared by the flavours and the keyed service ===
+
+/// The admission of the flavours without the hook (server and plain): what
+/// counts the call if it may go, or why it may not.
+#[inline]
+fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, CircuitOpen> {
+    match breaker.admit() {
+        Ok(raw) => Ok(tracker(breaker, classifier, raw)),
+        Err(rejection) => Err(breaker.open_error(rejection)),
+    }
+}
+
+/// The call of the client flavour, shared with the keyed service: admits the call,
 /// offers the hook to a retry layer below, and counts the call itself when
 /// no layer took the hook.
 #[inline]
@@ -233,74 +459,16 @@ where
     }
 }
 
+/// What counts an admitted call: nothing when the breaker does not track
+/// it (a manual mode), else a permit and the classifier.
 #[inline]
-fn tracker<C: Clone>(breaker: &Breaker, classifier: &C, raw: crate::breaker::Raw) -> Tracker<C> {
+fn tracker<C: Clone>(breaker: &Breaker, classifier: &C, raw: Raw) -> Tracker<C> {
     if raw.kind == Kind::Untracked {
         Tracker::Done
     } else {
         Tracker::Permit {
             permit: breaker.permit(raw),
             classifier: classifier.clone(),
-        }
-    }
-}
-
-/// Plain mode: any request, no attempt hook, typed errors.
-impl<S, C, Req> Service<Req> for CircuitBreaker<S, C, Plain>
-where
-    S: Service<Req>,
-    S::Error: Into<BoxError>,
-    C: Classify<S::Response> + Clone,
-{
-    type Response = S::Response;
-    type Error = BoxError;
-    type Future = ResponseFuture<S::Future, C>;
-
-    #[inline]
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    #[inline]
-    fn call(&mut self, request: Req) -> Self::Future {
-        match self.breaker.admit() {
-            Ok(raw) => {
-                let tracker = tracker(&self.breaker, &self.classifier, raw);
-                ResponseFuture::called(self.inner.call(request), tracker)
-            }
-            Err(rejection) => ResponseFuture::rejected(self.breaker.open_error(rejection)),
-        }
-    }
-}
-
-/// Server mode: rejections become HTTP or gRPC answers; the inner error
-/// type passes through.
-impl<S, C, B, ResB> Service<Request<B>> for CircuitBreaker<S, C, Server>
-where
-    S: Service<Request<B>, Response = Response<ResB>>,
-    ResB: Default,
-    C: Classify<Response<ResB>> + Clone,
-{
-    type Response = Response<ResB>;
-    type Error = S::Error;
-    type Future = AnswerFuture<S::Future, C, ResB>;
-
-    #[inline]
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        match self.breaker.admit() {
-            Ok(raw) => {
-                let tracker = tracker(&self.breaker, &self.classifier, raw);
-                AnswerFuture::called(self.inner.call(request), tracker)
-            }
-            Err(rejection) => {
-                let open = self.breaker.open_error(rejection);
-                let grpc = is_grpc(request.headers());
-                AnswerFuture::answered(Answer::circuit_open(&open).into_response(grpc))
-            }
         }
     }
 }

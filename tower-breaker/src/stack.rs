@@ -100,9 +100,9 @@ use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, Server
 use tower_layer::Layer;
 use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryLayer};
 
-use crate::classify::DefaultClassifier;
-use crate::mode::Server;
-use crate::{Breaker, BreakerConfig, BreakerLayer, CircuitBreaker};
+use crate::{
+    Breaker, BreakerConfig, BreakerLayer, CircuitBreaker, HttpBreakerLayer, HttpCircuitBreaker,
+};
 
 /// The bulkhead size of a [`client_stack`]: calls in flight to the
 /// dependency at once. Size it with Little's law (rate times normal
@@ -117,8 +117,7 @@ pub type ClientStackService<S, P = DefaultPolicy, M = Buffered> =
     ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>>, P, M>>>;
 
 /// The service a [`ServerStack`] builds around a handler or router `S`.
-pub type ServerStackService<S> =
-    ServerDeadline<HttpBulkhead<CircuitBreaker<S, DefaultClassifier, Server>>>;
+pub type ServerStackService<S> = ServerDeadline<HttpBulkhead<HttpCircuitBreaker<S>>>;
 
 /// The recommended client stack for one dependency, as one [`Layer`]; see
 /// the [module docs](self) for the order and the hand-built equivalent.
@@ -150,7 +149,7 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered> {
 /// Defaults: [`ServerDeadlineLayer::new`]'s (the caller's `grpc-timeout` or
 /// `x-request-timeout-ms`, no default), a bulkhead of
 /// [`DEFAULT_SERVER_CONCURRENCY`], a [`Breaker`] with the default
-/// [`BreakerConfig`] in [`http_answers`](BreakerLayer::http_answers) mode.
+/// [`BreakerConfig`] in an [`HttpBreakerLayer`] (rejections answered 503).
 ///
 /// # Clone
 ///
@@ -161,7 +160,7 @@ pub struct ServerStack {
     name: Arc<str>,
     deadline: ServerDeadlineLayer,
     bulkhead: HttpBulkheadLayer,
-    breaker: BreakerLayer<DefaultClassifier, Server>,
+    breaker: HttpBreakerLayer,
 }
 
 /// The recommended client stack for the dependency `name` (the name of its
@@ -207,7 +206,7 @@ pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
     ServerStack {
         deadline: ServerDeadlineLayer::new(),
         bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY),
-        breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))).http_answers(),
+        breaker: HttpBreakerLayer::new(Breaker::new(Arc::clone(&name))),
         name,
     }
 }
@@ -331,7 +330,7 @@ impl ServerStack {
 
     /// Use `breaker`.
     pub fn breaker(mut self, breaker: Breaker) -> Self {
-        self.breaker = BreakerLayer::new(breaker).http_answers();
+        self.breaker = HttpBreakerLayer::new(breaker);
         self
     }
 

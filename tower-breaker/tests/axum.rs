@@ -13,7 +13,7 @@ use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::*;
-use tower_breaker::{Breaker, BreakerLayer, State};
+use tower_breaker::{Breaker, HttpBreakerLayer, State};
 
 async fn serve(breaker: Breaker, handled: Arc<AtomicUsize>) -> std::net::SocketAddr {
     let app = Router::new()
@@ -31,7 +31,7 @@ async fn serve(breaker: Breaker, handled: Arc<AtomicUsize>) -> std::net::SocketA
             "/grpc",
             axum::routing::post(|| async { (http::StatusCode::BAD_GATEWAY, "") }),
         )
-        .layer(BreakerLayer::new(breaker).http_answers());
+        .layer(HttpBreakerLayer::new(breaker));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

@@ -13,7 +13,7 @@ use tower::{service_fn, BoxError, Layer, ServiceBuilder};
 use tower_breaker::store::Store;
 use tower_breaker::{
     classify, classify_fn, Breaker, BreakerLayer, Classify, DefaultClassifier, Listener, Outcome,
-    RandomSource, State,
+    PlainBreakerLayer, RandomSource, State,
 };
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -190,17 +190,15 @@ async fn the_classifier_is_replaceable() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn plain_mode_works_with_any_request() {
+async fn the_plain_flavour_works_with_any_request() {
     let b = breaker(2);
-    let svc = BreakerLayer::new(b.clone())
-        .plain()
-        .layer(service_fn(|n: u32| async move {
-            if n == 0 {
-                Err::<u32, BoxError>("zero".into())
-            } else {
-                Ok(n)
-            }
-        }));
+    let svc = PlainBreakerLayer::new(b.clone()).layer(service_fn(|n: u32| async move {
+        if n == 0 {
+            Err::<u32, BoxError>("zero".into())
+        } else {
+            Ok(n)
+        }
+    }));
     use tower::ServiceExt;
     assert_eq!(svc.clone().oneshot(7).await.unwrap(), 7);
     assert!(svc.clone().oneshot(0).await.is_err());

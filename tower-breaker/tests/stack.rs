@@ -22,7 +22,8 @@ use tower_breaker::stack::{
     DEFAULT_CLIENT_CONCURRENCY, DEFAULT_SERVER_CONCURRENCY,
 };
 use tower_breaker::{
-    Breaker, BreakerConfig, BreakerLayer, Mode, Outcome, State, Totals, WindowCounts,
+    Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Mode, Outcome, State, Totals,
+    WindowCounts,
 };
 use tower_bulkhead::error::BulkheadFull;
 use tower_bulkhead::{BulkheadLayer, HttpBulkheadLayer, DEFAULT_RETRY_AFTER};
@@ -713,7 +714,7 @@ fn server<S>(build: Build, concurrency: usize, handler: S) -> (ServerStackServic
             let service = ServiceBuilder::new()
                 .layer(ServerDeadlineLayer::new())
                 .layer(HttpBulkheadLayer::new(NAME, concurrency))
-                .layer(BreakerLayer::new(breaker.clone()).http_answers())
+                .layer(HttpBreakerLayer::new(breaker.clone()))
                 .service(handler);
             (service, breaker)
         }
