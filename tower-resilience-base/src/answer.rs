@@ -34,8 +34,42 @@ use crate::grpc::{is_grpc, GrpcCode, GRPC_CONTENT_TYPE, GRPC_MESSAGE, GRPC_STATU
 /// `x-tower-no-retry`: the mark on an answer that says "retries for this
 /// failure were already spent (or must not be made)": a retry layer of this
 /// toolkit that receives it does not retry, and passes the mark on to its
-/// own caller.
+/// own caller, so a chain of services retries in one tier only. Strip it
+/// at the edge, from answers to callers that are not yours, with
+/// [`strip_no_retry`].
 pub const NO_RETRY_HEADER: HeaderName = HeaderName::from_static("x-tower-no-retry");
+
+/// Removes the [`NO_RETRY_HEADER`] mark from a response: for the edge of a
+/// system, where answers go to callers that are not part of it (the mark is
+/// an internal agreement between tiers).
+///
+/// # Example
+///
+/// ```
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_resilience_base::answer::{strip_no_retry, NO_RETRY_HEADER};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // A gateway that forwards a dependency's marked 503.
+/// let gateway = service_fn(|_req: http::Request<()>| async {
+///     let mut answer = http::Response::new(());
+///     *answer.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+///     answer.headers_mut().insert(NO_RETRY_HEADER, http::HeaderValue::from_static("1"));
+///     Ok::<_, std::convert::Infallible>(answer)
+/// });
+/// let edge = ServiceBuilder::new().map_response(strip_no_retry).service(gateway);
+/// let answer = edge.oneshot(http::Request::new(())).await.unwrap();
+/// assert_eq!(answer.status(), 503);
+/// assert!(!answer.headers().contains_key(NO_RETRY_HEADER));
+/// # }
+/// ```
+pub fn strip_no_retry<B>(mut response: Response<B>) -> Response<B> {
+    if !response.headers().is_empty() {
+        response.headers_mut().remove(NO_RETRY_HEADER);
+    }
+    response
+}
 
 const ONE: HeaderValue = HeaderValue::from_static("1");
 

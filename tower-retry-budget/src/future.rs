@@ -13,12 +13,13 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_resilience_base::error::DeadlineExceeded;
-use tower_resilience_base::grpc::is_grpc;
+use tower_resilience_base::grpc::{is_grpc, GRPC_RETRY_PUSHBACK_MS};
 use tower_resilience_base::hook::{AttemptOutcome, Attempts};
 use tower_resilience_base::{CallContext, Deadline};
 use tower_service::Service;
 
 use crate::backoff::Jitter;
+use crate::decide::{self, Plan};
 use crate::body::ReplayMode;
 use crate::error::{AttemptsExhausted, BudgetExhausted, DeadlineTooClose};
 use crate::outcome::{GaveUp, StopReason};
@@ -139,7 +140,7 @@ where
                             Err(e) => Err(&**e as &(dyn Error + 'static)),
                         }));
                     }
-                    let step = decide::<M, B, S, ResB>(
+                    match next_step::<M, B, S, ResB>(
                         result,
                         this.shared,
                         this.retry,
@@ -147,8 +148,7 @@ where
                         *this.attempt,
                         *this.deadline,
                         this.jitter,
-                    );
-                    match step {
+                    ) {
                         Step::Return(out) => {
                             this.state.set(State::Done);
                             return Poll::Ready(out);
@@ -213,11 +213,12 @@ where
     }
 }
 
-/// Classifies one attempt's outcome and decides between returning it and
-/// retrying (in which case the next request is prepared and the delay
-/// returned).
-fn decide<M, B, S, ResB>(
-    mut result: Result<Response<ResB>, BoxError>,
+/// Drives the decision after an attempt: classifies the outcome, asks
+/// [`plan`](crate::decide::plan), and for a planned retry asks the hook
+/// (before any budget is spent), the budget, and the body to replay, in
+/// that order.
+fn next_step<M, B, S, ResB>(
+    result: Result<Response<ResB>, BoxError>,
     shared: &Shared<dyn Policy>,
     retry: &mut Option<Retrying<S, M::Saved, M::Body>>,
     hook: Option<&Attempts>,
@@ -228,81 +229,82 @@ fn decide<M, B, S, ResB>(
 where
     M: ReplayMode<B>,
 {
-    let verdict = match &mut result {
-        Ok(response) => {
-            // The "do not retry" signal travels one hop only.
-            let signalled = !response.headers().is_empty()
-                && response.headers_mut().remove(NO_RETRY_HEADER).is_some();
-            let verdict = shared
-                .policy
-                .classify_response(response.status(), response.headers());
-            if signalled && verdict.is_retryable() {
-                Verdict::Failure
-            } else {
-                verdict
-            }
+    let config = &shared.config;
+    let (verdict, marked) = classify(&result, shared, deadline);
+    if marked {
+        // Retries for this failure were already spent below: keep the mark
+        // on the answer, so no tier above retries it either.
+        return Step::Return(give_up(result, StopReason::SpentBelow, attempt, false));
+    }
+    let replayable = retry.as_ref().is_some_and(|r| M::can_replay(&r.saved));
+    let mut now = None;
+    let plan = decide::plan(
+        verdict,
+        attempt,
+        replayable,
+        config,
+        deadline,
+        || *now.insert(Instant::now()),
+        || {
+            let jitter = jitter.get_or_insert_with(|| Jitter::new(shared.random.next_u64()));
+            config.backoff.delay(attempt - 1, jitter)
+        },
+    );
+    let (delay, reason) = match plan {
+        Plan::Return => return Step::Return(result),
+        Plan::Stop { reason, retryable } => {
+            return Step::Return(give_up(result, reason, attempt, retryable))
         }
-        Err(e) if is_attempt_timeout(&**e, deadline, shared.config.min_remaining) => {
+        Plan::Wait { delay, reason } => (delay, reason),
+    };
+    if let Some(Err(e)) = hook.map(Attempts::check) {
+        // The circuit opened (perhaps on this very failure): stop now
+        // instead of sleeping first, and spend no budget.
+        tracing::debug!(attempt, error = %e, "retry stopped by the attempt hook");
+        return Step::Return(Err(e));
+    }
+    let now = now.unwrap_or_else(Instant::now);
+    if !shared.budget.withdraw_at(now) {
+        tracing::debug!(attempt, reason, "retry refused by the retry budget");
+        return Step::Return(give_up(result, StopReason::Budget, attempt, true));
+    }
+    let Some(body) = retry.as_mut().and_then(|r| M::replay(&r.saved).map(|b| (r, b))) else {
+        return Step::Return(give_up(result, StopReason::NotRetryable, attempt, true));
+    };
+    let (retrying, body) = body;
+    retrying.next = Some(body);
+    tracing::debug!(
+        attempt = attempt + 1,
+        delay_ms = delay.as_millis() as u64,
+        reason,
+        "retrying request"
+    );
+    Step::Sleep(delay)
+}
+
+/// The policy's verdict on an attempt's outcome, and whether the answer
+/// carries the do-not-retry mark (then it is never retried).
+fn classify<ResB>(
+    result: &Result<Response<ResB>, BoxError>,
+    shared: &Shared<dyn Policy>,
+    deadline: Option<Instant>,
+) -> (Verdict, bool) {
+    match result {
+        Ok(response) => {
+            let headers = response.headers();
+            let marked = !headers.is_empty() && headers.contains_key(NO_RETRY_HEADER);
+            let verdict = shared.policy.classify_response(response.status(), headers);
+            (verdict, marked && verdict != Verdict::Success)
+        }
+        Err(e) if is_attempt_timeout(&**e, deadline, shared.config.min_remaining) => (
             Verdict::Retry {
                 reason: "attempt timeout",
                 after: None,
-            }
-        }
-        Err(e) if is_local_rejection(&**e) => Verdict::Failure,
-        Err(e) => shared.policy.classify_error(&**e),
-    };
-    let (reason, after) = match verdict {
-        Verdict::Success => return Step::Return(result),
-        Verdict::Failure => {
-            return Step::Return(give_up(result, StopReason::NotRetryable, attempt, false))
-        }
-        Verdict::Retry { reason, after } => (reason, after),
-    };
-
-    let config = &shared.config;
-    let stop = match retry.as_mut() {
-        None => Err(StopReason::NotRetryable),
-        Some(_) if attempt >= config.max_attempts => Err(StopReason::Attempts),
-        Some(_) if after.is_some_and(|a| a > config.max_server_delay) => {
-            Err(StopReason::NotRetryable)
-        }
-        Some(retrying) if !M::can_replay(&retrying.saved) => Err(StopReason::NotRetryable),
-        Some(retrying) => {
-            let jitter = jitter.get_or_insert_with(|| Jitter::new(shared.random.next_u64()));
-            let delay = config
-                .backoff
-                .delay(attempt - 1, jitter)
-                .max(after.unwrap_or_default());
-            let now = Instant::now();
-            if deadline.is_some_and(|d| {
-                d.saturating_duration_since(now) < delay.saturating_add(config.min_remaining)
-            }) {
-                Err(StopReason::Deadline)
-            } else if let Some(Err(e)) = hook.map(Attempts::check) {
-                // The circuit opened (perhaps on this very failure): stop
-                // now instead of sleeping first, and spend no budget.
-                tracing::debug!(attempt, error = %e, "retry stopped by the attempt hook");
-                return Step::Return(Err(e));
-            } else if !shared.budget.withdraw_at(now) {
-                tracing::debug!(attempt, reason, "retry refused by the retry budget");
-                Err(StopReason::Budget)
-            } else if let Some(body) = M::replay(&retrying.saved) {
-                retrying.next = Some(body);
-                tracing::debug!(
-                    attempt = attempt + 1,
-                    delay_ms = delay.as_millis() as u64,
-                    reason,
-                    "retrying request"
-                );
-                Ok(delay)
-            } else {
-                Err(StopReason::NotRetryable)
-            }
-        }
-    };
-    match stop {
-        Ok(delay) => Step::Sleep(delay),
-        Err(why) => Step::Return(give_up(result, why, attempt, true)),
+            },
+            false,
+        ),
+        Err(e) if is_local_rejection(&**e) => (Verdict::Failure, false),
+        Err(e) => (shared.policy.classify_error(&**e), false),
     }
 }
 
@@ -370,9 +372,13 @@ fn give_up<ResB>(
     match result {
         Ok(mut response) => {
             if limit {
-                response
-                    .headers_mut()
-                    .insert(NO_RETRY_HEADER, HeaderValue::from_static("1"));
+                let headers = response.headers_mut();
+                headers.insert(NO_RETRY_HEADER, HeaderValue::from_static("1"));
+                if is_grpc(headers) {
+                    // gRPC's own word for it, for clients that retry by
+                    // gRPC's retry policy: a negative pushback means never.
+                    headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+                }
             }
             response
                 .extensions_mut()

@@ -195,6 +195,11 @@ impl<P, M> RetryLayer<P, M> {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// The budget shared by every service of this layer.
     #[must_use]
     pub fn shared_budget(&self) -> &Arc<RetryBudget> {

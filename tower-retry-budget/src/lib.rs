@@ -46,8 +46,11 @@
 //! succeeds or a limit says stop. What it checks, in order:
 //!
 //! 1. **Is the failure retryable?** Asked of the [`Policy`] (default
-//!    [`DefaultPolicy`]): connection errors and timeouts (any error of the
-//!    inner service), `502`, `503`, `504`; `429` only with a `Retry-After`;
+//!    [`DefaultPolicy`]): errors whose kind says the next attempt may
+//!    succeed (connection refused, reset or aborted, a connection closed
+//!    before the answer, I/O and per-attempt timeouts:
+//!    [`policy::is_transient_error`]; never an invalid URI, a TLS failure
+//!    or a builder error), `502`, `503`, `504`; `429` only with a `Retry-After`;
 //!    a trailers-only gRPC answer with `grpc-status: 14` (UNAVAILABLE).
 //!    Never other 4xx or 5xx. A `Retry-After` (delta seconds or HTTP date)
 //!    or a `grpc-retry-pushback-ms` sets the least delay; a negative or
@@ -111,11 +114,17 @@
 //! the retries of a retryable failure that is a response, the layer sets
 //! [`NO_RETRY_HEADER`] (`x-tower-no-retry: 1`) on it, so that a tier above
 //! that uses this crate does not retry it again. When this layer receives a
-//! response carrying that header, it does not retry it and removes the
-//! header before passing the response on: the signal travels one hop. The
-//! bulkhead and breaker of this toolkit put the same header on their `503`
-//! answers. Errors ended by a limit become this crate's errors, which
-//! another [`Retry`] never retries.
+//! response carrying that header, it does not retry it and passes it on
+//! *with* the header ([`StopReason::SpentBelow`]): the mark means "retries
+//! for this failure were already spent below", so no tier above the one
+//! that retried retries it either. On a gRPC response, a give-up also sets
+//! `grpc-retry-pushback-ms: -1`, gRPC's own "do not retry". The bulkhead
+//! and breaker of this toolkit put the same header on their `503` answers.
+//! Errors ended by a limit become this crate's errors, which another
+//! [`Retry`] never retries. At the edge, strip the mark from answers to
+//! callers that are not yours with
+//! `ServiceBuilder::new().map_response(tower_resilience_base::answer::strip_no_retry)`
+//! (a gateway forwarding a dependency's answer would otherwise pass it on).
 //!
 //! **Retries say so on the wire.** Every retry (never the first attempt)
 //! carries its attempt number: `grpc-previous-rpc-attempts` (the number of
@@ -297,6 +306,7 @@
 mod backoff;
 pub mod body;
 mod budget;
+mod decide;
 pub mod error;
 pub mod future;
 mod layer;
@@ -328,7 +338,9 @@ pub use tower_resilience_base::BoxError;
 /// Set on a failed response by this layer when a limit ended its retries,
 /// and by the toolkit's bulkhead and breaker on their `503` answers. A
 /// [`Retry`] that receives a response carrying it never retries that
-/// response, and removes the header before passing the response on.
+/// response, and passes it on with the header, so no tier above retries it
+/// either; strip it at the edge
+/// (`tower_resilience_base::answer::strip_no_retry`).
 ///
 /// # Example
 ///

@@ -24,6 +24,11 @@ pub enum StopReason {
     /// replayed, a server that asked not to retry (or to wait longer than
     /// allowed).
     NotRetryable,
+    /// The answer carried the [`NO_RETRY_HEADER`](crate::NO_RETRY_HEADER)
+    /// mark: the retries for this failure were already spent below (or a
+    /// layer below refused the call on purpose). The mark stays on the
+    /// answer, so the tiers above do not retry it either.
+    SpentBelow,
 }
 
 /// Inserted into the extensions of a failed response that this layer
@@ -71,6 +76,7 @@ impl fmt::Display for StopReason {
             StopReason::Budget => "retry budget",
             StopReason::Deadline => "deadline",
             StopReason::NotRetryable => "not retryable",
+            StopReason::SpentBelow => "retries spent below",
         })
     }
 }

@@ -258,8 +258,14 @@ pub fn classify_response(status: StatusCode, headers: &HeaderMap) -> Verdict {
     Verdict::Retry { reason, after }
 }
 
-/// The default verdict on an error: retry it, unless
-/// [`is_local_rejection`] recognises it.
+/// The default verdict on an error: retry it only when its kind says the
+/// next attempt may succeed ([`is_transient_error`]), and never a local
+/// rejection ([`is_local_rejection`]).
+///
+/// Errors whose kind says the next attempt would fail the same way (an
+/// invalid URI, a request the client could not build, a TLS or certificate
+/// failure, a protocol error) are not retried. Replace the rule with your
+/// own [`Policy::classify_error`].
 ///
 /// # Example
 ///
@@ -269,17 +275,85 @@ pub fn classify_response(status: StatusCode, headers: &HeaderMap) -> Verdict {
 ///
 /// let reset = io::Error::from(io::ErrorKind::ConnectionReset);
 /// assert!(classify_error(&reset).is_retryable());
+///
+/// let bad_uri = "http://exa mple".parse::<http::Uri>().unwrap_err();
+/// assert_eq!(classify_error(&bad_uri), Verdict::Failure);
 /// ```
 #[must_use]
 pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
-    if is_local_rejection(error) {
-        Verdict::Failure
-    } else {
+    if !is_local_rejection(error) && is_transient_error(error) {
         Verdict::Retry {
-            reason: "error",
+            reason: "transient error",
             after: None,
         }
+    } else {
+        Verdict::Failure
     }
+}
+
+/// Whether an error (or an error in its `source()` chain) is one the next
+/// attempt may not meet: a connection refused, reset, aborted or not
+/// connected, a broken pipe, an unexpected end of stream (the connection
+/// closed before the answer was complete), a timed-out I/O, an unreachable
+/// host or network, or a network down; that is, a [`std::io::Error`] of
+/// one of those kinds anywhere in the chain (hyper, hyper-util, reqwest and
+/// tonic's transport put the I/O error of a failed connection there). A
+/// per-attempt timeout counts too: `tower-deadline`'s `DeadlineExceeded`,
+/// and with the `tower` feature tower's `timeout::error::Elapsed`.
+///
+/// Everything else is not transient: an invalid URI, a builder error, a
+/// TLS or certificate failure (`InvalidData` and friends), a protocol
+/// error.
+///
+/// # Example
+///
+/// ```
+/// use std::io;
+/// use tower_retry_budget::policy::is_transient_error;
+///
+/// assert!(is_transient_error(&io::Error::from(io::ErrorKind::ConnectionRefused)));
+/// assert!(!is_transient_error(&io::Error::from(io::ErrorKind::InvalidData)));
+/// ```
+#[must_use]
+pub fn is_transient_error(error: &(dyn Error + 'static)) -> bool {
+    use std::io::ErrorKind::*;
+
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | NotConnected
+                    | BrokenPipe
+                    | UnexpectedEof
+                    | TimedOut
+                    | HostUnreachable
+                    | NetworkUnreachable
+                    | NetworkDown
+            ) {
+                return true;
+            }
+        }
+        if e.is::<tower_resilience_base::error::DeadlineExceeded>() || is_timeout_elapsed(e) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// tower's `timeout::error::Elapsed` (feature `tower`).
+#[cfg(feature = "tower")]
+fn is_timeout_elapsed(e: &(dyn Error + 'static)) -> bool {
+    e.is::<tower::timeout::error::Elapsed>()
+}
+
+#[cfg(not(feature = "tower"))]
+fn is_timeout_elapsed(_e: &(dyn Error + 'static)) -> bool {
+    false
 }
 
 /// Whether an error, or any error in its `source()` chain, is one this

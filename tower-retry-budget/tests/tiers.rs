@@ -118,7 +118,7 @@ async fn three_tiers_do_not_multiply_retries() {
         per_user(with_budget)
     );
     println!(
-        "  this layer without budget (signal only): {signal_only} bottom calls, {:.2} per request",
+        "  this layer without budget (mark only): {signal_only} bottom calls, {:.2} per request",
         per_user(signal_only)
     );
     println!(
@@ -127,7 +127,9 @@ async fn three_tiers_do_not_multiply_retries() {
     );
     assert!(with_budget <= 3 * USERS, "{with_budget}");
     assert!(per_user(with_budget) < 1.6, "{with_budget}");
-    // The signal alone stops the middle tier: 3 x 1 x 3.
-    assert_eq!(signal_only, 9 * USERS);
+    // The mark alone stops every tier above the one that retried: the
+    // bottom tier's 3 attempts, and no more (it used to be stripped after
+    // one hop, and the top tier retried again: 3 x 1 x 3).
+    assert_eq!(signal_only, 3 * USERS);
     assert_eq!(naive, 27 * USERS);
 }

@@ -23,24 +23,18 @@ fn header_names_are_the_documented_ones() {
     assert_eq!(GRPC_PREVIOUS_RPC_ATTEMPTS, "grpc-previous-rpc-attempts");
 }
 
-#[test]
-fn the_bulkhead_writes_the_same_no_retry_header() {
-    // The two crates cannot share the constant (no dependency from the
-    // bulkhead on this crate); this test keeps the wire signal in step.
-    assert_eq!(tower_bulkhead::NO_RETRY_HEADER, NO_RETRY_HEADER);
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_bulkhead_503_is_not_retried_and_its_mark_is_stripped() {
+async fn a_bulkhead_503_is_not_retried_and_its_mark_is_passed_on() {
     // A server-side bulkhead (HTTP mode) answers 503 with the mark; a client
-    // retry layer above it must neither retry nor pass the mark on.
+    // retry layer above it must not retry, and passes the mark on so that no
+    // tier above retries either.
     let log = Log::new();
     let bulkhead = tower_bulkhead::HttpBulkheadLayer::new("orders", 0);
     let stats = bulkhead.handle();
     let svc = layer().layer(bulkhead.layer(Scripted::always(&log, 200)));
     let response = svc.oneshot(get()).await.unwrap();
     assert_eq!(response.status(), 503);
-    assert!(response.headers().get(NO_RETRY_HEADER).is_none());
+    assert_eq!(response.headers()[NO_RETRY_HEADER], "1");
     assert!(response.headers().get("retry-after").is_some());
     assert_eq!(stats.rejected(), 1);
     assert_eq!(log.count(), 0);
@@ -118,7 +112,9 @@ async fn attempt_header_is_configurable() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_marked_answer_is_not_retried_and_the_mark_is_stripped() {
+async fn a_marked_answer_is_not_retried_and_the_mark_is_passed_on() {
+    // Regression: the mark used to be stripped after one hop, so the tier
+    // above a tier that declined because of it retried the failure again.
     let log = Log::new();
     // What a bulkhead or breaker of this toolkit answers when it rejects.
     let svc = layer().layer(Scripted::new(&log, |_| {
@@ -129,25 +125,27 @@ async fn a_marked_answer_is_not_retried_and_the_mark_is_stripped() {
     let response = svc.oneshot(get()).await.unwrap();
     assert_eq!(log.count(), 1);
     assert_eq!(response.status(), 503);
-    assert!(
-        !response.headers().contains_key(NO_RETRY_HEADER),
-        "travels one hop only"
+    assert_eq!(
+        response.headers()[NO_RETRY_HEADER],
+        "1",
+        "passed on to the tier above"
     );
     assert_eq!(
         response.extensions().get::<GaveUp>().unwrap().reason(),
-        StopReason::NotRetryable
+        StopReason::SpentBelow
     );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_mark_on_a_success_is_stripped_too() {
+async fn a_mark_on_a_success_passes_through_untouched() {
     let log = Log::new();
     let svc = layer().layer(Scripted::new(&log, |_| {
         Ok(status_with(200, "x-tower-no-retry", "1"))
     }));
     let response = svc.oneshot(get()).await.unwrap();
-    assert!(!response.headers().contains_key(NO_RETRY_HEADER));
+    assert_eq!(response.headers()[NO_RETRY_HEADER], "1");
     assert!(response.extensions().get::<GaveUp>().is_none());
+    assert_eq!(log.count(), 1);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
