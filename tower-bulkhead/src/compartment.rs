@@ -26,9 +26,13 @@ pub(crate) type Acquire = Pin<Box<dyn Future<Output = Result<Permit, BulkheadFul
 ///
 /// The hot path is one compare-and-swap to take a slot and one
 /// `fetch_sub` plus one load to give it back; waiting calls (only with
-/// `max_wait`) park on a [`Notify`] and are woken one per released slot.
+/// `max_wait`) first take a waiter place with one more compare-and-swap
+/// (so that at most `max_waiters` wait at once), then park on a [`Notify`]
+/// and are woken one per released slot.
 pub struct Compartment {
     in_flight: AtomicUsize,
+    /// Waiter places taken: calls that found the compartment full and wait
+    /// for a slot, from `call` until they get one, time out or are dropped.
     waiters: AtomicUsize,
     limit: usize,
     name: Arc<str>,
@@ -52,17 +56,38 @@ pub struct Permit {
     compartment: Arc<Compartment>,
 }
 
-/// Counts a waiting call for as long as it waits, so that a release knows
-/// whether anyone needs a wake-up.
-struct WaiterGuard<'a>(&'a Compartment);
+/// One taken waiter place of a [`Compartment`]: a call that may wait for
+/// a slot. Dropping it frees the place.
+///
+/// It is taken in `call` (so the bound holds from the moment the call is
+/// admitted to wait, polled or not) and moves into the [`Acquire`] future,
+/// so every way a wait ends (a slot, the timeout, a dropped future) gives
+/// the place back. While it exists, a release knows someone may need a
+/// wake-up.
+struct WaiterPlace {
+    compartment: Arc<Compartment>,
+}
+
+/// How a call that finds its compartment full may wait: the layer's
+/// `max_wait` and `max_waiters`, copied into every service it wraps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WaitPolicy {
+    /// How long a call may wait; `None` or zero: no waiting.
+    pub(crate) max_wait: Option<Duration>,
+    /// How many calls may wait at once per compartment; `None`: as many as
+    /// the compartment's limit.
+    pub(crate) max_waiters: Option<usize>,
+}
 
 /// What `call` decided for one request.
 pub(crate) enum Admission {
     /// A slot was free: call the inner service now.
     Go(Permit),
-    /// Full, but `max_wait` allows waiting for a slot in the future.
+    /// Full, but `max_wait` allows waiting for a slot in the future, and a
+    /// waiter place was free (and is now taken by the [`Acquire`]).
     Wait(Acquire),
-    /// Full: refuse now.
+    /// Full, and no waiting allowed or every waiter place taken: refuse
+    /// now.
     Full(BulkheadFull),
 }
 
@@ -74,6 +99,7 @@ pub(crate) enum Admission {
 pub struct Stats {
     in_flight: usize,
     limit: usize,
+    waiting: usize,
     rejected: u64,
 }
 
@@ -122,6 +148,7 @@ impl Compartment {
         Stats {
             in_flight: self.in_flight.load(Ordering::Relaxed).min(self.limit),
             limit: self.limit,
+            waiting: self.waiters.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
         }
     }
@@ -136,8 +163,8 @@ impl Compartment {
 
     /// Takes a slot if one is free.
     ///
-    /// `SeqCst` pairs with [`release`](Self::release): a waiter registers in
-    /// `waiters` and then reads `in_flight` here, a release writes
+    /// `SeqCst` pairs with [`release`](Self::release): a waiter takes its
+    /// place in `waiters` and then reads `in_flight` here, a release writes
     /// `in_flight` and then reads `waiters`, so at least one of them sees the
     /// other and no wake-up is lost. On x86 this costs nothing over
     /// `Acquire`.
@@ -149,6 +176,28 @@ impl Compartment {
                 return false;
             }
             match self.in_flight.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Takes a waiter place if fewer than `max_waiters` are taken.
+    ///
+    /// A compare-and-swap, not an add-then-check, so that the count never
+    /// goes past the bound, even for a moment, however many calls race.
+    fn try_queue(&self, max_waiters: usize) -> bool {
+        let mut current = self.waiters.load(Ordering::SeqCst);
+        loop {
+            if current >= max_waiters {
+                return false;
+            }
+            match self.waiters.compare_exchange_weak(
                 current,
                 current + 1,
                 Ordering::SeqCst,
@@ -213,6 +262,7 @@ impl fmt::Debug for Compartment {
             .field("name", &self.name)
             .field("limit", &self.limit)
             .field("in_flight", &stats.in_flight)
+            .field("waiting", &stats.waiting)
             .field("rejected", &stats.rejected)
             .finish()
     }
@@ -226,15 +276,20 @@ pub(crate) fn millis_since(epoch: Instant, now: Instant) -> u64 {
 
 impl Admission {
     /// Takes a slot of `compartment` if one is free; otherwise waits (if
-    /// `max_wait` is set and not zero) or refuses.
+    /// `max_wait` is set and not zero, and a waiter place is free) or
+    /// refuses at once.
     #[inline]
-    pub(crate) fn decide(compartment: &Arc<Compartment>, max_wait: Option<Duration>) -> Self {
+    pub(crate) fn decide(compartment: &Arc<Compartment>, policy: WaitPolicy) -> Self {
         if let Some(permit) = Permit::try_acquire(compartment) {
             return Self::Go(permit);
         }
-        match max_wait {
+        match policy.max_wait {
             Some(wait) if !wait.is_zero() => {
-                Self::Wait(Permit::acquire_within(compartment.clone(), wait))
+                let max_waiters = policy.max_waiters.unwrap_or(compartment.limit);
+                match WaiterPlace::try_take(compartment, max_waiters) {
+                    Some(place) => Self::Wait(Permit::acquire_within(place, wait)),
+                    None => Self::Full(compartment.reject(None)),
+                }
             }
             _ => Self::Full(compartment.reject(None)),
         }
@@ -256,16 +311,22 @@ impl Permit {
         }
     }
 
-    /// Waits up to `max_wait` for a slot of `compartment`; the rejection
-    /// after that is counted like any other.
+    /// Waits up to `max_wait` for a slot of the compartment whose waiter
+    /// `place` this call holds; the rejection after that is counted like
+    /// any other. The place is given back when the wait ends, whichever
+    /// way: a slot, the timeout, or the future dropped.
     ///
     /// Waiters are woken in the order they started waiting (one per freed
     /// slot), but the wait is not a strict queue: a call that arrives just
     /// as a slot frees may take it first, and the woken waiter then waits
     /// again for what is left of its time.
-    pub(crate) fn acquire_within(compartment: Arc<Compartment>, max_wait: Duration) -> Acquire {
+    fn acquire_within(place: WaiterPlace, max_wait: Duration) -> Acquire {
         Box::pin(async move {
-            let outcome = tokio::time::timeout(max_wait, wait_for_slot(&compartment)).await;
+            let outcome = tokio::time::timeout(max_wait, wait_for_slot(&place.compartment)).await;
+            let compartment = place.compartment.clone();
+            // The wait is over: free the place before anything else, so
+            // that a new call can queue as soon as this one is answered.
+            drop(place);
             match outcome {
                 Ok(()) => Ok(Self { compartment }),
                 Err(_elapsed) => Err(compartment.reject(Some(max_wait))),
@@ -275,9 +336,9 @@ impl Permit {
 }
 
 /// Resolves once this call holds a slot of `compartment` (the caller turns
-/// it into a [`Permit`]); dropping it before then leaves no trace.
+/// it into a [`Permit`]); dropping it before then leaves no trace. The
+/// caller holds a [`WaiterPlace`] throughout, so releases wake it.
 async fn wait_for_slot(compartment: &Compartment) {
-    let _registered = WaiterGuard::new(compartment);
     loop {
         let mut notified = pin!(compartment.notify.notified());
         // Join the queue before looking at the counter, so that a release
@@ -305,18 +366,25 @@ impl fmt::Debug for Permit {
     }
 }
 
-// === impl WaiterGuard ===
+// === impl WaiterPlace ===
 
-impl<'a> WaiterGuard<'a> {
-    fn new(compartment: &'a Compartment) -> Self {
-        compartment.waiters.fetch_add(1, Ordering::SeqCst);
-        Self(compartment)
+impl WaiterPlace {
+    /// A waiter place of `compartment`, if fewer than `max_waiters` are
+    /// taken. Never waits.
+    fn try_take(compartment: &Arc<Compartment>, max_waiters: usize) -> Option<Self> {
+        if compartment.try_queue(max_waiters) {
+            Some(Self {
+                compartment: compartment.clone(),
+            })
+        } else {
+            None
+        }
     }
 }
 
-impl Drop for WaiterGuard<'_> {
+impl Drop for WaiterPlace {
     fn drop(&mut self) {
-        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+        self.compartment.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -341,8 +409,19 @@ impl Stats {
         self.limit.saturating_sub(self.in_flight)
     }
 
-    /// Calls refused since the compartment was created, at once or after
-    /// waiting `max_wait`.
+    /// Calls waiting for a slot right now (only with `max_wait`): calls
+    /// that found the compartment full and took a waiter place, counted
+    /// from their `call` until they get a slot, time out or are dropped.
+    /// Never more than the `max_waiters` of the layers that route calls
+    /// here (see [`BulkheadLayer::max_waiters`](crate::BulkheadLayer::max_waiters)).
+    #[must_use]
+    pub const fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Calls refused since the compartment was created: at once (full and
+    /// no waiter place free, or no waiting allowed) or after waiting
+    /// `max_wait` in vain.
     #[must_use]
     pub const fn rejected(&self) -> u64 {
         self.rejected
@@ -373,6 +452,12 @@ impl CompartmentHandle {
     #[must_use]
     pub fn in_flight(&self) -> usize {
         self.stats().in_flight
+    }
+
+    /// Calls waiting for a slot right now; see [`Stats::waiting`].
+    #[must_use]
+    pub fn waiting(&self) -> usize {
+        self.compartment.waiters.load(Ordering::Relaxed)
     }
 
     /// Calls refused so far.
@@ -420,6 +505,86 @@ mod tests {
     fn zero_limit_rejects_everything() {
         let c = compartment(0);
         assert!(Permit::try_acquire(&c).is_none());
+    }
+
+    fn waiting(wait_ms: u64, max_waiters: Option<usize>) -> WaitPolicy {
+        WaitPolicy {
+            max_wait: Some(Duration::from_millis(wait_ms)),
+            max_waiters,
+        }
+    }
+
+    /// `Some(waited)` if the call was refused at once, `None` if it got a
+    /// slot or may wait (the admission is kept alive in `held`).
+    fn refused(
+        c: &Arc<Compartment>,
+        policy: WaitPolicy,
+        held: &mut Vec<Admission>,
+    ) -> Option<Duration> {
+        match Admission::decide(c, policy) {
+            Admission::Full(full) => Some(full.waited()),
+            other => {
+                held.push(other);
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn waiter_places_are_bounded_and_each_refusal_past_them_is_immediate() {
+        let c = compartment(1);
+        let mut held = Vec::new();
+        let policy = waiting(100, Some(2));
+        assert_eq!(refused(&c, policy, &mut held), None, "takes the slot");
+        assert_eq!(refused(&c, policy, &mut held), None, "first waiter");
+        assert_eq!(refused(&c, policy, &mut held), None, "second waiter");
+        assert_eq!(c.stats().waiting(), 2);
+        assert_eq!(refused(&c, policy, &mut held), Some(Duration::ZERO));
+        assert_eq!(c.stats().waiting(), 2);
+        assert_eq!(c.stats().rejected(), 1);
+
+        // Dropping a waiter (its `Acquire`) frees its place.
+        drop(held.pop());
+        assert_eq!(c.stats().waiting(), 1);
+        assert_eq!(refused(&c, policy, &mut held), None);
+        drop(held);
+        assert_eq!(c.stats().waiting(), 0);
+        assert_eq!(c.stats().in_flight(), 0);
+    }
+
+    #[test]
+    fn the_default_waiter_bound_is_the_limit() {
+        let c = compartment(2);
+        let mut held = Vec::new();
+        let policy = waiting(100, None);
+        for _ in 0..4 {
+            assert_eq!(refused(&c, policy, &mut held), None);
+        }
+        assert_eq!(c.stats().in_flight(), 2);
+        assert_eq!(c.stats().waiting(), 2);
+        assert_eq!(refused(&c, policy, &mut held), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn no_waiter_place_is_taken_without_max_wait_or_with_zero_waiters() {
+        let c = compartment(1);
+        let mut held = Vec::new();
+        assert_eq!(refused(&c, WaitPolicy::default(), &mut held), None);
+        assert!(refused(&c, WaitPolicy::default(), &mut held).is_some());
+        assert!(refused(&c, waiting(0, Some(5)), &mut held).is_some());
+        assert!(refused(&c, waiting(100, Some(0)), &mut held).is_some());
+        assert_eq!(c.stats().waiting(), 0);
+        assert_eq!(c.stats().rejected(), 3);
+    }
+
+    #[test]
+    fn a_kill_switch_refuses_at_once_even_with_max_wait() {
+        let c = compartment(0);
+        let mut held = Vec::new();
+        assert_eq!(
+            refused(&c, waiting(100, None), &mut held),
+            Some(Duration::ZERO)
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use crate::compartment::CompartmentHandle;
+use crate::compartment::{CompartmentHandle, WaitPolicy};
 use crate::partition::{KeyedConfig, KeyedHandle, PerKey, Single};
 use crate::release::{BodyEnd, Head};
 use crate::service::{Bulkhead, HttpBulkhead};
@@ -24,7 +24,9 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// service this layer wraps: `layer` may be called once per connection, as
 /// `axum::serve` does, and all connections still share one limit.
 ///
-/// Defaults: no waiting (`max_wait` off), one compartment.
+/// Defaults: no waiting (`max_wait` off; with it, at most `limit` waiters
+/// per compartment, see [`max_waiters`](Self::max_waiters)), one
+/// compartment.
 ///
 /// # Example
 ///
@@ -33,8 +35,11 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// use tower_bulkhead::BulkheadLayer;
 ///
 /// // At most 32 calls to the payments service at once; a call that finds
-/// // them all busy may wait up to 5 ms for a slot, then fails.
-/// let layer = BulkheadLayer::new("payments", 32).max_wait(Duration::from_millis(5));
+/// // them all busy may wait up to 5 ms for a slot (at most 8 such calls
+/// // at once), then fails.
+/// let layer = BulkheadLayer::new("payments", 32)
+///     .max_wait(Duration::from_millis(5))
+///     .max_waiters(8);
 /// let handle = layer.handle();
 /// assert_eq!(handle.in_flight(), 0);
 /// assert_eq!(handle.limit(), 32);
@@ -52,7 +57,7 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 #[must_use]
 pub struct BulkheadLayer<K = Single> {
     partition: K,
-    max_wait: Option<Duration>,
+    wait: WaitPolicy,
 }
 
 /// Like [`BulkheadLayer`], for HTTP servers: a full compartment is answered
@@ -64,7 +69,8 @@ pub struct BulkheadLayer<K = Single> {
 /// (after [`hold_until_body_end`](Self::hold_until_body_end)) when the
 /// response body has been sent or dropped.
 ///
-/// Defaults: no waiting, one compartment, `Retry-After: 1`
+/// Defaults: no waiting (with `max_wait`, at most `limit` waiters per
+/// compartment), one compartment, `Retry-After: 1`
 /// ([`DEFAULT_RETRY_AFTER`]), release at [`Head`].
 ///
 /// # Example
@@ -101,7 +107,7 @@ impl BulkheadLayer<Single> {
     pub fn new(name: impl Into<Arc<str>>, limit: usize) -> Self {
         Self {
             partition: Single::new(name.into(), limit),
-            max_wait: None,
+            wait: WaitPolicy::default(),
         }
     }
 
@@ -147,7 +153,7 @@ impl BulkheadLayer<Single> {
         };
         BulkheadLayer {
             partition: PerKey::new(key_fn, config),
-            max_wait: self.max_wait,
+            wait: self.wait,
         }
     }
 
@@ -198,13 +204,86 @@ impl<K> BulkheadLayer<K> {
     /// Lets a call that finds its compartment full wait up to `max_wait`
     /// for a slot before it is refused (default: no waiting, refuse at
     /// once). The wait happens in the response future, never in
-    /// `poll_ready`, and the waiters are bounded by the callers, not queued
-    /// without limit. Zero means no waiting.
+    /// `poll_ready`. Zero means no waiting.
+    ///
+    /// The wait is bounded in time *and* in number: at most
+    /// [`max_waiters`](Self::max_waiters) calls (by default the
+    /// compartment's limit) wait per compartment at once, and a call that
+    /// finds them all taken is refused at once.
     ///
     /// Waiting needs a clone of the inner service (the one made ready for
     /// the call is kept for it), hence the `S: Clone` bound on the service.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.max_wait = Some(max_wait);
+        self.wait.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The most calls that may wait for a slot of one compartment at once
+    /// (default: the compartment's limit). Only matters with
+    /// [`max_wait`](Self::max_wait).
+    ///
+    /// A call that finds its compartment full takes a waiter place in
+    /// `call` and waits up to `max_wait`; a call that finds the compartment
+    /// full *and* all `max_waiters` places taken is refused at once with
+    /// [`BulkheadFull`](crate::error::BulkheadFull), whose
+    /// [`waited`](crate::error::BulkheadFull::waited) is zero. A place is
+    /// given back when its call gets a slot, times out, or its response
+    /// future is dropped. The bound is exact under any number of racing
+    /// calls (one compare-and-swap takes a place), and
+    /// [`Stats::waiting`](crate::Stats::waiting) shows the places taken.
+    ///
+    /// With [`per_key`](Self::per_key), every compartment (each key's and
+    /// the fallback) gets its own `max_waiters` places; by default each
+    /// one's bound is its own limit (the fallback's is `fallback_limit`).
+    /// Zero turns waiting off. The bound belongs to this layer value, like
+    /// `max_wait`: it does not create new compartments, so handles taken
+    /// before stay valid.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
+    /// use tower_bulkhead::error::BulkheadFull;
+    /// use tower_bulkhead::BulkheadLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), BoxError> {
+    /// // A dependency that hangs until we say so.
+    /// let (recover, recovered) = tokio::sync::watch::channel(false);
+    /// let dependency = service_fn(move |n: u32| {
+    ///     let mut recovered = recovered.clone();
+    ///     async move {
+    ///         recovered.wait_for(|up| *up).await?;
+    ///         Ok::<_, BoxError>(n)
+    ///     }
+    /// });
+    ///
+    /// // One slot; one call may wait for it, for up to a minute.
+    /// let layer = BulkheadLayer::new("inventory", 1)
+    ///     .max_wait(Duration::from_secs(60))
+    ///     .max_waiters(1);
+    /// let handle = layer.handle();
+    /// let mut client = ServiceBuilder::new().layer(layer).service(dependency);
+    ///
+    /// let first = tokio::spawn(client.ready().await?.call(1)); // takes the slot
+    /// let second = tokio::spawn(client.ready().await?.call(2)); // waits
+    /// assert_eq!((handle.in_flight(), handle.waiting()), (1, 1));
+    ///
+    /// // The slot and the waiter place are taken: refused at once.
+    /// let err = client.ready().await?.call(3).await.unwrap_err();
+    /// let full = err.downcast_ref::<BulkheadFull>().unwrap();
+    /// assert_eq!(full.waited(), Duration::ZERO);
+    ///
+    /// recover.send(true)?;
+    /// assert_eq!(first.await??, 1);
+    /// assert_eq!(second.await??, 2);
+    /// assert_eq!((handle.in_flight(), handle.waiting()), (0, 0));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+        self.wait.max_waiters = Some(max_waiters);
         self
     }
 
@@ -224,7 +303,7 @@ impl<S, K: Clone> Layer<S> for BulkheadLayer<K> {
     type Service = Bulkhead<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Bulkhead::from_parts(inner, self.partition.clone(), self.max_wait)
+        Bulkhead::from_parts(inner, self.partition.clone(), self.wait)
     }
 }
 
@@ -232,7 +311,8 @@ impl<K: fmt::Debug> fmt::Debug for BulkheadLayer<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadLayer")
             .field("partition", &self.partition)
-            .field("max_wait", &self.max_wait)
+            .field("max_wait", &self.wait.max_wait)
+            .field("max_waiters", &self.wait.max_waiters)
             .finish()
     }
 }
@@ -319,6 +399,29 @@ impl<K, M> HttpBulkheadLayer<K, M> {
         self
     }
 
+    /// The most requests that may wait for a slot of one compartment at
+    /// once (default: the compartment's limit); see
+    /// [`BulkheadLayer::max_waiters`]. A request that finds the compartment
+    /// full and every waiter place taken is answered at once, with the same
+    /// 503 (gRPC: RESOURCE_EXHAUSTED) as any other refusal.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_bulkhead::HttpBulkheadLayer;
+    ///
+    /// // 64 requests at once; up to 16 more may wait 10 ms for a slot.
+    /// let layer = HttpBulkheadLayer::new("api", 64)
+    ///     .max_wait(Duration::from_millis(10))
+    ///     .max_waiters(16);
+    /// assert_eq!(layer.handle().waiting(), 0);
+    /// ```
+    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+        self.inner = self.inner.max_waiters(max_waiters);
+        self
+    }
+
     /// The `Retry-After` of the 503 answer (default
     /// [`DEFAULT_RETRY_AFTER`], one second), rounded up to whole seconds as
     /// the header requires. gRPC answers carry no `Retry-After`.
@@ -349,7 +452,7 @@ impl<S, K: Clone, M> Layer<S> for HttpBulkheadLayer<K, M> {
         HttpBulkhead::from_parts(
             inner,
             self.inner.partition.clone(),
-            self.inner.max_wait,
+            self.inner.wait,
             self.retry_after_secs,
         )
     }
@@ -369,7 +472,8 @@ impl<K: fmt::Debug, M> fmt::Debug for HttpBulkheadLayer<K, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpBulkheadLayer")
             .field("partition", &self.inner.partition)
-            .field("max_wait", &self.inner.max_wait)
+            .field("max_wait", &self.inner.wait.max_wait)
+            .field("max_waiters", &self.inner.wait.max_waiters)
             .field("retry_after_secs", &self.retry_after_secs)
             .field("release", &std::any::type_name::<M>())
             .finish()

@@ -50,12 +50,28 @@
 //! compartment with one compare-and-swap; if none is free, the call is
 //! refused at once (or after a bounded wait, see `max_wait`). The slot is
 //! held by the response future and given back when it completes, fails or
-//! is dropped, so cancellation never leaks a slot. Nothing is queued.
+//! is dropped, so cancellation never leaks a slot. By default nothing is
+//! queued.
+//!
+//! **Bounded wait.** With [`max_wait`](BulkheadLayer::max_wait), a call
+//! that finds its compartment full may wait for a slot, bounded both in
+//! time and in number: in `call` it takes one of the compartment's
+//! [`max_waiters`](BulkheadLayer::max_waiters) waiter places (by default as
+//! many as the limit) with one more compare-and-swap, then waits in its
+//! response future for up to `max_wait`; waiters are woken in order, one
+//! per freed slot. A call that finds the compartment full *and* every
+//! waiter place taken is refused at once, exactly as without `max_wait`
+//! ([`waited`](error::BulkheadFull::waited) is zero). A waiter gives its
+//! place back when it gets a slot, times out, or its future is dropped.
+//! So a compartment of limit `L` holds at most `L` calls in flight plus
+//! `max_waiters` waiting, each waiter with its request and a clone of the
+//! inner service, however large the burst.
 //!
 //! | knob | default | meaning |
 //! |---|---|---|
 //! | [`new(name, limit)`](BulkheadLayer::new) | required | the compartment's name (in errors, logs, handles) and its limit; `0` refuses everything |
 //! | [`max_wait`](BulkheadLayer::max_wait) | none | wait up to this long, in the response future, for a slot before refusing |
+//! | [`max_waiters`](BulkheadLayer::max_waiters) | the compartment's limit | with `max_wait`: the most calls waiting per compartment at once; past it, refuse at once |
 //! | [`per_key`](BulkheadLayer::per_key) | one compartment | a key function over the request; one compartment of `limit` per key |
 //! | [`max_keys`](BulkheadLayer::max_keys) | [`DEFAULT_MAX_KEYS`] (1024) | bound on live keyed compartments |
 //! | [`idle_timeout`](BulkheadLayer::idle_timeout) | [`DEFAULT_IDLE_TIMEOUT`] (60 s) | unused this long and not busy, a keyed compartment may be evicted |
@@ -90,7 +106,8 @@
 //!
 //! **Observability.** [`BulkheadLayer::handle`] gives a
 //! [`CompartmentHandle`] (or a [`KeyedHandle`] for keyed bulkheads) with the
-//! calls in flight and the calls refused per compartment. Each refusal is
+//! calls in flight, the calls waiting and the calls refused per compartment
+//! (see [`Stats`]). Each refusal is
 //! also a `WARN` event of [`tracing`](https://docs.rs/tracing) with the
 //! compartment's name, at most one per compartment per second; the next
 //! event reports how many were `suppressed` in between.
@@ -104,13 +121,15 @@
 //! service for every request, which is a known source of stalls. The
 //! optional bounded wait (`max_wait`) happens in the response future: the
 //! service made ready for that call is kept by the future and called once a
-//! slot is free, which is why the inner service must be `Clone`.
+//! slot is free, which is why the inner service must be `Clone`. The
+//! number of such futures waiting at once is bounded by `max_waiters`.
 //!
 //! # Errors
 //!
 //! [`Bulkhead`]'s error is [`BoxError`]: the inner service's error as is, or
 //! [`BulkheadFull`](error::BulkheadFull), which names the compartment, its
-//! limit, and whether the call waited. Downcast it, even under other
+//! limit, and whether the call waited (zero when it was refused at once,
+//! including when every waiter place was taken). Downcast it, even under other
 //! layers that box errors again; see the [`error`] module. It means **local
 //! overload, not a dependency failure**: circuit breakers must not count
 //! it, retry layers must not retry it. [`HttpBulkhead`] adds no error.
@@ -175,7 +194,7 @@
 //! [`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end) when
 //! handlers stream bodies from the dependency the compartment protects.
 //!
-//! # Why reject instead of queue?
+//! # Why reject instead of queue, and why bound the waiters?
 //!
 //! When a dependency slows down, every call to it waits longer, and every
 //! waiting call holds a task, a connection, memory, and its caller's time.
@@ -188,8 +207,23 @@
 //! excess in microseconds instead: the callers get a clear, cheap answer
 //! they can act on (degrade, use a cache, fail the request), the dependency
 //! gets no more load than it can take, and the rest of the process keeps
-//! its resources. The optional `max_wait` absorbs short bursts; it is
-//! bounded in time, never an unbounded queue.
+//! its resources.
+//!
+//! The optional `max_wait` absorbs short bursts, and it is bounded twice,
+//! because a bound on time alone is not a bound on waiting work. Each
+//! waiting call holds its request (headers, body), a clone of the inner
+//! service (often a connection handle or a buffer sender), and its
+//! caller's task. With only `max_wait`, a burst of `N` calls parks all `N`
+//! for the whole wait: a thousand-fold spike holds a thousand requests in
+//! memory, and when the slots free they go to calls whose callers may have
+//! given up, while fresh calls behind them also wait. That is the
+//! unbounded queue again, only with a timer. `max_waiters` caps it: at
+//! most `limit + max_waiters` calls are inside the compartment's
+//! bookkeeping at any instant, whatever the arrival rate, so the memory
+//! and the worst-case latency of a full compartment are known in advance
+//! (`max_waiters` calls each wait at most `max_wait`). The default, as many
+//! waiters as slots, lets roughly one more "generation" of calls through
+//! per slot turnover: enough to smooth a blip, too few to hide an outage.
 //!
 //! # Pitfalls
 //!
@@ -200,6 +234,13 @@
 //!   `idle_timeout`, `fallback_limit`) create new ones: take handles after
 //!   configuring.
 //! - Without a timeout below it, a hung dependency keeps its slots.
+//! - A large `max_waiters` with a long `max_wait` is a queue again: every
+//!   waiter holds its request and a service clone for up to `max_wait`.
+//!   Keep the product of the two (and the inner service's clone cost)
+//!   small; waiters show up in [`Stats::waiting`].
+//! - `max_wait` and `max_waiters` belong to the layer value, not to the
+//!   compartment: two clones of a layer configured differently share the
+//!   compartment but each applies its own bounds to its own calls.
 //! - In [`Head`](release::Head) mode (the default) a streaming response
 //!   body is no longer counted once its head is out; use
 //!   [`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end).

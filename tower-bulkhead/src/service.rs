@@ -3,12 +3,11 @@ use std::marker::PhantomData;
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::compartment::Admission;
+use crate::compartment::{Admission, WaitPolicy};
 use crate::future::{HttpResponseFuture, ResponseFuture};
 use crate::layer::{BulkheadLayer, HttpBulkheadLayer};
 use crate::partition::{Partition, Single};
@@ -20,8 +19,9 @@ use tower_resilience_base::grpc::is_grpc;
 /// refuses the rest at once with [`BulkheadFull`](crate::error::BulkheadFull).
 ///
 /// For each call it takes a slot of the request's compartment in `call`;
-/// if none is free it fails at once, or waits up to `max_wait` inside the
-/// response future. The slot is held by the response future and released
+/// if none is free it fails at once, or, when `max_wait` is set and one of
+/// the compartment's `max_waiters` waiter places is free, waits up to
+/// `max_wait` inside the response future. The slot is held by the response future and released
 /// when it completes or is dropped.
 ///
 /// `poll_ready` only forwards the inner service's readiness; see the crate
@@ -35,7 +35,7 @@ use tower_resilience_base::grpc::is_grpc;
 pub struct Bulkhead<S, K = Single> {
     inner: S,
     partition: K,
-    max_wait: Option<Duration>,
+    wait: WaitPolicy,
 }
 
 /// Middleware that caps the requests in flight to the inner HTTP service
@@ -60,7 +60,7 @@ pub struct Bulkhead<S, K = Single> {
 pub struct HttpBulkhead<S, K = Single, M = Head> {
     inner: S,
     partition: K,
-    max_wait: Option<Duration>,
+    wait: WaitPolicy,
     retry_after_secs: u64,
     _release: PhantomData<fn() -> M>,
 }
@@ -82,11 +82,11 @@ impl<S> Bulkhead<S, Single> {
 }
 
 impl<S, K> Bulkhead<S, K> {
-    pub(crate) fn from_parts(inner: S, partition: K, max_wait: Option<Duration>) -> Self {
+    pub(crate) fn from_parts(inner: S, partition: K, wait: WaitPolicy) -> Self {
         Self {
             inner,
             partition,
-            max_wait,
+            wait,
         }
     }
 
@@ -123,10 +123,10 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
-        let max_wait = self.max_wait;
+        let wait = self.wait;
         let admission = self
             .partition
-            .with_compartment(&request, |c| Admission::decide(c, max_wait));
+            .with_compartment(&request, |c| Admission::decide(c, wait));
         match admission {
             Admission::Go(permit) => ResponseFuture::called(self.inner.call(request), permit),
             Admission::Wait(acquire) => {
@@ -143,7 +143,8 @@ impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for Bulkhead<S, K> {
         f.debug_struct("Bulkhead")
             .field("inner", &self.inner)
             .field("partition", &self.partition)
-            .field("max_wait", &self.max_wait)
+            .field("max_wait", &self.wait.max_wait)
+            .field("max_waiters", &self.wait.max_waiters)
             .finish()
     }
 }
@@ -177,13 +178,13 @@ impl<S, K, M> HttpBulkhead<S, K, M> {
     pub(crate) fn from_parts(
         inner: S,
         partition: K,
-        max_wait: Option<Duration>,
+        wait: WaitPolicy,
         retry_after_secs: u64,
     ) -> Self {
         Self {
             inner,
             partition,
-            max_wait,
+            wait,
             retry_after_secs,
             _release: PhantomData,
         }
@@ -223,10 +224,10 @@ where
 
     #[inline]
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let max_wait = self.max_wait;
+        let wait = self.wait;
         let admission = self
             .partition
-            .with_compartment(&request, |c| Admission::decide(c, max_wait));
+            .with_compartment(&request, |c| Admission::decide(c, wait));
         match admission {
             Admission::Go(permit) => HttpResponseFuture::called(self.inner.call(request), permit),
             Admission::Wait(acquire) => {
@@ -247,7 +248,7 @@ impl<S: Clone, K: Clone, M> Clone for HttpBulkhead<S, K, M> {
         Self::from_parts(
             self.inner.clone(),
             self.partition.clone(),
-            self.max_wait,
+            self.wait,
             self.retry_after_secs,
         )
     }
@@ -258,7 +259,8 @@ impl<S: fmt::Debug, K: fmt::Debug, M> fmt::Debug for HttpBulkhead<S, K, M> {
         f.debug_struct("HttpBulkhead")
             .field("inner", &self.inner)
             .field("partition", &self.partition)
-            .field("max_wait", &self.max_wait)
+            .field("max_wait", &self.wait.max_wait)
+            .field("max_waiters", &self.wait.max_waiters)
             .field("retry_after_secs", &self.retry_after_secs)
             .field("release", &std::any::type_name::<M>())
             .finish()
