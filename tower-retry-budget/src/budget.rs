@@ -3,7 +3,10 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64, AtomicUsize,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -13,11 +16,9 @@ const BUCKETS: usize = 10;
 /// Stripes of the request counters, so that tasks on different threads do
 /// not contend on one cache line.
 const STRIPES: usize = 8;
-/// Bits of a bucket word that hold the count; the rest hold the bucket's
-/// epoch (its index modulo 2^24).
-const COUNT_BITS: u32 = 40;
-const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-const EPOCH_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
+/// How long after its creation a budget keeps sliding: 2^63 - 1 ns (292
+/// years). Later instants count in the bucket of this one.
+const MAX_NANOS: u64 = (1 << 63) - 1;
 /// Ratios are kept in millionths, so 0.1, 0.3 and 0.7 are exact.
 const PPM: u64 = 1_000_000;
 
@@ -28,29 +29,86 @@ pub const DEFAULT_MIN_PER_SEC: u32 = 5;
 /// The default window over which requests and retries are counted: 10 s.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 
-/// A retry budget: over a sliding window, retries may be at most
-/// `ratio` times the requests, plus a floor of `min_per_sec` retries per
-/// second of window.
+/// A retry budget: over a sliding window, retries may be at most `ratio`
+/// times the requests, or `min_per_sec` retries per second of window when
+/// that is more. The larger of the two, never their sum.
 ///
 /// With the defaults (ratio 0.1, floor 5 per second, window 10 s), a client
 /// that sends 1,000 requests in ten seconds to a dependency that is down may
-/// retry 100 of them plus 50: the dependency sees about 1.1 times the load,
-/// not 3 times. A quiet client that sends two requests in the window may
-/// still retry both, thanks to the floor.
+/// retry 100 of them: the dependency sees 1.1 times the load, not 3 times.
+/// A quiet client that sends two requests in the window may still retry
+/// both, thanks to the floor (50 retries per window, whatever the traffic).
 ///
 /// Concretely, a retry is allowed when, counting the window's buckets,
-/// `retries + 1 <= ratio * requests + min_per_sec * window`, with the ratio
-/// kept in millionths (so any decimal fraction down to 0.000001 is exact)
-/// and integer arithmetic throughout.
+/// `retries + 1 <= max(ratio * requests, min_per_sec * window)`, with the
+/// ratio kept in millionths (so any decimal fraction down to 0.000001 is
+/// exact) and integer arithmetic throughout. `min_per_sec * window` is in
+/// whole retries, rounded down (5 per second over 300 ms is 1).
 ///
-/// The window is a ring of ten time buckets (each a tenth of the window),
-/// so it slides in steps of a tenth. Each bucket is one atomic word holding
-/// its epoch and its count; a stale bucket is recycled by the first writer
-/// that sees it. Counting a request ([`deposit`](RetryBudget::deposit)) is
-/// one clock read and one uncontended atomic add on a per-thread stripe;
-/// asking for a retry ([`withdraw`](RetryBudget::withdraw)) sums the ring
-/// and claims the retry with a compare-and-swap, so concurrent retries
-/// never overspend it. Nothing takes a lock.
+/// # Why the larger of share and floor, not their sum
+///
+/// The floor is for quiet clients, whose share would round to no retry at
+/// all. Added on top of the share (as this budget did before), it loosened
+/// the bound of every client: at 50 requests per second, 10% is 50 retries
+/// per 10 s window and the floor another 50, so one retrying tier cost a
+/// dependency that is down 1.2 times its load instead of 1.1, and three
+/// such tiers 1.73 times instead of 1.33. As a minimum, the floor only
+/// applies below `min_per_sec / ratio` requests per second (50 with the
+/// defaults): above that, retries are at most `ratio` of the requests over
+/// every window; below it, at most `min_per_sec` per second, a small
+/// absolute amount.
+///
+/// # Windows
+///
+/// The window is a ring of ten time buckets (each a tenth of the window,
+/// counted from the budget's creation), so it slides in steps of a tenth.
+/// The bound holds over every window the budget sees: any ten consecutive
+/// buckets. An interval of the window's length that is not aligned to the
+/// buckets can see up to twice the allowance (a burst at the end of one
+/// bucket, and another just after that bucket has left the window); over a
+/// long run, retries stay within one allowance per window.
+///
+/// Each bucket is one atomic word holding its count in its low bits and its
+/// full bucket index (its epoch) in its high bits; a stale bucket is
+/// recycled by the first writer that sees it. The split is chosen per
+/// window: the index of every instant within 292 years of the budget's
+/// creation fits without wrapping, and a bucket still counts up to one
+/// request per nanosecond of its length. So a bucket left idle for any
+/// time is recognised as stale. (The epoch used to be kept in 24 bits and
+/// compared modulo 2^24: a bucket idle for 2^23 bucket lengths, 97 days at
+/// the default window or 9.7 days with a 1 s one, looked newer than the
+/// clock and was never recycled, so deposits were lost in it and even the
+/// floor could vanish.)
+///
+/// # Concurrency
+///
+/// Counting a request ([`deposit`](RetryBudget::deposit)) is one clock read,
+/// one load and two uncontended atomic adds on a per-thread stripe (the
+/// first request of a bucket on a stripe recycles it with a
+/// compare-and-swap instead of the second add). Asking for a retry
+/// ([`withdraw`](RetryBudget::withdraw)) sums the ring, claims the retry
+/// with a compare-and-swap on its bucket, then reads the other buckets
+/// again and gives the claim back if a withdrawal in another bucket (a
+/// thread whose clock is already past a bucket boundary) took the room
+/// meanwhile. So concurrent withdrawals never grant more than the
+/// allowance, at a bucket boundary too; when two of them race there for the
+/// very last retry, both may be refused. Nothing takes a lock.
+///
+/// Clock readings of different threads need not be in order. A withdrawal
+/// whose reading is behind a retry already claimed in a newer bucket (two
+/// threads at a boundary, or a reading kept too long) is judged and counted
+/// at that newer bucket, as a fresh reading would be. A request counted
+/// with a late reading goes to its own bucket, or to the newer one if
+/// another thread has already recycled its slot. A late reading never wipes
+/// newer counts.
+///
+/// # Refunds
+///
+/// A retry that was granted but is not sent (the circuit breaker refused it
+/// after the backoff, say) is given back with
+/// [`refund_at`](RetryBudget::refund_at): the window's allowance and the
+/// [`Counters::retries`] counter are as if it had never been withdrawn, and
+/// [`Counters::refunded`] counts it.
 ///
 /// # Clone
 ///
@@ -85,6 +143,29 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 /// # }
 /// ```
 ///
+/// The floor is a minimum, not an addition:
+///
+/// ```
+/// use tower_retry_budget::RetryBudget;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// // 10% and 5 per second over 10 s: 50 retries, or 10% when that is more.
+/// let budget = RetryBudget::new();
+/// for _ in 0..500 {
+///     budget.deposit();
+/// }
+/// let granted = std::iter::from_fn(|| budget.withdraw().then_some(())).count();
+/// assert_eq!(granted, 50, "max(10% of 500, 50), not 50 + 50");
+///
+/// for _ in 0..500 {
+///     budget.deposit();
+/// }
+/// let more = std::iter::from_fn(|| budget.withdraw().then_some(())).count();
+/// assert_eq!(granted + more, 100, "10% of 1,000");
+/// # }
+/// ```
+///
 /// [`RetryLayer`]: crate::RetryLayer
 /// [`RetryLayer::budget`]: crate::RetryLayer::budget
 pub struct RetryBudget {
@@ -95,11 +176,14 @@ pub struct RetryBudget {
     /// `min_per_sec * window`, in retries.
     reserve: u64,
     bucket_nanos: u64,
+    /// How a bucket word splits into epoch and count.
+    layout: Layout,
     start: Instant,
     stripes: Box<[Stripe]>,
     retries: [AtomicU64; BUCKETS],
     retried: AtomicU64,
     refused: AtomicU64,
+    refunded: AtomicU64,
 }
 
 /// One stripe of request counters, alone on its cache lines.
@@ -107,6 +191,13 @@ pub struct RetryBudget {
 struct Stripe {
     total: AtomicU64,
     buckets: [AtomicU64; BUCKETS],
+}
+
+/// How a bucket word splits: the count in the low `count_bits`, the
+/// bucket's full index (its epoch) above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    count_bits: u32,
 }
 
 /// A snapshot of the counters of a [`RetryBudget`] (and so of every layer
@@ -126,10 +217,15 @@ struct Stripe {
 pub struct Counters {
     /// Logical requests (first attempts) counted.
     pub requests: u64,
-    /// Retries the budget allowed.
+    /// Retries the budget allowed, less those given back with
+    /// [`RetryBudget::refund_at`]: the retries paid for.
     pub retries: u64,
     /// Retries the budget refused.
     pub refused_by_budget: u64,
+    /// Retries given back with [`RetryBudget::refund_at`]: allowed, then
+    /// not sent. They are already subtracted from
+    /// [`retries`](Counters::retries).
+    pub refunded: u64,
 }
 
 thread_local! {
@@ -152,28 +248,37 @@ fn stripe_index() -> usize {
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
 
-/// Whether epoch `a` is after epoch `b`, modulo 2^24.
-fn is_after(a: u64, b: u64) -> bool {
-    let d = a.wrapping_sub(b) & EPOCH_MASK;
-    d != 0 && d < (EPOCH_MASK >> 1)
+/// The slot of the ring that holds bucket `index`.
+const fn slot_of(index: u64) -> usize {
+    (index % BUCKETS as u64) as usize
 }
 
-const fn word(epoch: u64, count: u64) -> u64 {
-    (epoch << COUNT_BITS) | count
-}
-
-/// Adds one to the bucket `slot` for `epoch`, recycling it if stale.
-fn bump(slot: &AtomicU64, epoch: u64) {
-    let mut current = slot.load(Relaxed);
+/// Adds one to the bucket `index` in `cell`, recycling the cell if it holds
+/// an older bucket. Relaxed: request counts only ever raise the allowance,
+/// so a reader that misses one is conservative.
+fn bump(cell: &AtomicU64, index: u64, layout: Layout) {
+    let mut current = cell.load(Relaxed);
     loop {
-        let have = current >> COUNT_BITS;
-        if have == epoch || is_after(have, epoch) {
+        if layout.epoch(current) >= index {
             // Current, or already recycled by a thread with a later clock:
-            // count it there (at most one bucket late).
-            slot.fetch_add(1, Relaxed);
+            // count it there (late rather than lost).
+            cell.fetch_add(1, Relaxed);
             return;
         }
-        match slot.compare_exchange_weak(current, word(epoch, 1), Relaxed, Relaxed) {
+        match cell.compare_exchange_weak(current, layout.word(index, 1), Relaxed, Relaxed) {
+            Ok(_) => return,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// Takes one back from bucket `index` in `cell`, if the cell still holds
+/// that bucket and it is not empty. A cell recycled since then no longer
+/// holds the count to take back: the window has moved past it.
+fn take_back(cell: &AtomicU64, index: u64, layout: Layout) {
+    let mut current = cell.load(SeqCst);
+    while layout.epoch(current) == index && layout.count(current) > 0 {
+        match cell.compare_exchange_weak(current, current - 1, SeqCst, SeqCst) {
             Ok(_) => return,
             Err(actual) => current = actual,
         }
@@ -185,7 +290,8 @@ fn bump(slot: &AtomicU64, epoch: u64) {
 impl RetryBudget {
     /// A budget with the defaults: [`DEFAULT_RATIO`] (10%),
     /// [`DEFAULT_MIN_PER_SEC`] (5 retries per second) and
-    /// [`DEFAULT_WINDOW`] (10 s).
+    /// [`DEFAULT_WINDOW`] (10 s): at most 10% of the requests over the
+    /// window, or 50 retries when that is more.
     #[must_use]
     pub fn new() -> Self {
         Self::build(
@@ -223,6 +329,7 @@ impl RetryBudget {
             window,
             reserve,
             bucket_nanos,
+            layout: Layout::for_bucket(bucket_nanos),
             start: Instant::now(),
             stripes: (0..STRIPES)
                 .map(|_| Stripe {
@@ -233,12 +340,18 @@ impl RetryBudget {
             retries: [ZERO; BUCKETS],
             retried: ZERO,
             refused: ZERO,
+            refunded: ZERO,
         }
     }
 
-    /// The share of requests that may be retried (default 0.1), kept with a
-    /// resolution of one millionth. Values above 1 allow more retries than
-    /// requests.
+    /// The share of requests that may be retried over the window (default
+    /// 0.1), kept with a resolution of one millionth. Values above 1 allow
+    /// more retries than requests.
+    ///
+    /// The share and the [floor](Self::min_per_sec) are not added: the
+    /// budget allows the larger of the two, so above `min_per_sec / ratio`
+    /// requests per second (50 with the defaults) retries are at most this
+    /// share of the requests over every window.
     ///
     /// Counts gathered so far are discarded: configure before use.
     ///
@@ -250,9 +363,16 @@ impl RetryBudget {
         Self::build(Some(ratio_to_ppm(ratio)), self.min_per_sec, self.window)
     }
 
-    /// The floor: retries allowed per second of window whatever the traffic
-    /// (default 5), so that a quiet client can still retry. Zero makes the
-    /// ratio the only allowance.
+    /// The floor: a minimum of `min_per_sec` retries per second of window
+    /// (`min_per_sec * window` per window, rounded down; default 5, so 50
+    /// per 10 s window), whatever the traffic, so that a quiet client can
+    /// still retry. Zero makes the [ratio](Self::ratio) the only allowance.
+    ///
+    /// It is a minimum, not an addition to the share: the budget allows
+    /// `max(ratio * requests, min_per_sec * window)` retries per window. A
+    /// busy client, whose share is larger, gets nothing from the floor;
+    /// before, the floor was added on top, which let a client at 50
+    /// requests per second retry 20% of them.
     ///
     /// Counts gathered so far are discarded: configure before use.
     #[must_use]
@@ -260,8 +380,9 @@ impl RetryBudget {
         Self::build(self.ratio_ppm, min_per_sec, self.window)
     }
 
-    /// The length of the sliding window (default 10 s, at least 1 ms). It is
-    /// kept as ten buckets, so it slides in steps of a tenth.
+    /// The length of the sliding window over which both the share and the
+    /// floor are counted (default 10 s, at least 1 ms). It is kept as ten
+    /// buckets, so it slides in steps of a tenth.
     ///
     /// Counts gathered so far are discarded: configure before use.
     #[must_use]
@@ -302,82 +423,157 @@ impl RetryBudget {
         self.withdraw_at(Instant::now())
     }
 
-    /// [`deposit`](Self::deposit) with the clock already read.
+    /// [`deposit`](Self::deposit) with the clock already read: counts one
+    /// request in the bucket of `now`. The retry layer reads the clock once
+    /// per call and passes it here.
+    ///
+    /// `now` should be a fresh reading: a reading older than a bucket that
+    /// another thread has already recycled is counted in that newer bucket,
+    /// and one from before the budget's creation in its first bucket.
     #[inline]
-    pub(crate) fn deposit_at(&self, now: Instant) {
+    pub fn deposit_at(&self, now: Instant) {
         let stripe = &self.stripes[stripe_index()];
         stripe.total.fetch_add(1, Relaxed);
         if self.ratio_ppm.is_none() {
             return;
         }
         let index = self.bucket_index(now);
-        bump(
-            &stripe.buckets[(index % BUCKETS as u64) as usize],
-            index & EPOCH_MASK,
-        );
+        bump(&stripe.buckets[slot_of(index)], index, self.layout);
     }
 
-    /// [`withdraw`](Self::withdraw) with the clock already read.
-    pub(crate) fn withdraw_at(&self, now: Instant) -> bool {
+    /// [`withdraw`](Self::withdraw) with the clock already read: asks for
+    /// one retry in the window that ends at `now`, or at the newest bucket
+    /// in which another thread has already claimed a retry, if that is
+    /// later (so a late reading cannot escape a window that has moved on).
+    /// Keep `now` if the retry may be given back:
+    /// [`refund_at`](Self::refund_at) takes the same instant.
+    ///
+    /// Concurrent calls never grant more than the allowance, in one bucket
+    /// or across a boundary; see [Concurrency](Self#concurrency).
+    #[must_use = "a refused retry must not be sent"]
+    pub fn withdraw_at(&self, now: Instant) -> bool {
         let Some(ratio_ppm) = self.ratio_ppm else {
             self.retried.fetch_add(1, Relaxed);
             return true;
         };
-        let index = self.bucket_index(now);
-        let epoch = index & EPOCH_MASK;
-        let slot = (index % BUCKETS as u64) as usize;
-
-        let requests: u64 = self
-            .stripes
-            .iter()
-            .map(|s| window_sum(&s.buckets, index))
-            .sum();
-        let allowance = u128::from(ratio_ppm) * u128::from(requests)
-            + u128::from(self.reserve) * u128::from(PPM);
-        let others = window_sum_except(&self.retries, index, slot);
-
-        let cell = &self.retries[slot];
-        let mut current = cell.load(Relaxed);
-        loop {
-            let have = current >> COUNT_BITS;
-            if is_after(have, epoch) {
-                // A thread with a later clock recycled our bucket: count the
-                // retry there rather than losing it (checked against the
-                // same allowance).
-                let mine = (current & COUNT_MASK) + others;
-                if u128::from(mine + 1) * u128::from(PPM) > allowance {
+        let layout = self.layout;
+        let mut index = self.bucket_index(now);
+        'window: loop {
+            let allowance = self.allowance(ratio_ppm, index);
+            let fits = |retries: u64| u128::from(retries) * u128::from(PPM) <= allowance;
+            let slot = slot_of(index);
+            let cell = &self.retries[slot];
+            let mut current = cell.load(SeqCst);
+            loop {
+                let have = layout.epoch(current);
+                let (others, newest) = self.retries_seen(index, slot);
+                if newest > index {
+                    // A thread with a later clock has already claimed a
+                    // retry in a newer bucket: our reading is behind (at a
+                    // bucket boundary, say), so judge and count the retry
+                    // at that bucket, as a fresh reading would. Counting it
+                    // in ours could wipe newer retries, or escape a window
+                    // that has already moved on.
+                    index = newest;
+                    continue 'window;
+                }
+                let mine = if have == index {
+                    layout.count(current)
+                } else {
+                    0
+                };
+                if !fits(others + mine + 1) {
                     return self.refuse();
                 }
-                cell.fetch_add(1, Relaxed);
-                break;
-            }
-            let mine = if have == epoch {
-                current & COUNT_MASK
-            } else {
-                0
-            };
-            if u128::from(others + mine + 1) * u128::from(PPM) > allowance {
-                return self.refuse();
-            }
-            match cell.compare_exchange_weak(current, word(epoch, mine + 1), Relaxed, Relaxed) {
-                Ok(_) => break,
-                Err(actual) => current = actual,
+                // Claim with a compare-and-swap, so that withdrawals in
+                // the same bucket never overspend it.
+                match cell.compare_exchange_weak(
+                    current,
+                    layout.word(index, mine + 1),
+                    SeqCst,
+                    SeqCst,
+                ) {
+                    Ok(_) => {
+                        // Withdrawals in other buckets (threads whose clock
+                        // is on the other side of a boundary) may have
+                        // claimed room since we read them. Every claim is
+                        // SeqCst, so of two racing claims the later one
+                        // sees the earlier here, and gives its own back.
+                        let (others, newest) = self.retries_seen(index, slot);
+                        if newest > index {
+                            take_back(cell, index, layout);
+                            index = newest;
+                            continue 'window;
+                        }
+                        if fits(others + mine + 1) {
+                            self.retried.fetch_add(1, Relaxed);
+                            return true;
+                        }
+                        take_back(cell, index, layout);
+                        return self.refuse();
+                    }
+                    Err(actual) => current = actual,
+                }
             }
         }
-        self.retried.fetch_add(1, Relaxed);
-        true
     }
 
-    fn refuse(&self) -> bool {
-        self.refused.fetch_add(1, Relaxed);
-        false
-    }
-
-    #[inline]
-    fn bucket_index(&self, now: Instant) -> u64 {
-        // u64 nanoseconds last 584 years; u128 division is much slower.
-        let nanos = now.saturating_duration_since(self.start).as_nanos();
-        u64::try_from(nanos).unwrap_or(u64::MAX) / self.bucket_nanos
+    /// Gives back a retry that [`withdraw_at`](Self::withdraw_at) granted
+    /// at `withdrawn_at` and that was not sent: for a retry that was paid
+    /// for before its backoff and then refused after it (the circuit
+    /// breaker opened meanwhile, say). Pass the instant given to
+    /// `withdraw_at`, so the retry is taken out of the bucket that counted
+    /// it.
+    ///
+    /// Afterwards the window's allowance is as if the retry had never been
+    /// withdrawn; [`Counters::retries`] goes down by one and
+    /// [`Counters::refunded`] up by one. If the retry's bucket has already
+    /// left the window, only the counters change: the retry no longer
+    /// limits anyone.
+    ///
+    /// One approximation: when `withdrawn_at` was behind a retry another
+    /// thread had already claimed in a newer bucket, the retry was counted
+    /// in that newer bucket (see [`withdraw_at`](Self::withdraw_at)), and
+    /// the refund takes one from the bucket of `withdrawn_at` instead. If
+    /// that bucket holds one, the allowance is right at once, but one
+    /// retry of room comes back a little early, when the older bucket
+    /// leaves the window; if it holds none, the retry keeps counting until
+    /// its bucket leaves the window (the budget errs on the tight side).
+    ///
+    /// Call it once per granted retry, never for a refused one: an extra
+    /// refund frees a retry someone else paid for.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tokio::time::Instant;
+    /// use tower_retry_budget::RetryBudget;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let budget = RetryBudget::new().min_per_sec(0);
+    /// for _ in 0..10 {
+    ///     budget.deposit();
+    /// }
+    /// let now = Instant::now();
+    /// assert!(budget.withdraw_at(now));
+    /// // The breaker refused the retry after the backoff: give it back.
+    /// budget.refund_at(now);
+    ///
+    /// let counters = budget.counters();
+    /// assert_eq!((counters.retries, counters.refunded), (0, 1));
+    /// assert!(budget.withdraw(), "10% of 10 requests is still 1 retry");
+    /// # }
+    /// ```
+    pub fn refund_at(&self, withdrawn_at: Instant) {
+        let _ = self
+            .retried
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+        self.refunded.fetch_add(1, Relaxed);
+        if self.ratio_ppm.is_some() {
+            let index = self.bucket_index(withdrawn_at);
+            take_back(&self.retries[slot_of(index)], index, self.layout);
+        }
     }
 
     /// Totals since the budget was created.
@@ -387,7 +583,52 @@ impl RetryBudget {
             requests: self.stripes.iter().map(|s| s.total.load(Relaxed)).sum(),
             retries: self.retried.load(Relaxed),
             refused_by_budget: self.refused.load(Relaxed),
+            refunded: self.refunded.load(Relaxed),
         }
+    }
+
+    fn refuse(&self) -> bool {
+        self.refused.fetch_add(1, Relaxed);
+        false
+    }
+
+    /// Retries allowed in the window that ends at bucket `index`, in
+    /// millionths: `max(ratio * requests, min_per_sec * window)`.
+    fn allowance(&self, ratio_ppm: u64, index: u64) -> u128 {
+        let requests: u64 = self
+            .stripes
+            .iter()
+            .map(|s| window_sum(&s.buckets, index, self.layout))
+            .sum();
+        let share = u128::from(ratio_ppm) * u128::from(requests);
+        let floor = u128::from(self.reserve) * u128::from(PPM);
+        share.max(floor)
+    }
+
+    /// The retries that count against the window ending at bucket `index`,
+    /// except those of slot `skip`, and the newest bucket in the ring. Every
+    /// bucket from the window's first on counts, newer ones too (claimed by
+    /// threads with later clocks). SeqCst, for the claim-then-check.
+    fn retries_seen(&self, index: u64, skip: usize) -> (u64, u64) {
+        let first = index.saturating_sub(BUCKETS as u64 - 1);
+        let (mut retries, mut newest) = (0, 0);
+        for (slot, cell) in self.retries.iter().enumerate() {
+            let w = cell.load(SeqCst);
+            let epoch = self.layout.epoch(w);
+            newest = newest.max(epoch);
+            if slot != skip && epoch >= first {
+                retries += self.layout.count(w);
+            }
+        }
+        (retries, newest)
+    }
+
+    #[inline]
+    fn bucket_index(&self, now: Instant) -> u64 {
+        // Capped at MAX_NANOS, so that every index fits the layout; u64,
+        // because u128 division is much slower.
+        let nanos = now.saturating_duration_since(self.start).as_nanos();
+        u64::try_from(nanos).map_or(MAX_NANOS, |n| n.min(MAX_NANOS)) / self.bucket_nanos
     }
 }
 
@@ -395,30 +636,21 @@ impl RetryBudget {
 /// bucket `index`.
 fn expected_epoch(index: u64, slot: usize) -> Option<u64> {
     let back = (index + BUCKETS as u64 - slot as u64) % BUCKETS as u64;
-    index.checked_sub(back).map(|i| i & EPOCH_MASK)
+    index.checked_sub(back)
 }
 
-fn window_sum(ring: &[AtomicU64; BUCKETS], index: u64) -> u64 {
+/// The counts of `ring` inside the window that ends at bucket `index`.
+fn window_sum(ring: &[AtomicU64; BUCKETS], index: u64, layout: Layout) -> u64 {
     ring.iter()
         .enumerate()
-        .map(|(slot, cell)| count_in_window(cell, index, slot))
+        .map(|(slot, cell)| {
+            let w = cell.load(Relaxed);
+            match expected_epoch(index, slot) {
+                Some(epoch) if layout.epoch(w) == epoch => layout.count(w),
+                _ => 0,
+            }
+        })
         .sum()
-}
-
-fn window_sum_except(ring: &[AtomicU64; BUCKETS], index: u64, skip: usize) -> u64 {
-    ring.iter()
-        .enumerate()
-        .filter(|(slot, _)| *slot != skip)
-        .map(|(slot, cell)| count_in_window(cell, index, slot))
-        .sum()
-}
-
-fn count_in_window(cell: &AtomicU64, index: u64, slot: usize) -> u64 {
-    let w = cell.load(Relaxed);
-    match expected_epoch(index, slot) {
-        Some(epoch) if w >> COUNT_BITS == epoch => w & COUNT_MASK,
-        _ => 0,
-    }
 }
 
 fn ratio_to_ppm(ratio: f64) -> u64 {
@@ -457,6 +689,36 @@ impl tower::retry::budget::Budget for RetryBudget {
     }
 }
 
+// === impl Layout ===
+
+impl Layout {
+    /// The split for buckets of `bucket_nanos`: just enough epoch bits for
+    /// the last bucket index a budget reaches (at [`MAX_NANOS`]), and the
+    /// rest for the count, which leaves room for at least one count per
+    /// nanosecond of the bucket.
+    const fn for_bucket(bucket_nanos: u64) -> Self {
+        let last_index = MAX_NANOS / bucket_nanos;
+        let epoch_bits = u64::BITS - last_index.leading_zeros();
+        let count_bits = u64::BITS - epoch_bits;
+        Self {
+            // At least one epoch bit, so that shifts stay below 64.
+            count_bits: if count_bits > 63 { 63 } else { count_bits },
+        }
+    }
+
+    const fn epoch(self, word: u64) -> u64 {
+        word >> self.count_bits
+    }
+
+    const fn count(self, word: u64) -> u64 {
+        word & ((1 << self.count_bits) - 1)
+    }
+
+    const fn word(self, epoch: u64, count: u64) -> u64 {
+        (epoch << self.count_bits) | count
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,6 +743,21 @@ mod tests {
     async fn floor_alone_allows_min_per_sec_times_window() {
         let b = budget(0.1, 3);
         assert_eq!(allowed(&b, Instant::now()), 30);
+    }
+
+    // Regression: the floor was added to the share (max(..) is the rule), so
+    // a client at 50 requests per second could retry 20% of them.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn share_and_floor_are_not_added() {
+        let now = Instant::now();
+        for (requests, expected) in [(0, 50), (100, 50), (499, 50), (500, 50), (510, 51)] {
+            let b = budget(0.1, 5);
+            (0..requests).for_each(|_| b.deposit_at(now));
+            assert_eq!(allowed(&b, now), expected, "{requests} requests");
+        }
+        let b = budget(0.1, 5);
+        (0..1_000).for_each(|_| b.deposit_at(now));
+        assert_eq!(allowed(&b, now), 100, "10% of 1,000, not 100 + 50");
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -524,12 +801,90 @@ mod tests {
         assert_eq!(allowed(&b, late), 2);
     }
 
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn lagging_withdrawal_is_judged_at_the_newer_bucket() {
+        let b = budget(1.0, 0);
+        let t0 = Instant::now();
+        let late = t0 + Duration::from_secs(10); // same slot, next epoch
+        b.deposit_at(late);
+        b.deposit_at(late);
+        assert!(b.withdraw_at(late));
+        // A thread that read the clock a window earlier: its own window
+        // holds no request, but the bucket it maps to is newer, so it is
+        // judged there (one more fits) and never wipes the newer retry.
+        assert!(b.withdraw_at(t0));
+        assert!(!b.withdraw_at(t0));
+        assert_eq!(allowed(&b, late), 0);
+        assert_eq!(b.counters().retries, 2);
+    }
+
+    // Regression: epochs were kept modulo 2^24 and compared as "after" when
+    // less than 2^23 ahead, so a bucket idle for 2^23 to 2^24 bucket
+    // lengths looked newer than the clock and was never recycled.
     #[test]
-    fn epochs_compare_modulo() {
-        assert!(is_after(1, 0));
-        assert!(!is_after(0, 1));
-        assert!(!is_after(5, 5));
-        assert!(is_after(0, EPOCH_MASK));
+    fn layout_fits_every_index_and_a_count_per_nanosecond() {
+        let windows = [
+            Duration::from_millis(1),
+            Duration::from_millis(7),
+            Duration::from_secs(1),
+            DEFAULT_WINDOW,
+            Duration::from_secs(86_400 * 365),
+            Duration::MAX,
+        ];
+        for window in windows {
+            let b = RetryBudget::new().window(window);
+            let layout = b.layout;
+            let last = MAX_NANOS / b.bucket_nanos;
+            assert_eq!(layout.epoch(layout.word(last, 0)), last, "{window:?}");
+            let capacity = layout.count(u64::MAX);
+            assert!(
+                capacity >= b.bucket_nanos.min(1 << 62),
+                "{window:?}: {capacity} counts in {} ns",
+                b.bucket_nanos
+            );
+            // A full count does not spill into the epoch.
+            let w = layout.word(last, capacity);
+            assert_eq!((layout.epoch(w), layout.count(w)), (last, capacity));
+        }
+        // The shortest window needs the most epoch bits, 24 were too few.
+        let short = RetryBudget::new().window(Duration::from_millis(1)).layout;
+        assert!(u64::BITS - short.count_bits > 24);
+    }
+
+    #[test]
+    fn stale_bucket_is_recycled_after_any_gap() {
+        let layout = Layout::for_bucket(1_000_000_000);
+        for gap in [
+            10,
+            1 << 23,
+            (1 << 23) + 10,
+            (1 << 24) - 10,
+            1 << 24,
+            5 << 24,
+        ] {
+            let cell = AtomicU64::new(layout.word(3, 7));
+            bump(&cell, 3 + gap, layout);
+            let w = cell.load(Relaxed);
+            assert_eq!(
+                (layout.epoch(w), layout.count(w)),
+                (3 + gap, 1),
+                "gap {gap}"
+            );
+        }
+    }
+
+    #[test]
+    fn take_back_only_touches_its_own_bucket() {
+        let layout = Layout::for_bucket(1_000_000_000);
+        let cell = AtomicU64::new(layout.word(12, 2));
+        take_back(&cell, 12, layout);
+        assert_eq!(cell.load(Relaxed), layout.word(12, 1));
+        // A bucket recycled since keeps its count.
+        take_back(&cell, 2, layout);
+        assert_eq!(cell.load(Relaxed), layout.word(12, 1));
+        take_back(&cell, 12, layout);
+        take_back(&cell, 12, layout);
+        assert_eq!(cell.load(Relaxed), layout.word(12, 0), "never below zero");
     }
 
     #[test]
