@@ -159,14 +159,6 @@ async fn dropping_a_hooked_probe_frees_its_slot() {
     assert!(breaker.try_acquire().unwrap().is_probe());
 }
 
-#[test]
-fn the_no_retry_header_is_the_retry_layers() {
-    // The HTTP answers carry this header so the caller's tier does not
-    // retry them.
-    assert_eq!(tower_retry_budget::NO_RETRY_HEADER, "x-tower-no-retry");
-    assert_eq!(tower_bulkhead::NO_RETRY_HEADER, "x-tower-no-retry");
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_retry_layer_above_the_breaker_does_not_retry_an_open_circuit() {
     // The wrong order (retry outside the breaker) must still not retry
@@ -188,4 +180,99 @@ async fn a_retry_layer_above_the_breaker_does_not_retry_an_open_circuit() {
         "one rejection, no retries"
     );
     assert_eq!(calls.calls(), 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_call_that_trips_the_circuit_returns_at_once_and_pays_only_for_retries_sent() {
+    // The window fills on this call's second attempt: 2 failures of 2.
+    let breaker = counted(2);
+    let calls = CallCounter::default();
+    let answered_at = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let dependency = tower::service_fn({
+        let calls = calls.clone();
+        let answered_at = answered_at.clone();
+        move |_req: http::Request<String>| {
+            calls.hit();
+            *answered_at.lock().unwrap() = Some(tokio::time::Instant::now());
+            async {
+                Err::<http::Response<String>, BoxError>(
+                    std::io::Error::from(std::io::ErrorKind::ConnectionReset).into(),
+                )
+            }
+        }
+    });
+    let retry = retry().max_attempts(5);
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry.clone())
+        .service(dependency);
+
+    let err = send(&client).await.unwrap_err();
+    assert!(err.is::<CircuitOpen>(), "{err}");
+    assert_eq!(calls.calls(), 2);
+    assert_eq!(breaker.snapshot().state, State::Open);
+    // Regression: the loop used to sleep a backoff before asking the
+    // breaker, and to pay the budget for a retry it then did not send.
+    assert_eq!(
+        Some(tokio::time::Instant::now()),
+        *answered_at.lock().unwrap(),
+        "no virtual time passed between the tripping attempt and the answer"
+    );
+    let counters = retry.counters();
+    assert_eq!(counters.retries, 1, "one retry sent, one paid for");
+    assert_eq!(counters.refunded, 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_refused_by_the_breaker_after_its_backoff_is_refunded() {
+    let breaker = counted(10);
+    let calls = CallCounter::default();
+    let retry = retry();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry.clone())
+        .service(failing(&calls));
+
+    let mut call = tokio_test::task::spawn(send(&client));
+    tokio_test::assert_pending!(call.poll(), "first attempt failed; backing off");
+    assert_eq!(calls.calls(), 1);
+    assert_eq!(retry.counters().retries, 1, "the retry is paid for");
+    // The circuit opens (by hand) while the call sleeps its backoff.
+    breaker.set_mode(tower_breaker::Mode::ForcedOpen);
+    advance(secs(2)).await;
+    let err = match call.poll() {
+        std::task::Poll::Ready(result) => result.unwrap_err(),
+        std::task::Poll::Pending => panic!("still waiting after the backoff"),
+    };
+    assert!(err.is::<CircuitOpen>(), "{err}");
+    assert_eq!(calls.calls(), 1, "the retry was not sent");
+    let counters = retry.counters();
+    assert_eq!(
+        (counters.retries, counters.refunded),
+        (0, 1),
+        "and its payment went back to the budget"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_call_dropped_during_its_backoff_gives_its_retry_back() {
+    let breaker = counted(10);
+    let calls = CallCounter::default();
+    let retry = retry();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry.clone())
+        .service(failing(&calls));
+
+    let mut call = tokio_test::task::spawn(send(&client));
+    tokio_test::assert_pending!(call.poll());
+    assert_eq!(retry.counters().retries, 1);
+    drop(call);
+    let counters = retry.counters();
+    assert_eq!((counters.retries, counters.refunded), (0, 1));
+    assert_eq!(
+        breaker.snapshot().totals.failed,
+        1,
+        "the failed attempt stays counted"
+    );
 }

@@ -19,10 +19,7 @@ pub(crate) enum Plan {
     /// Stop, returning the outcome: why, and whether the failure itself was
     /// one worth retrying (then a limit ended the retries, and the answer
     /// says so with the do-not-retry mark).
-    Stop {
-        reason: StopReason,
-        retryable: bool,
-    },
+    Stop { reason: StopReason, retryable: bool },
     /// Retry after `delay`, if the breaker's hook and the budget agree
     /// (asked in that order by the future, which only then spends a token).
     Wait {

@@ -19,8 +19,9 @@ use tower_resilience_base::{CallContext, Deadline};
 use tower_service::Service;
 
 use crate::backoff::Jitter;
-use crate::decide::{self, Plan};
 use crate::body::ReplayMode;
+use crate::budget::RetryBudget;
+use crate::decide::{self, Plan};
 use crate::error::{AttemptsExhausted, BudgetExhausted, DeadlineTooClose};
 use crate::outcome::{GaveUp, StopReason};
 use crate::policy::{is_local_rejection, Policy, Verdict};
@@ -48,6 +49,10 @@ pin_project! {
         deadline: Option<Instant>,
         attempt: u32,
         jitter: Option<Jitter>,
+        // The budget's payment for the retry being prepared: refunded if
+        // that retry is not sent after all (the hook refuses it, the
+        // service fails, the caller drops the call during the backoff).
+        paid: Paid,
     }
 }
 
@@ -115,6 +120,7 @@ where
             deadline,
             attempt: 1,
             jitter: None,
+            paid: Paid(None),
         }
     }
 }
@@ -148,6 +154,7 @@ where
                         *this.attempt,
                         *this.deadline,
                         this.jitter,
+                        this.paid,
                     ) {
                         Step::Return(out) => {
                             this.state.set(State::Done);
@@ -167,11 +174,14 @@ where
                         unreachable!("a retry is only scheduled for a retryable request");
                     };
                     if let Err(e) = ready!(retrying.service.poll_ready(cx)) {
+                        this.paid.refund();
                         this.state.set(State::Done);
                         return Poll::Ready(Err(e.into()));
                     }
                     if let Some(hook) = this.hook.as_mut() {
                         if let Err(e) = hook.admit() {
+                            // Paid for, never sent: the budget gets it back.
+                            this.paid.refund();
                             tracing::debug!(
                                 attempt = *this.attempt + 1,
                                 error = %e,
@@ -205,6 +215,7 @@ where
                         },
                         || service.call(request),
                     );
+                    this.paid.spent();
                     this.state.set(State::Attempt { future });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
@@ -225,6 +236,7 @@ fn next_step<M, B, S, ResB>(
     attempt: u32,
     deadline: Option<Instant>,
     jitter: &mut Option<Jitter>,
+    paid: &mut Paid,
 ) -> Step<Response<ResB>>
 where
     M: ReplayMode<B>,
@@ -263,15 +275,20 @@ where
         tracing::debug!(attempt, error = %e, "retry stopped by the attempt hook");
         return Step::Return(Err(e));
     }
+    // The body before the budget, so that no token pays for a retry that
+    // cannot be sent.
+    let Some((retrying, body)) = retry
+        .as_mut()
+        .and_then(|r| M::replay(&r.saved).map(|b| (r, b)))
+    else {
+        return Step::Return(give_up(result, StopReason::NotRetryable, attempt, true));
+    };
     let now = now.unwrap_or_else(Instant::now);
     if !shared.budget.withdraw_at(now) {
         tracing::debug!(attempt, reason, "retry refused by the retry budget");
         return Step::Return(give_up(result, StopReason::Budget, attempt, true));
     }
-    let Some(body) = retry.as_mut().and_then(|r| M::replay(&r.saved).map(|b| (r, b))) else {
-        return Step::Return(give_up(result, StopReason::NotRetryable, attempt, true));
-    };
-    let (retrying, body) = body;
+    *paid = Paid(Some((Arc::clone(&shared.budget), now)));
     retrying.next = Some(body);
     tracing::debug!(
         attempt = attempt + 1,
@@ -305,6 +322,30 @@ fn classify<ResB>(
         ),
         Err(e) if is_local_rejection(&**e) => (Verdict::Failure, false),
         Err(e) => (shared.policy.classify_error(&**e), false),
+    }
+}
+
+/// The budget's payment for a retry not sent yet, refunded unless
+/// [`spent`](Paid::spent).
+struct Paid(Option<(Arc<RetryBudget>, Instant)>);
+
+impl Paid {
+    /// The retry was sent: the payment stands.
+    fn spent(&mut self) {
+        self.0 = None;
+    }
+
+    /// The retry will not be sent: the budget gets it back.
+    fn refund(&mut self) {
+        if let Some((budget, at)) = self.0.take() {
+            budget.refund_at(at);
+        }
+    }
+}
+
+impl Drop for Paid {
+    fn drop(&mut self) {
+        self.refund();
     }
 }
 

@@ -89,7 +89,7 @@
 //! | [`random`](RetryLayer::random) | [`ProcessRandom`] | per-request jitter seeds; [`SeededRandom`] in tests |
 //! | [`budget`](RetryLayer::budget) | [`RetryBudget::new`] | shared by every service of the layer |
 //! | [`RetryBudget::ratio`] | 0.1 | retries per request over the window |
-//! | [`RetryBudget::min_per_sec`] | 5 | floor of retries per second of window |
+//! | [`RetryBudget::min_per_sec`] | 5 | least retries per second of window (a minimum, not added to the share) |
 //! | [`RetryBudget::window`] | 10 s | sliding window, ten buckets |
 //! | [`min_remaining`](RetryLayer::min_remaining) | 10 ms | least deadline slice for an attempt |
 //! | [`max_server_delay`](RetryLayer::max_server_delay) | 10 s | longest `Retry-After` / pushback obeyed |
@@ -103,7 +103,8 @@
 //! that fail together come back at different moments.
 //!
 //! **The budget.** Over a sliding window, retries may be at most
-//! `ratio * requests + min_per_sec * window`. Every request deposits one;
+//! `max(ratio * requests, min_per_sec * window)`: the share is exact, and
+//! the floor is a minimum for quiet clients, never added to the share. Every request deposits one;
 //! every retry withdraws one or is refused. The budget lives in the layer,
 //! so every service built by [`Layer::layer`](tower_layer::Layer::layer)
 //! (axum and hyper call it once per connection) and every clone share it.
@@ -259,7 +260,9 @@
 //!
 //! We default to 10%, the figure of Google's SRE book, rather than the 20%
 //! of Finagle, Envoy and tower, for three reasons. Budgets compound across
-//! tiers: 20% is 1.2x per tier and 1.73x across three, 10% is 1.33x.
+//! tiers: 20% is 1.2x per tier and 1.73x across three, 10% is 1.33x (and
+//! with the do-not-retry mark passed up the chain, only one tier retries a
+//! given failure: 1.1x in all).
 //! The extra load arrives exactly when the dependency is overloaded or
 //! recovering, and every retry it cannot serve delays its recovery. And a
 //! healthy dependency fails far less than 10% of the time, so the stricter
