@@ -48,11 +48,6 @@ pin_project! {
         hook: Option<Attempts>,
         deadline: Option<Instant>,
         attempt: u32,
-        jitter: Option<Jitter>,
-        // The budget's payment for the retry being prepared: refunded if
-        // that retry is not sent after all (the hook refuses it, the
-        // service fails, the caller drops the call during the backoff).
-        paid: Paid,
     }
 }
 
@@ -84,6 +79,13 @@ struct Retrying<S, Saved, Body> {
     /// The body of the next attempt, taken from `saved` when the retry was
     /// decided (which supersedes the previous attempt's body).
     next: Option<Body>,
+    /// This request's random sequence for its backoff delays, drawn on the
+    /// first retry.
+    jitter: Option<Jitter>,
+    /// The budget's payment for the retry being prepared: refunded if that
+    /// retry is not sent after all (the hook refuses it, the service fails,
+    /// the caller drops the call during the backoff).
+    paid: Paid,
 }
 
 enum Step<T> {
@@ -114,13 +116,13 @@ where
                 service,
                 enforced,
                 next: None,
+                jitter: None,
+                paid: Paid(None),
             }),
             shared,
             hook,
             deadline,
             attempt: 1,
-            jitter: None,
-            paid: Paid(None),
         }
     }
 }
@@ -153,8 +155,6 @@ where
                         this.hook.as_ref(),
                         *this.attempt,
                         *this.deadline,
-                        this.jitter,
-                        this.paid,
                     ) {
                         Step::Return(out) => {
                             this.state.set(State::Done);
@@ -174,14 +174,14 @@ where
                         unreachable!("a retry is only scheduled for a retryable request");
                     };
                     if let Err(e) = ready!(retrying.service.poll_ready(cx)) {
-                        this.paid.refund();
+                        retrying.paid.refund();
                         this.state.set(State::Done);
                         return Poll::Ready(Err(e.into()));
                     }
                     if let Some(hook) = this.hook.as_mut() {
                         if let Err(e) = hook.admit() {
                             // Paid for, never sent: the budget gets it back.
-                            this.paid.refund();
+                            retrying.paid.refund();
                             tracing::debug!(
                                 attempt = *this.attempt + 1,
                                 error = %e,
@@ -215,7 +215,7 @@ where
                         },
                         || service.call(request),
                     );
-                    this.paid.spent();
+                    retrying.paid.spent();
                     this.state.set(State::Attempt { future });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
@@ -235,8 +235,6 @@ fn next_step<M, B, S, ResB>(
     hook: Option<&Attempts>,
     attempt: u32,
     deadline: Option<Instant>,
-    jitter: &mut Option<Jitter>,
-    paid: &mut Paid,
 ) -> Step<Response<ResB>>
 where
     M: ReplayMode<B>,
@@ -257,9 +255,15 @@ where
         config,
         deadline,
         || *now.insert(Instant::now()),
-        || {
-            let jitter = jitter.get_or_insert_with(|| Jitter::new(shared.random.next_u64()));
-            config.backoff.delay(attempt - 1, jitter)
+        || match retry.as_mut() {
+            Some(retrying) => {
+                let random = &shared.random;
+                let jitter = retrying
+                    .jitter
+                    .get_or_insert_with(|| Jitter::new(random.next_u64()));
+                config.backoff.delay(attempt - 1, jitter)
+            }
+            None => Duration::ZERO,
         },
     );
     let (delay, reason) = match plan {
@@ -288,7 +292,7 @@ where
         tracing::debug!(attempt, reason, "retry refused by the retry budget");
         return Step::Return(give_up(result, StopReason::Budget, attempt, true));
     }
-    *paid = Paid(Some((Arc::clone(&shared.budget), now)));
+    retrying.paid = Paid(Some((Arc::clone(&shared.budget), now)));
     retrying.next = Some(body);
     tracing::debug!(
         attempt = attempt + 1,
