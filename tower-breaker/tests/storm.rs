@@ -41,8 +41,11 @@ fn tier(client: Tier) -> Tier {
 
 /// One tier's client: the whole stack in one line, as a user would build it.
 fn client(inner: Tier, seed: u64) -> Tier {
-    let stack = client_stack(format!("tier-{seed}"))
-        .retry(RetryLayer::new().random(SeededRandom::new(seed)).clone_bodies());
+    let stack = client_stack(format!("tier-{seed}")).retry(
+        RetryLayer::new()
+            .random(SeededRandom::new(seed))
+            .clone_bodies(),
+    );
     BoxCloneService::new(stack.layer(inner))
 }
 
@@ -73,6 +76,8 @@ async fn with_a_breaker_above_each_retry_layer_the_dependency_sees_almost_nothin
         user.await.unwrap();
     }
     let per_user = calls.load(Ordering::Relaxed) as f64 / USERS as f64;
-    println!("three tiers with breakers, 503s at 50/s: {per_user:.3} dependency calls per user request");
+    println!(
+        "three tiers with breakers, 503s at 50/s: {per_user:.3} dependency calls per user request"
+    );
     assert!(per_user <= 0.05, "{per_user}");
 }
