@@ -147,7 +147,9 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered> {
 /// [module docs](self).
 ///
 /// Defaults: [`ServerDeadlineLayer::new`]'s (the caller's `grpc-timeout` or
-/// `x-request-timeout-ms`, no default), a bulkhead of
+/// `x-request-timeout-ms`, clamped to
+/// [`DEFAULT_MAX_TIMEOUT`](tower_deadline::DEFAULT_MAX_TIMEOUT), no default
+/// for requests without one), a bulkhead of
 /// [`DEFAULT_SERVER_CONCURRENCY`], a [`Breaker`] with the default
 /// [`BreakerConfig`] in an [`HttpBreakerLayer`] (rejections answered 503).
 ///

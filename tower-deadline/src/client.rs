@@ -64,8 +64,12 @@ struct ClientConfig {
 ///    plus the default timeout, if configured, and, when no layer above set
 ///    a deadline, now plus a budget already written in the request's own
 ///    header (`grpc-timeout` on gRPC requests, as tonic's
-///    `Request::set_timeout` does; the millisecond header on others); with
-///    none of them, the request passes through untouched;
+///    `Request::set_timeout` does; the millisecond header on others; the
+///    shortest valid value when it was sent twice or as a comma-separated
+///    list, malformed values skipped); with none of them, the request
+///    passes through untouched, except that a budget header with no valid
+///    value (`x-request-timeout-ms: banana`) is removed rather than
+///    forwarded;
 /// 2. fails with [`InsufficientBudget`] without calling the inner service
 ///    when less than the minimum remains (or the deadline has passed);
 /// 3. writes the remaining budget less the margin into `grpc-timeout` (gRPC
@@ -190,20 +194,34 @@ impl<S> Layer<S> for ClientDeadlineLayer {
 
 impl ClientConfig {
     /// The budget already written in the request's own header (the one
-    /// this layer would write), if it parses; a malformed value is ignored
-    /// and replaced.
-    fn header_budget<B>(&self, request: &Request<B>, grpc: bool) -> Option<Duration> {
-        let headers = request.headers();
-        if grpc {
+    /// this layer would write): the shortest valid value, when the header
+    /// was sent twice or holds a comma-separated list; malformed values are
+    /// skipped.
+    ///
+    /// A header with no valid value at all is removed, so it is never
+    /// forwarded: with a deadline from another source the layer writes a
+    /// fresh value in its place, and with none the callee sees no budget
+    /// rather than one it cannot read. A header with at least one valid
+    /// value is left for `write_budget` to replace (an `enforce_only`
+    /// layer writes nothing and leaves it as it is; a server reading it
+    /// takes its shortest valid value).
+    fn header_budget<B>(&self, request: &mut Request<B>, grpc: bool) -> Option<Duration> {
+        let (name, parse): (&HeaderName, fn(&[u8]) -> _) = if grpc {
             if !self.grpc_timeout {
                 return None;
             }
-            let value = headers.get(GRPC_TIMEOUT)?;
-            codec::parse_grpc_timeout(value.as_bytes()).ok()
+            (&GRPC_TIMEOUT, codec::parse_grpc_timeout)
         } else {
-            let value = headers.get(self.http_header.as_ref()?)?;
-            codec::parse_millis(value.as_bytes()).ok()
+            (self.http_header.as_ref()?, codec::parse_millis)
+        };
+        let headers = request.headers_mut();
+        let values = headers.get_all(name).iter().map(HeaderValue::as_bytes);
+        let list = codec::parse_list(values, parse);
+        if let (None, Some(e)) = (list.shortest(), list.malformed()) {
+            tracing::debug!(header = %name, error = %e, "removing a malformed budget header");
+            headers.remove(name);
         }
+        list.shortest()
     }
 }
 
@@ -268,7 +286,7 @@ where
             // deadline. When a layer above set the deadline, the header, if
             // any, was written from it and is not read again.
             let from_header = if above.is_none() && from_request.is_none() {
-                config.header_budget(&request, grpc)
+                config.header_budget(&mut request, grpc)
             } else {
                 None
             };

@@ -4,7 +4,10 @@
 //! Both carry a *relative* duration rather than an absolute time, because
 //! absolute times suffer from clock skew between machines. Parsing is strict
 //! and never panics: anything that is not exactly the documented grammar is a
-//! [`MalformedTimeout`] that says what was wrong.
+//! [`MalformedTimeout`] that says what was wrong. A header that carries
+//! several values (two lines, or a comma-separated list) is read with
+//! [`parse_list`], whose [`BudgetList`] gives the shortest valid value or the
+//! first malformed one.
 //!
 //! # Example
 //!
@@ -18,6 +21,9 @@
 //!
 //! assert_eq!(codec::parse_millis(b"1500"), Ok(Duration::from_millis(1500)));
 //! assert_eq!(codec::format_millis(Duration::from_micros(1_999)), "1");
+//!
+//! let list = codec::parse_list([&b"200, 100"[..]], codec::parse_millis);
+//! assert_eq!(list.shortest(), Some(Duration::from_millis(100)));
 //! ```
 
 use std::fmt;
@@ -192,6 +198,152 @@ pub(crate) fn write_grpc_timeout(
         }
     }
     render(u128::from(MAX_GRPC_VALUE), b'H', buf)
+}
+
+/// What the values of one budget header say, read as one list: how many
+/// values there were, the shortest valid one and the first malformed one.
+///
+/// Built by [`parse_list`]. The caller picks the reading: the lenient one
+/// ([`shortest`](BudgetList::shortest), malformed values skipped) or the
+/// strict one ([`strict`](BudgetList::strict), any malformed value is an
+/// error).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_deadline::codec::{parse_list, parse_millis};
+///
+/// let list = parse_list([&b"200, 100"[..], b"banana"], parse_millis);
+/// assert_eq!(list.len(), 3);
+/// assert_eq!(list.shortest(), Some(Duration::from_millis(100)));
+/// assert!(list.strict().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BudgetList {
+    len: usize,
+    shortest: Option<Duration>,
+    malformed: Option<MalformedTimeout>,
+}
+
+// === impl BudgetList ===
+
+impl BudgetList {
+    /// How many values the header carried, valid or not: one per header
+    /// line, plus one per comma inside a line.
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the header carried no value at all (it was absent).
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The shortest valid value, ignoring malformed ones; `None` when no
+    /// value is valid. The shortest is the only reading no hop can
+    /// lengthen by adding a value.
+    pub const fn shortest(&self) -> Option<Duration> {
+        self.shortest
+    }
+
+    /// The first malformed value's error, if any value was malformed.
+    pub const fn malformed(&self) -> Option<MalformedTimeout> {
+        self.malformed
+    }
+
+    /// The strict reading: the shortest value, or `None` when the header
+    /// was absent.
+    ///
+    /// # Errors
+    ///
+    /// Returns the first malformed value's [`MalformedTimeout`] when any
+    /// value is malformed, even if others are valid.
+    pub const fn strict(&self) -> Result<Option<Duration>, MalformedTimeout> {
+        match self.malformed {
+            Some(e) => Err(e),
+            None => Ok(self.shortest),
+        }
+    }
+}
+
+/// Reads every value of one budget header (all its lines, each split at
+/// commas) with `parse` ([`parse_grpc_timeout`] or [`parse_millis`]).
+///
+/// A header sent twice is, in HTTP, the same as one line holding both
+/// values joined by a comma (RFC 9110, section 5.3), and proxies may join or
+/// split lines freely, so both spellings read the same: `200` and `100` on
+/// two lines, or `200, 100` on one. Spaces and tabs are allowed around a
+/// comma, nowhere else: an element is parsed as strictly as a single value,
+/// so an empty element (`"200,,100"`, `"100,"`) is malformed, and so is a
+/// line with a leading or trailing space (an HTTP parser strips those
+/// before the value reaches us). Neither grammar contains a comma, so the
+/// split never cuts a valid value in two.
+///
+/// Never panics and never allocates; the work is linear in the length of
+/// the values.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_deadline::codec::{parse_grpc_timeout, parse_list};
+///
+/// let list = parse_list([&b"1S"[..], b"250m"], parse_grpc_timeout);
+/// assert_eq!(list.strict(), Ok(Some(Duration::from_millis(250))));
+///
+/// let none = parse_list(std::iter::empty::<&[u8]>(), parse_grpc_timeout);
+/// assert!(none.is_empty());
+/// assert_eq!(none.strict(), Ok(None));
+/// ```
+pub fn parse_list<'a, I>(
+    values: I,
+    parse: fn(&[u8]) -> Result<Duration, MalformedTimeout>,
+) -> BudgetList
+where
+    I: IntoIterator<Item = &'a [u8]>,
+{
+    let mut list = BudgetList::default();
+    for line in values {
+        for element in list_elements(line) {
+            list.len += 1;
+            match parse(element) {
+                Ok(d) => list.shortest = Some(list.shortest.map_or(d, |s| s.min(d))),
+                Err(e) => {
+                    list.malformed.get_or_insert(e);
+                }
+            }
+        }
+    }
+    list
+}
+
+/// Splits one header line at commas, trimming spaces and tabs on the
+/// sides of each element that touch a comma (never the line's own ends).
+fn list_elements(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let last = line.iter().filter(|&&b| b == b',').count();
+    line.split(|&b| b == b',')
+        .enumerate()
+        .map(move |(i, mut element)| {
+            let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
+            if i > 0 {
+                while let Some((first, rest)) = element.split_first() {
+                    if !is_ows(first) {
+                        break;
+                    }
+                    element = rest;
+                }
+            }
+            if i < last {
+                while let Some((end, rest)) = element.split_last() {
+                    if !is_ows(end) {
+                        break;
+                    }
+                    element = rest;
+                }
+            }
+            element
+        })
 }
 
 /// Parses a relative budget in whole milliseconds: 1 to 10 ASCII digits and
@@ -408,11 +560,104 @@ mod tests {
         assert_eq!(format_grpc_timeout(Duration::MAX), "99999999H");
     }
 
+    #[test]
+    fn lists_split_at_commas_with_whitespace_only_around_them() {
+        let ms = Duration::from_millis;
+        // (header lines, values, shortest valid, no malformed value)
+        type Case = (&'static [&'static [u8]], usize, Option<Duration>, bool);
+        let cases: [Case; 9] = [
+            (&[b"200", b"100"], 2, Some(ms(100)), true),
+            (&[b"200, 100"], 2, Some(ms(100)), true),
+            (&[b"200 ,\t100,300"], 3, Some(ms(100)), true),
+            (&[b"200, banana", b"50"], 3, Some(ms(50)), false),
+            (&[b"200,,100"], 3, Some(ms(100)), false),
+            (&[b"100,"], 2, Some(ms(100)), false),
+            // The line's own ends are not trimmed: as strict as one value.
+            (&[b" 7"], 1, None, false),
+            (&[b"7 , 8 "], 2, Some(ms(7)), false),
+            (&[], 0, None, true),
+        ];
+        for (lines, len, shortest, valid) in cases {
+            let list = parse_list(lines.iter().copied(), parse_millis);
+            assert_eq!(list.len(), len, "{lines:?}");
+            assert_eq!(list.shortest(), shortest, "{lines:?}");
+            assert_eq!(list.strict().is_ok(), valid, "{lines:?}");
+            assert_eq!(list.malformed().is_none(), valid, "{lines:?}");
+        }
+        let grpc = parse_list([&b"1S, 900m"[..], b"2M"], parse_grpc_timeout);
+        assert_eq!(grpc.strict(), Ok(Some(ms(900))));
+        let err = parse_list([&b"1S, 10s"[..]], parse_grpc_timeout).strict();
+        assert_eq!(err.unwrap_err().reason(), "unknown unit");
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..16)) {
             let _ = parse_grpc_timeout(&bytes);
             let _ = parse_millis(&bytes);
+            let commas = bytes.iter().filter(|&&b| b == b',').count();
+            for parse in [parse_grpc_timeout, parse_millis] {
+                let list = parse_list([&bytes[..], &bytes[..]], parse);
+                prop_assert_eq!(list.len(), 2 * (commas + 1));
+            }
+        }
+
+        #[test]
+        fn a_list_reads_as_its_shortest_value_however_it_is_split(
+            values in proptest::collection::vec(0u64..10_000_000_000, 1..6),
+            separators in proptest::collection::vec(
+                prop_oneof![Just(","), Just(", "), Just(" ,"), Just(" ,\t "), Just("\n")],
+                5,
+            ),
+        ) {
+            // Join the values into lines: "\n" starts a new header line,
+            // anything else is a comma inside the line.
+            let mut lines = vec![String::new()];
+            for (i, value) in values.iter().enumerate() {
+                if i > 0 {
+                    match separators[i - 1] {
+                        "\n" => lines.push(String::new()),
+                        sep => lines.last_mut().unwrap().push_str(sep),
+                    }
+                }
+                lines.last_mut().unwrap().push_str(&format_millis(Duration::from_millis(*value)));
+            }
+            let list = parse_list(lines.iter().map(|l| l.as_bytes()), parse_millis);
+            let min = values.iter().copied().min().map(Duration::from_millis);
+            prop_assert_eq!(list.len(), values.len());
+            prop_assert_eq!(list.strict(), Ok(min));
+            prop_assert_eq!(list.shortest(), min);
+
+            // The same values as gRPC timeouts on one line (the format
+            // may round a value up; the shortest is still the one of the
+            // smallest value).
+            let spelled: Vec<String> = values
+                .iter()
+                .map(|v| format_grpc_timeout(Duration::from_millis(*v)))
+                .collect();
+            let want = spelled
+                .iter()
+                .map(|s| parse_grpc_timeout(s.as_bytes()).unwrap())
+                .min();
+            let joined = spelled.join(", ");
+            let grpc = parse_list([joined.as_bytes()], parse_grpc_timeout);
+            prop_assert_eq!(grpc.strict(), Ok(want));
+        }
+
+        #[test]
+        fn one_malformed_element_fails_the_strict_reading_only(
+            values in proptest::collection::vec(0u64..10_000_000_000, 0..4),
+            bad in prop_oneof![Just("banana"), Just(""), Just("-1"), Just("1.5"), Just("5ms")],
+            at in 0usize..4,
+        ) {
+            let mut elements: Vec<String> = values.iter().map(u64::to_string).collect();
+            elements.insert(at.min(elements.len()), bad.to_owned());
+            let line = elements.join(", ");
+            let list = parse_list([line.as_bytes()], parse_millis);
+            prop_assert!(list.strict().is_err(), "{line:?}");
+            prop_assert!(list.malformed().is_some());
+            let min = values.iter().copied().min().map(Duration::from_millis);
+            prop_assert_eq!(list.shortest(), min);
         }
 
         #[test]

@@ -59,15 +59,21 @@
 //! | [`http_header`](ServerDeadlineLayer::http_header) | `x-request-timeout-ms` | relative budget in whole milliseconds |
 //! | [`grpc_timeout`](ServerDeadlineLayer::grpc_timeout) | on | read `grpc-timeout` (`1` to `8` digits and a unit `H M S m u n`) |
 //! | [`default_timeout`](ServerDeadlineLayer::default_timeout) | none | budget when the caller sent none |
-//! | [`max_timeout`](ServerDeadlineLayer::max_timeout) | none | clamp for larger budgets |
+//! | [`max_timeout`](ServerDeadlineLayer::max_timeout) | [`DEFAULT_MAX_TIMEOUT`] (5 min) | clamp for larger budgets sent by callers (`Duration::MAX` lifts it); once set, it clamps the default budget too |
 //! | [`min_remaining`](ServerDeadlineLayer::min_remaining) | zero | below it, answer at once without calling the handler |
-//! | [`on_malformed`](ServerDeadlineLayer::on_malformed) | [`OnMalformed::Ignore`] | ignore (logged) or answer 400 / INVALID_ARGUMENT |
+//! | [`on_malformed`](ServerDeadlineLayer::on_malformed) | [`OnMalformed::Ignore`] | skip malformed values (logged) or answer 400 / INVALID_ARGUMENT if any value is malformed, or if `grpc-timeout` has more than one |
 //! | [`grpc_lead`](ServerDeadlineLayer::grpc_lead) | 1 ms | gRPC requests expire this much early, to answer before tonic's own timer |
 //!
 //! The budget is relative on the wire (absolute times suffer from clock
 //! skew) and absolute in the process: a [`Deadline`] is a
-//! [`tokio::time::Instant`]. When both headers are present the shorter
-//! budget wins. The deadline goes into the request's extensions and into a
+//! [`tokio::time::Instant`]. Every value counts: when both headers are
+//! present, when one is sent twice, or when it holds a comma-separated list
+//! (`x-request-timeout-ms: 200, 100`, which HTTP treats as two lines), the
+//! shortest valid budget wins, the one reading no hop can lengthen by adding
+//! a value. A caller's budget is clamped to five minutes unless
+//! [`max_timeout`](ServerDeadlineLayer::max_timeout) says otherwise, so
+//! `grpc-timeout: 99999999H` (eleven thousand years) cannot hold a handler
+//! for ever; see [`DEFAULT_MAX_TIMEOUT`] for why five minutes. The deadline goes into the request's extensions and into a
 //! task-local scope around the inner service's `call` and its future. When
 //! it passes, the inner future is dropped, which cancels the handler and
 //! every call it was awaiting, and the answer is `504 Gateway Timeout`, or
@@ -87,7 +93,11 @@
 //! The effective deadline is the earliest of the request's extension, the
 //! task-local deadline and the default timeout. Its remaining time is
 //! written into the outgoing request in `call`, so it is measured at the
-//! moment the request is sent, and the call is cut when it passes. Handlers
+//! moment the request is sent, and the call is cut when it passes. A
+//! budget header already on the request is read like the server reads it
+//! (shortest valid value) and is never forwarded malformed: it is replaced
+//! by the fresh budget, or, when there is no deadline to write, removed.
+//! Handlers
 //! can read the deadline with [`Deadline::current`], [`current`],
 //! [`remaining`] or from the request extensions.
 //!
@@ -198,6 +208,9 @@
 //!
 //! - The header names of client and server must agree; both default to
 //!   `x-request-timeout-ms`.
+//! - A server whose handlers legitimately run longer than five minutes must
+//!   raise [`max_timeout`](ServerDeadlineLayer::max_timeout): callers'
+//!   budgets above [`DEFAULT_MAX_TIMEOUT`] are clamped to it.
 //! - A task spawned with `tokio::spawn` does not inherit the task-local
 //!   deadline: wrap its future in [`Deadline::scope`] if it works on behalf
 //!   of the request.
@@ -227,7 +240,7 @@ pub use client::{ClientDeadline, ClientDeadlineLayer};
 pub use deadline::{current, remaining};
 pub use server::{
     OnMalformed, ServerDeadline, ServerDeadlineLayer, DEFAULT_GRPC_LEAD, DEFAULT_HTTP_HEADER,
-    GRPC_TIMEOUT,
+    DEFAULT_MAX_TIMEOUT, GRPC_TIMEOUT,
 };
 pub use tower_resilience_base::{CallContext, Deadline};
 

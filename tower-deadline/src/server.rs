@@ -1,12 +1,12 @@
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderName, Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::codec::{self, MalformedTimeout};
+use crate::codec::{self, BudgetList, MalformedTimeout};
 use crate::future::ServerResponseFuture;
 use crate::Deadline;
 use tower_resilience_base::grpc::is_grpc;
@@ -24,17 +24,47 @@ pub const DEFAULT_GRPC_LEAD: Duration = Duration::from_millis(1);
 /// The gRPC timeout header, `grpc-timeout`.
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
+/// The largest budget a caller may ask for when
+/// [`ServerDeadlineLayer::max_timeout`] is not set: five minutes.
+///
+/// Without a limit, `grpc-timeout: 99999999H` (over eleven thousand years)
+/// is a valid request for a handler that never has to stop. Five minutes is
+/// well above what any interactive caller waits and above the idle timeouts
+/// of common proxies and load balancers (typically one to a few minutes), so
+/// an honest budget is practically never shortened, yet a bogus or hostile
+/// one holds a task, a connection and a slot of concurrency for minutes,
+/// not for ever. It only clamps budgets sent by callers: your own
+/// [`default_timeout`](ServerDeadlineLayer::default_timeout) is never
+/// shortened by a limit you did not set.
+pub const DEFAULT_MAX_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
 /// What the server layer does with a budget header it cannot parse.
+///
+/// A header may carry several values (two lines, or one line with a
+/// comma-separated list, which HTTP treats as the same thing); each value is
+/// judged on its own, see [`codec::parse_list`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnMalformed {
     /// Log the problem at `DEBUG` level (the value comes from the network,
     /// so a louder level would let any client flood the logs) and carry on
-    /// as if the header were absent: the default budget, if any, applies.
+    /// as if the malformed value were absent: the shortest valid value of
+    /// the header counts, and when there is none the default budget, if
+    /// any, applies.
     #[default]
     Ignore,
     /// Answer at once with `400 Bad Request`, or for gRPC requests a
-    /// trailers-only response with `grpc-status: 3` (INVALID_ARGUMENT); the
-    /// inner service is not called.
+    /// trailers-only response with `grpc-status: 3` (INVALID_ARGUMENT),
+    /// when any value is malformed, even if others are valid; the inner
+    /// service is not called.
+    ///
+    /// More than one `grpc-timeout` value is rejected too, even when every
+    /// one is valid: the gRPC protocol allows the header once, and
+    /// implementations disagree on which of several they obey (the first,
+    /// the last), so a strict server reports the request instead of
+    /// guessing. Several values of the millisecond header are accepted and
+    /// the shortest counts: it is a plain HTTP header, for which repeated
+    /// lines are by definition one list (a proxy that appends its own value
+    /// is legal), and the shortest is the reading no hop can lengthen.
     Reject,
 }
 
@@ -42,8 +72,10 @@ pub enum OnMalformed {
 /// inner service; a [`Layer`] that produces [`ServerDeadline`].
 ///
 /// Defaults: reads `grpc-timeout` and [`DEFAULT_HTTP_HEADER`]; no default
-/// budget (requests without a header run unbounded); no maximum; fail fast
-/// only when nothing is left; malformed values are ignored.
+/// budget (requests without a header run unbounded); budgets sent by
+/// callers are clamped to [`DEFAULT_MAX_TIMEOUT`] (five minutes); fail fast
+/// only when nothing is left; malformed values are ignored, and of several
+/// values the shortest counts.
 ///
 /// # Example
 ///
@@ -69,6 +101,8 @@ struct ServerConfig {
     http_header: Option<HeaderName>,
     grpc_timeout: bool,
     default_timeout: Option<Duration>,
+    /// `None`: [`DEFAULT_MAX_TIMEOUT`] for callers' budgets, and no clamp
+    /// on the configured default budget.
     max_timeout: Option<Duration>,
     min_remaining: Duration,
     on_malformed: OnMalformed,
@@ -81,10 +115,14 @@ struct ServerConfig {
 /// For each request it:
 ///
 /// 1. reads the budget from `grpc-timeout` and from the configured HTTP
-///    header (relative milliseconds); when both are present the shorter
-///    wins; when neither is, the default budget applies, if configured;
-/// 2. clamps it to the maximum, and takes the earlier of it and any
-///    [`Deadline`] already in the request's extensions;
+///    header (relative milliseconds); every value counts (a header sent
+///    twice, or a comma-separated list) and the shortest valid one wins,
+///    across both headers; malformed values are skipped or rejected as
+///    [`OnMalformed`] says; when no valid value is present, the default
+///    budget applies, if configured;
+/// 2. clamps it to the maximum ([`DEFAULT_MAX_TIMEOUT`] unless set), and
+///    takes the earlier of it and any [`Deadline`] already in the
+///    request's extensions;
 /// 3. fails fast with `504` (gRPC: `grpc-status: 4`) without calling the
 ///    inner service when less than the minimum remains;
 /// 4. inserts the deadline into the request's extensions and calls the
@@ -161,14 +199,21 @@ impl ServerDeadlineLayer {
     }
 
     /// The budget for requests that carry none (default: none, they run
-    /// unbounded). It is clamped to the maximum like any other budget.
+    /// unbounded). It is clamped to a maximum set with
+    /// [`max_timeout`](Self::max_timeout), but not to
+    /// [`DEFAULT_MAX_TIMEOUT`]: a default you chose is used as given.
     pub const fn default_timeout(mut self, budget: Duration) -> Self {
         self.config.default_timeout = Some(budget);
         self
     }
 
-    /// The largest budget a caller may ask for (default: no limit). Larger
-    /// budgets are clamped to it, not rejected.
+    /// The largest budget a caller may ask for (default
+    /// [`DEFAULT_MAX_TIMEOUT`], five minutes). Larger budgets are clamped to
+    /// it, not rejected. Once set, it also clamps the
+    /// [`default_timeout`](Self::default_timeout).
+    ///
+    /// `max_timeout(Duration::MAX)` lifts the limit: a caller's budget is
+    /// then used as sent, however large.
     pub const fn max_timeout(mut self, max: Duration) -> Self {
         self.config.max_timeout = Some(max);
         self
@@ -182,8 +227,9 @@ impl ServerDeadlineLayer {
         self
     }
 
-    /// What to do with a budget header that does not parse (default
-    /// [`OnMalformed::Ignore`]).
+    /// What to do with a budget header that does not parse, or (for
+    /// `grpc-timeout`, under [`OnMalformed::Reject`]) that carries more than
+    /// one value (default [`OnMalformed::Ignore`]).
     pub const fn on_malformed(mut self, policy: OnMalformed) -> Self {
         self.config.on_malformed = policy;
         self
@@ -227,45 +273,42 @@ impl ServerConfig {
     fn decide<ReqB, ResB: Default>(&self, request: &Request<ReqB>) -> Decision<ResB> {
         let headers = request.headers();
         let grpc = is_grpc(headers);
-        let mut budget: Option<Duration> = None;
-        let mut read =
-            |name: &HeaderName, parse: fn(&[u8]) -> Result<Duration, MalformedTimeout>| {
-                let Some(value) = headers.get(name) else {
-                    return Ok(());
-                };
-                match parse(value.as_bytes()) {
-                    Ok(b) => {
-                        budget = Some(budget.map_or(b, |prev| prev.min(b)));
-                        Ok(())
-                    }
-                    Err(e) => match self.on_malformed {
-                        OnMalformed::Ignore => {
-                            tracing::debug!(header = %name, error = %e, "ignoring malformed budget header");
-                            Ok(())
-                        }
-                        OnMalformed::Reject => Err(e),
-                    },
-                }
+        let mut sent: Option<Duration> = None;
+        let mut read = |name: &HeaderName,
+                        parse: fn(&[u8]) -> Result<Duration, MalformedTimeout>,
+                        single: bool| {
+            let values = headers.get_all(name).iter().map(HeaderValue::as_bytes);
+            let list = codec::parse_list(values, parse);
+            let budget = self.judge(name, &list, single)?;
+            sent = match (sent, budget) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
             };
+            Ok(())
+        };
         if self.grpc_timeout {
-            if let Err(e) = read(&GRPC_TIMEOUT, codec::parse_grpc_timeout) {
-                return Decision::Answer(Answer::malformed_timeout(e.reason()).into_response(grpc));
+            if let Err(reason) = read(&GRPC_TIMEOUT, codec::parse_grpc_timeout, true) {
+                return Decision::Answer(Answer::malformed_timeout(reason).into_response(grpc));
             }
         }
         if let Some(name) = &self.http_header {
-            if let Err(e) = read(name, codec::parse_millis) {
-                return Decision::Answer(Answer::malformed_timeout(e.reason()).into_response(grpc));
+            if let Err(reason) = read(name, codec::parse_millis, false) {
+                return Decision::Answer(Answer::malformed_timeout(reason).into_response(grpc));
             }
         }
 
-        let Some(mut budget) = budget.or(self.default_timeout) else {
+        let mut budget = match (sent, self.default_timeout) {
+            // A caller's budget: clamped to the maximum, the built-in one
+            // when none was set.
+            (Some(sent), _) => sent.min(self.max_timeout.unwrap_or(DEFAULT_MAX_TIMEOUT)),
+            // Our own default: clamped only by a maximum we also chose.
+            (None, Some(default)) => self.max_timeout.map_or(default, |max| default.min(max)),
             // No budget from the caller and none by default; an outer layer
             // may still have set one.
-            return Decision::Run(Deadline::from_extensions(request.extensions()), grpc);
+            (None, None) => {
+                return Decision::Run(Deadline::from_extensions(request.extensions()), grpc);
+            }
         };
-        if let Some(max) = self.max_timeout {
-            budget = budget.min(max);
-        }
         if grpc {
             budget = budget.saturating_sub(self.grpc_lead);
         }
@@ -284,6 +327,34 @@ impl ServerConfig {
             return Decision::Answer(Answer::deadline_exceeded().into_response(grpc));
         }
         Decision::Run(Some(deadline), grpc)
+    }
+
+    /// The budget one header gives under the malformed-value policy, or the
+    /// reason to reject the request. `single` marks a header the protocol
+    /// allows once (`grpc-timeout`).
+    fn judge(
+        &self,
+        name: &HeaderName,
+        list: &BudgetList,
+        single: bool,
+    ) -> Result<Option<Duration>, &'static str> {
+        match self.on_malformed {
+            OnMalformed::Ignore => {
+                if let Some(e) = list.malformed() {
+                    tracing::debug!(header = %name, error = %e, values = list.len(), "ignoring malformed budget value");
+                } else if list.len() > 1 {
+                    tracing::debug!(header = %name, values = list.len(), "several budget values; the shortest counts");
+                }
+                Ok(list.shortest())
+            }
+            OnMalformed::Reject => {
+                let budget = list.strict().map_err(|e| e.reason())?;
+                if single && list.len() > 1 {
+                    return Err("more than one grpc-timeout value");
+                }
+                Ok(budget)
+            }
+        }
     }
 }
 

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use http::{Request, Response};
-use support::{CallCounter, DropCounter};
+use support::{request_with_lines, CallCounter, DropCounter, Lines};
 use tokio::time::advance;
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{service_fn, BoxError, Layer, ServiceBuilder, ServiceExt};
@@ -191,6 +191,152 @@ async fn an_existing_header_is_replaced_not_duplicated() {
         .unwrap();
     let values = svc.oneshot(req).await.unwrap().into_body();
     assert_eq!(values, ["40"]);
+}
+
+/// What `echo_all` saw: every value of the millisecond header, every value
+/// of `grpc-timeout`, and the deadline.
+type EchoAll = (Vec<String>, Vec<String>, Option<Deadline>);
+
+/// An inner service that echoes every line of both budget headers.
+fn echo_all(
+    calls: CallCounter,
+) -> impl Service<Request<()>, Response = Response<EchoAll>, Error = BoxError> + Clone {
+    service_fn(move |req: Request<()>| {
+        calls.hit();
+        let lines = |name: &str| -> Vec<String> {
+            req.headers()
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect()
+        };
+        let body = (
+            lines("x-request-timeout-ms"),
+            lines("grpc-timeout"),
+            CallContext::current(|cx| cx.deadline()),
+        );
+        async move { Ok::<_, BoxError>(Response::new(body)) }
+    })
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_malformed_header_with_no_deadline_in_scope_is_not_forwarded() {
+    // Regression: with no deadline from any source the request passed
+    // through untouched, `x-request-timeout-ms: banana` included.
+    let calls = CallCounter::default();
+    let svc = ClientDeadlineLayer::new().layer(echo_all(calls.clone()));
+    let cases: [Lines; 5] = [
+        &[("x-request-timeout-ms", "banana")],
+        &[("x-request-timeout-ms", "")],
+        &[
+            ("x-request-timeout-ms", "banana"),
+            ("x-request-timeout-ms", "-1, 1.5"),
+        ],
+        &[
+            ("content-type", "application/grpc"),
+            ("grpc-timeout", "10s"),
+        ],
+        &[
+            ("content-type", "application/grpc"),
+            ("grpc-timeout", "123456789m"),
+        ],
+    ];
+    for lines in cases {
+        let before = calls.calls();
+        let (ms, grpc, deadline) = svc
+            .clone()
+            .oneshot(request_with_lines(lines))
+            .await
+            .unwrap()
+            .into_body();
+        assert!(ms.is_empty(), "{lines:?} forwarded {ms:?}");
+        assert!(grpc.is_empty(), "{lines:?} forwarded {grpc:?}");
+        assert_eq!(deadline, None, "{lines:?}");
+        assert_eq!(calls.calls() - before, 1, "the call is still made");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_malformed_header_is_replaced_when_a_deadline_is_in_scope() {
+    let svc = ClientDeadlineLayer::new().layer(echo_all(CallCounter::default()));
+    let req = Request::builder()
+        .header("x-request-timeout-ms", "banana")
+        .body(())
+        .unwrap();
+    let (ms, _, _) = Deadline::after(Duration::from_millis(300))
+        .scope(svc.oneshot(req))
+        .await
+        .unwrap()
+        .into_body();
+    assert_eq!(ms, ["300"]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn duplicates_on_an_outgoing_request_give_the_shortest_budget() {
+    // Regression: only the first line was read, so a later, shorter budget
+    // was lengthened to the first one.
+    let svc = ClientDeadlineLayer::new().layer(echo_all(CallCounter::default()));
+    let cases: [(Lines, u64, &str, &str); 5] = [
+        (
+            &[
+                ("x-request-timeout-ms", "700"),
+                ("x-request-timeout-ms", "300"),
+            ],
+            300,
+            "x-request-timeout-ms",
+            "300",
+        ),
+        (
+            &[("x-request-timeout-ms", "900, 400")],
+            400,
+            "x-request-timeout-ms",
+            "400",
+        ),
+        (
+            &[
+                ("x-request-timeout-ms", "banana"),
+                ("x-request-timeout-ms", "250, -1"),
+            ],
+            250,
+            "x-request-timeout-ms",
+            "250",
+        ),
+        (
+            &[
+                ("content-type", "application/grpc"),
+                ("grpc-timeout", "2S"),
+                ("grpc-timeout", "500m"),
+            ],
+            500,
+            "grpc-timeout",
+            "500m",
+        ),
+        (
+            &[
+                ("content-type", "application/grpc"),
+                ("grpc-timeout", "1S, 600m"),
+            ],
+            600,
+            "grpc-timeout",
+            "600m",
+        ),
+    ];
+    for (lines, want_ms, header, written) in cases {
+        let (ms, grpc, deadline) = svc
+            .clone()
+            .oneshot(request_with_lines(lines))
+            .await
+            .unwrap()
+            .into_body();
+        assert_eq!(
+            deadline.unwrap().remaining(),
+            Duration::from_millis(want_ms),
+            "{lines:?}"
+        );
+        // One line, freshly written, replaces them all.
+        let seen = if header == "grpc-timeout" { grpc } else { ms };
+        assert_eq!(seen, [written], "{lines:?}");
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

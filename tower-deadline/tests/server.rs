@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use support::{grpc_request, request_with, CallCounter, DropCounter};
+use support::{grpc_request, request_with, request_with_lines, CallCounter, DropCounter, Lines};
 use tokio::time::{advance, Instant};
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{service_fn, Layer, ServiceExt};
-use tower_deadline::{Deadline, OnMalformed, ServerDeadlineLayer};
+use tower_deadline::{Deadline, OnMalformed, ServerDeadlineLayer, DEFAULT_MAX_TIMEOUT};
 use tower_service::Service;
 
 type Seen = Arc<Mutex<Vec<Option<Duration>>>>;
@@ -92,6 +92,230 @@ async fn the_shorter_of_two_headers_wins() {
         .unwrap();
     let (_, budget, _) = budget_seen(ServerDeadlineLayer::new(), req).await;
     assert_eq!(budget, Some(Duration::from_millis(700)));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn duplicate_header_lines_take_the_shortest() {
+    // Regression: the first line used to win, so a hop appending a shorter
+    // budget after a longer one was ignored.
+    let layer = ServerDeadlineLayer::new().grpc_lead(Duration::ZERO);
+    let cases: [(Lines, u64); 4] = [
+        (
+            &[
+                ("x-request-timeout-ms", "200"),
+                ("x-request-timeout-ms", "100"),
+            ],
+            100,
+        ),
+        (
+            &[
+                ("x-request-timeout-ms", "100"),
+                ("x-request-timeout-ms", "200"),
+            ],
+            100,
+        ),
+        (&[("grpc-timeout", "2S"), ("grpc-timeout", "300m")], 300),
+        (&[("grpc-timeout", "300m"), ("grpc-timeout", "2S")], 300),
+    ];
+    for (lines, want) in cases {
+        let (status, budget, _) = budget_seen(layer.clone(), request_with_lines(lines)).await;
+        assert_eq!(status, StatusCode::OK, "{lines:?}");
+        assert_eq!(budget, Some(Duration::from_millis(want)), "{lines:?}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_comma_separated_list_takes_the_shortest() {
+    let layer = ServerDeadlineLayer::new().grpc_lead(Duration::ZERO);
+    for (name, value, want) in [
+        ("x-request-timeout-ms", "200, 100", 100),
+        ("x-request-timeout-ms", "100,200", 100),
+        ("x-request-timeout-ms", "300 ,\t250, 400", 250),
+        ("grpc-timeout", "1S, 400m", 400),
+    ] {
+        let (status, budget, _) = budget_seen(layer.clone(), request_with(name, value)).await;
+        assert_eq!(status, StatusCode::OK, "{value:?}");
+        assert_eq!(budget, Some(Duration::from_millis(want)), "{value:?}");
+    }
+    // Lists and lines mix, and across both headers the shortest still wins.
+    let req = request_with_lines(&[
+        ("x-request-timeout-ms", "900, 800"),
+        ("x-request-timeout-ms", "700"),
+        ("grpc-timeout", "1S, 750m"),
+    ]);
+    let (_, budget, _) = budget_seen(layer, req).await;
+    assert_eq!(budget, Some(Duration::from_millis(700)));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_malformed_value_among_several_is_skipped_by_default() {
+    let layer = ServerDeadlineLayer::new()
+        .grpc_lead(Duration::ZERO)
+        .default_timeout(Duration::from_secs(3));
+    let cases: [(Lines, u64); 5] = [
+        (
+            &[
+                ("x-request-timeout-ms", "banana"),
+                ("x-request-timeout-ms", "200"),
+            ],
+            200,
+        ),
+        (&[("x-request-timeout-ms", "200, banana")], 200),
+        (&[("x-request-timeout-ms", "-1, 150")], 150),
+        (&[("x-request-timeout-ms", "150,,900")], 150),
+        (&[("grpc-timeout", "1s"), ("grpc-timeout", "250m")], 250),
+    ];
+    for (lines, want) in cases {
+        let (status, budget, calls) = budget_seen(layer.clone(), request_with_lines(lines)).await;
+        assert_eq!((status, calls), (StatusCode::OK, 1), "{lines:?}");
+        assert_eq!(budget, Some(Duration::from_millis(want)), "{lines:?}");
+    }
+    // All malformed: the default budget applies, as for a single one.
+    let req = request_with_lines(&[("x-request-timeout-ms", "banana, -1")]);
+    let (_, budget, _) = budget_seen(layer, req).await;
+    assert_eq!(budget, Some(Duration::from_secs(3)));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_malformed_value_among_several_is_rejected_under_reject() {
+    let layer = ServerDeadlineLayer::new().on_malformed(OnMalformed::Reject);
+    for lines in [
+        &[
+            ("x-request-timeout-ms", "200"),
+            ("x-request-timeout-ms", "banana"),
+        ][..],
+        &[("x-request-timeout-ms", "200, banana")],
+        &[("x-request-timeout-ms", "200,")],
+    ] {
+        let (status, _, calls) = budget_seen(layer.clone(), request_with_lines(lines)).await;
+        assert_eq!((status, calls), (StatusCode::BAD_REQUEST, 0), "{lines:?}");
+    }
+
+    // On a gRPC request: trailers-only INVALID_ARGUMENT.
+    let calls = CallCounter::default();
+    let svc = layer.layer(recording_handler(Seen::default(), calls.clone()));
+    let req = request_with_lines(&[
+        ("content-type", "application/grpc"),
+        ("x-request-timeout-ms", "100, 1.5"),
+    ]);
+    let response = svc.oneshot(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "3");
+    assert_eq!(calls.calls(), 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn under_reject_several_grpc_timeouts_are_rejected_but_several_millis_values_are_not() {
+    // The gRPC protocol allows one grpc-timeout, and implementations differ
+    // on which of several they obey: strict mode reports it.
+    let layer = ServerDeadlineLayer::new().on_malformed(OnMalformed::Reject);
+    let calls = CallCounter::default();
+    let svc = layer
+        .clone()
+        .layer(recording_handler(Seen::default(), calls.clone()));
+    for timeouts in [&["1S", "200m"][..], &["1S, 200m"]] {
+        let mut req = grpc_request(timeouts[0]);
+        for more in &timeouts[1..] {
+            req.headers_mut()
+                .append("grpc-timeout", http::HeaderValue::from_static(more));
+        }
+        let response = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(response.headers()["grpc-status"], "3", "{timeouts:?}");
+        assert_eq!(
+            response.headers()["grpc-message"],
+            "more than one grpc-timeout value"
+        );
+    }
+    assert_eq!(calls.calls(), 0);
+
+    // The millisecond header is a plain HTTP list: the shortest counts.
+    let req = request_with_lines(&[
+        ("x-request-timeout-ms", "200"),
+        ("x-request-timeout-ms", "100, 300"),
+    ]);
+    let (status, budget, calls) = budget_seen(layer, req).await;
+    assert_eq!((status, calls), (StatusCode::OK, 1));
+    assert_eq!(budget, Some(Duration::from_millis(100)));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_huge_grpc_timeout_is_clamped_to_the_default_maximum() {
+    // Regression: with no maximum configured, `99999999H` (about 11,000
+    // years) was used as sent.
+    assert_eq!(DEFAULT_MAX_TIMEOUT, Duration::from_secs(300));
+    let start = Instant::now();
+    let seen = Arc::new(Mutex::new(None));
+    let svc = ServerDeadlineLayer::new().layer(service_fn({
+        let seen = seen.clone();
+        move |req: Request<()>| {
+            *seen.lock().unwrap() = Deadline::from_extensions(req.extensions());
+            async { Ok::<_, Infallible>(Response::new(())) }
+        }
+    }));
+    svc.clone()
+        .oneshot(request_with("grpc-timeout", "99999999H"))
+        .await
+        .unwrap();
+    let deadline = seen.lock().unwrap().take().unwrap();
+    assert_eq!(deadline.instant(), start + DEFAULT_MAX_TIMEOUT);
+    assert_eq!(deadline.remaining(), DEFAULT_MAX_TIMEOUT);
+
+    // On a gRPC request the lead applies after the clamp.
+    svc.clone()
+        .oneshot(grpc_request("99999999H"))
+        .await
+        .unwrap();
+    let deadline = seen.lock().unwrap().take().unwrap();
+    assert_eq!(
+        deadline.instant(),
+        start + DEFAULT_MAX_TIMEOUT - Duration::from_millis(1)
+    );
+
+    // The millisecond header too; a budget just below the maximum is kept.
+    let (_, budget, _) = budget_seen(
+        ServerDeadlineLayer::new(),
+        request_with("x-request-timeout-ms", "9999999999"),
+    )
+    .await;
+    assert_eq!(budget, Some(DEFAULT_MAX_TIMEOUT));
+    let (_, budget, _) = budget_seen(
+        ServerDeadlineLayer::new(),
+        request_with("x-request-timeout-ms", "299999"),
+    )
+    .await;
+    assert_eq!(budget, Some(Duration::from_millis(299_999)));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_under_a_huge_budget_is_cut_at_the_default_maximum() {
+    let drops = DropCounter::default();
+    let mut svc = ServerDeadlineLayer::new().layer(hanging_handler(drops.clone()));
+    let mut fut = task::spawn(svc.call(request_with("grpc-timeout", "99999999H")));
+    assert_pending!(fut.poll());
+    advance(DEFAULT_MAX_TIMEOUT - Duration::from_millis(1)).await;
+    assert_pending!(fut.poll());
+    advance(Duration::from_millis(1)).await;
+    let response = assert_ready_ok!(fut.poll());
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(drops.dropped(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn max_timeout_duration_max_lifts_the_limit() {
+    let layer = ServerDeadlineLayer::new().max_timeout(Duration::MAX);
+    let (_, budget, _) = budget_seen(layer, request_with("grpc-timeout", "1000H")).await;
+    assert_eq!(budget, Some(Duration::from_secs(1000 * 3600)));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_built_in_maximum_does_not_shorten_a_configured_default() {
+    let ten_minutes = Duration::from_secs(600);
+    let layer = ServerDeadlineLayer::new().default_timeout(ten_minutes);
+    let (_, budget, _) = budget_seen(layer.clone(), Request::new(())).await;
+    assert_eq!(budget, Some(ten_minutes));
+    // A caller asking for as much is still clamped.
+    let (_, budget, _) = budget_seen(layer, request_with("x-request-timeout-ms", "600000")).await;
+    assert_eq!(budget, Some(DEFAULT_MAX_TIMEOUT));
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -59,3 +59,16 @@ pub fn grpc_request(timeout: &'static str) -> http::Request<()> {
         .body(())
         .expect("valid request")
 }
+
+/// Header lines of a request, as `(name, value)` pairs.
+pub type Lines = &'static [(&'static str, &'static str)];
+
+/// A request carrying each `(name, value)` as its own header line, in order
+/// (a name given twice gives two lines).
+pub fn request_with_lines(lines: Lines) -> http::Request<()> {
+    let mut builder = http::Request::builder();
+    for (name, value) in lines {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(()).expect("valid request")
+}
