@@ -20,7 +20,7 @@ use tower_resilience_base::random::unit;
 
 const NANOS_PER_MS: u64 = 1_000_000;
 const PPM: u64 = 1_000_000;
-const STRIPES: usize = 8;
+pub(crate) const STRIPES: usize = 8;
 
 /// A circuit breaker: the shared state that [`BreakerLayer`] wraps
 /// services with.
@@ -1490,7 +1490,7 @@ where
 }
 
 /// The index of the current thread's stripe.
-fn thread_index() -> usize {
+pub(crate) fn thread_index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };

@@ -4,11 +4,12 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, AttemptToken};
 
-use crate::breaker::{Breaker, Kind, Raw};
+use crate::breaker::{thread_index, Breaker, Kind, Raw, STRIPES};
 use crate::classify::{default_outcome, Classify};
 use crate::BoxError;
 
@@ -22,8 +23,9 @@ use crate::BoxError;
 pub(crate) struct BreakerHook<C, Res> {
     breaker: Breaker,
     classifier: C,
-    /// Whether the type-mismatch warning was given.
-    warned: AtomicBool,
+    /// Whether the type-mismatch warning was given (shared by the stripes
+    /// of one layer's hook, so it is given once).
+    warned: Arc<AtomicBool>,
     _res: PhantomData<fn(&Res)>,
 }
 
@@ -31,13 +33,46 @@ pub(crate) struct BreakerHook<C, Res> {
 
 impl<C, Res> BreakerHook<C, Res> {
     pub(crate) fn new(breaker: Breaker, classifier: C) -> Self {
+        Self::with_warned(breaker, classifier, Arc::default())
+    }
+
+    fn with_warned(breaker: Breaker, classifier: C, warned: Arc<AtomicBool>) -> Self {
         Self {
             breaker,
             classifier,
-            warned: AtomicBool::new(false),
+            warned,
             _res: PhantomData,
         }
     }
+}
+
+/// One layer's hook, striped: a copy per thread stripe, each behind its own
+/// `Arc`, so that calls on different threads clone (and drop) different
+/// reference counts instead of bouncing one cache line between cores.
+pub(crate) type HookStripes = Box<[Arc<dyn AttemptHook>]>;
+
+/// The stripes of a new hook for `breaker` with `classifier`.
+pub(crate) fn stripes<C, Res>(breaker: &Breaker, classifier: &C) -> HookStripes
+where
+    C: Classify<Res> + Clone,
+    Res: 'static,
+{
+    let warned = Arc::new(AtomicBool::new(false));
+    (0..STRIPES)
+        .map(|_| {
+            Arc::new(BreakerHook::<C, Res>::with_warned(
+                breaker.clone(),
+                classifier.clone(),
+                Arc::clone(&warned),
+            )) as Arc<dyn AttemptHook>
+        })
+        .collect()
+}
+
+/// This thread's stripe.
+#[inline]
+pub(crate) fn stripe(stripes: &HookStripes) -> &Arc<dyn AttemptHook> {
+    &stripes[thread_index() % stripes.len()]
 }
 
 /// The token of an admission: the admission and the start time (for

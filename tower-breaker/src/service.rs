@@ -12,7 +12,7 @@ use crate::breaker::{Breaker, Kind, Raw};
 use crate::classify::{Classify, DefaultClassifier, ErrorsOnly};
 use crate::error::CircuitOpen;
 use crate::future::{AnswerFuture, ResponseFuture, Tracker};
-use crate::hook::{token, unpack, BreakerHook};
+use crate::hook::{self, token, unpack, HookStripes};
 use crate::layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
 use crate::BoxError;
 
@@ -67,7 +67,7 @@ pub struct CircuitBreaker<S, C = DefaultClassifier> {
     count_attempts: bool,
     /// The attempt hook, made on the first call (when the response type is
     /// known) and shared by every clone.
-    hook: Arc<OnceLock<Arc<dyn AttemptHook>>>,
+    hook: Arc<OnceLock<HookStripes>>,
 }
 
 /// Middleware for HTTP servers that answers `503 Service Unavailable`
@@ -281,12 +281,9 @@ where
     #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let hook = self.count_attempts.then(|| {
-            self.hook.get_or_init(|| {
-                Arc::new(BreakerHook::<C, S::Response>::new(
-                    self.breaker.clone(),
-                    self.classifier.clone(),
-                ))
-            })
+            hook::stripe(self.hook.get_or_init(|| {
+                hook::stripes::<C, S::Response>(&self.breaker, &self.classifier)
+            }))
         });
         call_client(
             &self.breaker,
