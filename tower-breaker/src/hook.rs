@@ -4,8 +4,8 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 
 use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, AttemptToken};
 

@@ -280,11 +280,12 @@ where
 
     #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let hook = self.count_attempts.then(|| {
-            hook::stripe(self.hook.get_or_init(|| {
-                hook::stripes::<C, S::Response>(&self.breaker, &self.classifier)
-            }))
-        });
+        let hook =
+            self.count_attempts.then(|| {
+                hook::stripe(self.hook.get_or_init(|| {
+                    hook::stripes::<C, S::Response>(&self.breaker, &self.classifier)
+                }))
+            });
         call_client(
             &self.breaker,
             &self.classifier,

@@ -299,6 +299,11 @@
 //!
 //! - `tower`: implement `tower::retry::budget::Budget` for [`RetryBudget`],
 //!   so it can back `tower::retry` policies too.
+//! - `hyper`: retry hyper's transient errors, recognised by type
+//!   (`hyper::Error`: the connection closed, an incomplete message, a
+//!   canceled request, hyper's timeouts).
+//! - `h2`: retry HTTP/2 refusals (REFUSED_STREAM, GOAWAY with NO_ERROR),
+//!   recognised by type (`h2::Error`).
 //!
 //! # Minimum supported Rust version
 //!
@@ -312,6 +317,7 @@ mod budget;
 mod decide;
 pub mod error;
 pub mod future;
+mod known;
 mod layer;
 mod outcome;
 pub mod policy;

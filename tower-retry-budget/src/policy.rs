@@ -299,7 +299,12 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
 /// one of those kinds anywhere in the chain (hyper, hyper-util, reqwest and
 /// tonic's transport put the I/O error of a failed connection there). A
 /// per-attempt timeout counts too: `tower-deadline`'s `DeadlineExceeded`,
-/// and with the `tower` feature tower's `timeout::error::Elapsed`.
+/// and with the `tower` feature tower's `timeout::error::Elapsed`. With the
+/// `hyper` feature, hyper's own transient errors (the connection closed
+/// before or while the answer came, a request canceled before it was sent,
+/// hyper's timeouts); with the `h2` feature, an HTTP/2 stream refused
+/// (REFUSED_STREAM) or a GOAWAY with NO_ERROR, both of which say the server
+/// did not process the request.
 ///
 /// Everything else is not transient: an invalid URI, a builder error, a
 /// TLS or certificate failure (`InvalidData` and friends), a protocol
@@ -337,7 +342,11 @@ pub fn is_transient_error(error: &(dyn Error + 'static)) -> bool {
                 return true;
             }
         }
-        if e.is::<tower_resilience_base::error::DeadlineExceeded>() || is_timeout_elapsed(e) {
+        if e.is::<tower_resilience_base::error::DeadlineExceeded>()
+            || is_timeout_elapsed(e)
+            || crate::known::hyper(e)
+            || crate::known::h2(e)
+        {
             return true;
         }
         next = e.source();

@@ -142,3 +142,60 @@ async fn a_builder_error_is_not_retried() {
     let calls = attempts_against(|| "builder error: relative URL without a base".into()).await;
     assert_eq!(calls, 1);
 }
+
+#[cfg(feature = "h2")]
+#[test]
+fn an_http2_refused_stream_is_transient_and_a_protocol_error_is_not() {
+    let refused = h2::Error::from(h2::Reason::REFUSED_STREAM);
+    assert!(is_transient_error(&refused));
+    assert!(is_transient_error(&Wrapped(Box::new(refused))));
+    let protocol = h2::Error::from(h2::Reason::PROTOCOL_ERROR);
+    assert!(!is_transient_error(&protocol));
+}
+
+/// A server that reads each request and closes the connection without an
+/// answer: hyper reports "connection closed before message completed".
+#[cfg(feature = "hyper")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_connection_closed_before_the_answer_is_retried() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::AsyncReadExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let server = tokio::spawn({
+        let accepted = accepted.clone();
+        async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                accepted.fetch_add(1, Ordering::Relaxed);
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                drop(socket);
+            }
+        }
+    });
+    let transport = service_fn(move |req: Request<ReplayBody<String>>| async move {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+        tokio::spawn(connection);
+        let answer = sender.send_request(req).await?;
+        Ok::<_, BoxError>(answer.map(|_| String::new()))
+    });
+    let svc = RetryLayer::new()
+        .random(SeededRandom::new(5))
+        .layer(transport);
+    let err = svc.oneshot(get()).await.unwrap_err();
+    let hyper_error = tower_resilience_base::error::find::<hyper::Error>(&*err);
+    assert!(
+        hyper_error.is_some_and(hyper::Error::is_incomplete_message),
+        "{err}"
+    );
+    assert_eq!(accepted.load(Ordering::Relaxed), 3, "all three attempts");
+    server.abort();
+}
