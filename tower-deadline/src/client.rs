@@ -215,6 +215,10 @@ impl ClientConfig {
             (self.http_header.as_ref()?, codec::parse_millis)
         };
         let headers = request.headers_mut();
+        if headers.is_empty() || !headers.contains_key(name) {
+            // The common case: no budget written by the caller.
+            return None;
+        }
         let values = headers.get_all(name).iter().map(HeaderValue::as_bytes);
         let list = codec::parse_list(values, parse);
         if let (None, Some(e)) = (list.shortest(), list.malformed()) {

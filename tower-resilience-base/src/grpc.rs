@@ -36,6 +36,9 @@ pub const GRPC_CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application
 #[must_use]
 pub fn is_grpc(headers: &HeaderMap) -> bool {
     const PREFIX: &[u8] = b"application/grpc";
+    if headers.is_empty() {
+        return false;
+    }
     headers.get(CONTENT_TYPE).is_some_and(|v| {
         let v = v.as_bytes();
         v.len() >= PREFIX.len()
