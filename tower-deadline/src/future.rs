@@ -181,10 +181,10 @@ impl Timer {
                 sleep: Box::pin(sleep_until(at)),
             };
         }
-        match self {
-            Timer::Armed { sleep } => sleep.as_mut().poll(cx),
-            Timer::Idle { .. } => Poll::Pending,
-        }
+        let Timer::Armed { sleep } = self else {
+            unreachable!("the timer was armed just above");
+        };
+        sleep.as_mut().poll(cx)
     }
 
     fn is_elapsed(&self) -> bool {
