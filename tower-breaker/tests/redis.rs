@@ -129,7 +129,11 @@ async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_of_20_breakers_trips_and_every_other_rejects_within_one_refresh_interval() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip(
+        "one_of_20_breakers_trips_and_every_other_rejects_within_one_refresh_interval",
+    ) else {
+        return;
+    };
     let fleet = fleet(&server, "fleet", 20).await;
     trip(&fleet[0]);
     let key = store(&server).await.key("fleet").unwrap();
@@ -156,7 +160,11 @@ async fn one_of_20_breakers_trips_and_every_other_rejects_within_one_refresh_int
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_openers_keep_the_first_writers_t() {
-    let server = RedisServer::start();
+    let Some(server) =
+        RedisServer::start_or_skip("fifty_concurrent_openers_keep_the_first_writers_t")
+    else {
+        return;
+    };
     let store = store(&server).await;
     let key = store.key("openers").unwrap();
     // Distinct periods, so the record tells which opener wrote it.
@@ -209,7 +217,11 @@ async fn fifty_concurrent_openers_keep_the_first_writers_t() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_t_passes_one_call_of_50_breakers_x_20_tasks_probes_and_its_success_closes_all() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip(
+        "when_t_passes_one_call_of_50_breakers_x_20_tasks_probes_and_its_success_closes_all",
+    ) else {
+        return;
+    };
     let fleet = Arc::new(fleet(&server, "election", 50).await);
     trip(&fleet[0]);
     until_all_reject(&fleet[1..], REFRESH * 10).await;
@@ -261,7 +273,11 @@ async fn when_t_passes_one_call_of_50_breakers_x_20_tasks_probes_and_its_success
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_probes_keep_the_fleet_open_for_growing_periods_whoever_probes() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip(
+        "failed_probes_keep_the_fleet_open_for_growing_periods_whoever_probes",
+    ) else {
+        return;
+    };
     let fleet = fleet(&server, "growth", 4).await;
     let key = store(&server).await.key("growth").unwrap();
     trip(&fleet[0]);
@@ -403,7 +419,9 @@ fn unix_ms() -> u128 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_probe_across_separate_os_processes() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip("one_probe_across_separate_os_processes") else {
+        return;
+    };
     let store = store(&server).await;
     // The trip, as some process reported it.
     store.try_open("processes", OPEN).await.unwrap();
@@ -497,7 +515,11 @@ impl tracing::Subscriber for Alarms {
 async fn killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back() {
     let alarms = Alarms::default();
     let _guard = tracing::subscriber::set_default(alarms.clone());
-    let mut server = RedisServer::start();
+    let Some(mut server) = RedisServer::start_or_skip(
+        "killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back",
+    ) else {
+        return;
+    };
     let long = |store| {
         config()
             .count_window(2)
@@ -562,7 +584,11 @@ async fn killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_ba
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_bounds_every_store_call_by_the_timeout() {
-    let server = RedisServer::start();
+    let Some(server) =
+        RedisServer::start_or_skip("a_paused_redis_bounds_every_store_call_by_the_timeout")
+    else {
+        return;
+    };
     let timeout = ms(50);
     let store = Arc::new(
         RedisStore::connect(&server.url(), RedisOptions::new().timeout(timeout))
@@ -605,7 +631,11 @@ async fn a_paused_redis_bounds_every_store_call_by_the_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_rejects_while_the_store_is_down_and_fail_open_does_not() {
-    let mut server = RedisServer::start();
+    let Some(mut server) = RedisServer::start_or_skip(
+        "fail_closed_rejects_while_the_store_is_down_and_fail_open_does_not",
+    ) else {
+        return;
+    };
     let closed = Breaker::with_config(
         "closed",
         fleet_config(store(&server).await).on_store_failure(StoreFailureMode::FailClosed),
@@ -634,7 +664,11 @@ async fn fail_closed_rejects_while_the_store_is_down_and_fail_open_does_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_redis_is_an_error_and_an_open_repairs_it() {
-    let server = RedisServer::start();
+    let Some(server) =
+        RedisServer::start_or_skip("garbage_in_redis_is_an_error_and_an_open_repairs_it")
+    else {
+        return;
+    };
     let store = store(&server).await;
     let key = store.key("garbage").unwrap();
     let b = breaker_on("garbage", store.clone());
@@ -678,7 +712,11 @@ async fn garbage_in_redis_is_an_error_and_an_open_repairs_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_closed_path_costs_about_one_read_per_breaker_per_interval() {
-    let server = RedisServer::start();
+    let Some(server) =
+        RedisServer::start_or_skip("the_closed_path_costs_about_one_read_per_breaker_per_interval")
+    else {
+        return;
+    };
     let fleet = fleet(&server, "cost", 4).await;
     let before = server.command_calls();
     let start = Instant::now();
@@ -722,7 +760,11 @@ async fn the_closed_path_costs_about_one_read_per_breaker_per_interval() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_one_election_winner_and_only_its_token_closes() {
-    let server = RedisServer::start();
+    let Some(server) =
+        RedisServer::start_or_skip("exactly_one_election_winner_and_only_its_token_closes")
+    else {
+        return;
+    };
     let store = store(&server).await;
     assert_eq!(
         store.try_acquire_probe("votes", OPEN).await.unwrap(),
@@ -768,7 +810,11 @@ async fn exactly_one_election_winner_and_only_its_token_closes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_expire_some_time_after_t_for_cleanup_only() {
-    let server = RedisServer::start();
+    let Some(server) =
+        RedisServer::start_or_skip("records_expire_some_time_after_t_for_cleanup_only")
+    else {
+        return;
+    };
     let store = RedisStore::connect(
         &server.url(),
         RedisOptions::new().prefix("app:").cleanup_after(secs(30)),
@@ -787,7 +833,10 @@ async fn records_expire_some_time_after_t_for_cleanup_only() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn names_and_prefixes_are_checked_at_construction() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start_or_skip("names_and_prefixes_are_checked_at_construction")
+    else {
+        return;
+    };
     let err = RedisStore::connect(&server.url(), RedisOptions::new().prefix("my app:"))
         .await
         .unwrap_err();
@@ -807,7 +856,11 @@ async fn names_and_prefixes_are_checked_at_construction() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn connect_fails_in_time_and_connect_lazy_fails_open() {
-    let mut server = RedisServer::start();
+    let Some(mut server) =
+        RedisServer::start_or_skip("connect_fails_in_time_and_connect_lazy_fails_open")
+    else {
+        return;
+    };
     let url = server.url();
     server.kill();
     let start = Instant::now();
