@@ -19,6 +19,7 @@ use crate::Mode;
 use tower_resilience_base::random::unit;
 
 const NANOS_PER_MS: u64 = 1_000_000;
+const NANOS_PER_SEC: u64 = 1_000_000_000;
 const PPM: u64 = 1_000_000;
 pub(crate) const STRIPES: usize = 8;
 
@@ -150,6 +151,9 @@ pub(crate) struct Core {
     /// shows.
     window_epoch: AtomicU32,
     opened: AtomicU64,
+    /// How long the last probe that completed took, in nanoseconds (0 =
+    /// none yet): what callers rejected while half-open are told to wait.
+    last_probe_ns: AtomicU64,
     /// Nanoseconds since `base` plus one of the last transition; 0 = never.
     last_transition: AtomicU64,
     next_rejection_event_ms: AtomicU64,
@@ -319,6 +323,7 @@ impl Breaker {
             streak: AtomicU32::new(0),
             window_epoch: AtomicU32::new(1),
             opened: AtomicU64::new(0),
+            last_probe_ns: AtomicU64::new(0),
             last_transition: AtomicU64::new(0),
             next_rejection_event_ms: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
@@ -535,6 +540,8 @@ impl Breaker {
         let retry_after = match w.state() {
             _ if !w.is_automatic() => None,
             CLOSED => None,
+            HALF_OPEN if core.probes_held(w.gen()) < core.s.probes => Some(Duration::ZERO),
+            HALF_OPEN => Some(core.probe_retry_after(deadline_ns, now)),
             _ => Some(Duration::from_nanos(deadline_ns.saturating_sub(now))),
         };
         let probes = core.probes.load(Acquire);
@@ -709,20 +716,41 @@ impl Core {
                     // circuit on, everyone then competes for a probe slot.
                     self.leave_open(w, now);
                 }
-                HALF_OPEN if now >= deadline_ns => {
-                    self.open(w, Cause::ProbeTimedOut, Counts::default());
-                }
                 HALF_OPEN => {
-                    if core.try_probe(w.gen()) {
-                        return Ok(Raw {
-                            gen: w.gen(),
-                            kind: Kind::Probe,
-                        });
+                    // The deadline is the latest probe's: its admission
+                    // time plus the half-open wait.
+                    if core.probes_held(w.gen()) >= core.s.probes {
+                        if now < deadline_ns {
+                            break Err(Rejection {
+                                retry_after: core.probe_retry_after(deadline_ns, now),
+                                forced: false,
+                            });
+                        }
+                        // Every slot is held and the latest probe has been
+                        // out for the whole wait: it hangs.
+                        let counts = core.probe_counts(w.gen(), 0);
+                        self.open(w, Cause::ProbeTimedOut, counts);
+                    } else {
+                        // A slot looks free. This call's probe gets the
+                        // whole wait, written before the slot is taken: a
+                        // caller that sees the slot taken and the old
+                        // deadline passed then fails its compare-and-swap
+                        // from the old word, and never times this probe
+                        // out early.
+                        let deadline = (now + core.s.half_open_ns).div_ceil(NANOS_PER_MS);
+                        let probing = if deadline > w.deadline_ms() {
+                            w.with_deadline(deadline)
+                        } else {
+                            w
+                        };
+                        if (probing == w || core.cas(w, probing).is_ok()) && core.try_probe(w.gen())
+                        {
+                            return Ok(Raw {
+                                gen: w.gen(),
+                                kind: Kind::Probe,
+                            });
+                        }
                     }
-                    break Err(Rejection {
-                        retry_after: Duration::from_nanos(deadline_ns - now),
-                        forced: false,
-                    });
                 }
                 _ if now >= deadline_ns => {
                     // The election never answered.
@@ -805,29 +833,32 @@ impl Core {
                 }
                 return;
             }
-            Outcome::Failure => {
-                stripe.failed.fetch_add(1, Relaxed);
-                FAIL
+            Outcome::Failure => FAIL,
+            Outcome::Success
+                if core.s.slow_ns != 0 && elapsed.is_some_and(|e| nanos(e) >= core.s.slow_ns) =>
+            {
+                SLOW
             }
-            Outcome::Success => {
-                stripe.successful.fetch_add(1, Relaxed);
-                if core.s.slow_ns != 0 && elapsed.is_some_and(|e| nanos(e) >= core.s.slow_ns) {
-                    stripe.slow.fetch_add(1, Relaxed);
-                    SLOW
-                } else {
-                    OK
-                }
-            }
+            Outcome::Success => OK,
         };
         let w = Word(core.word.load(Acquire));
         if w.gen() != raw.gen {
-            // The circuit moved on while the call was in flight.
+            // The circuit moved on while the call was in flight: the
+            // outcome is discarded, and counted only as stale.
             stripe.stale.fetch_add(1, Relaxed);
             if raw.kind == Kind::Probe {
                 core.release_probe(raw.gen);
             }
             return;
         }
+        match code {
+            FAIL => stripe.failed.fetch_add(1, Relaxed),
+            SLOW => {
+                stripe.slow.fetch_add(1, Relaxed);
+                stripe.successful.fetch_add(1, Relaxed)
+            }
+            _ => stripe.successful.fetch_add(1, Relaxed),
+        };
         match raw.kind {
             Kind::Tracked => self.complete_tracked(w, code),
             _ => self.complete_probe(w, code),
@@ -872,13 +903,22 @@ impl Core {
             core.release_probe(w.gen());
             return;
         }
+        // The latest probe's duration, from its deadline: what callers
+        // rejected while the next probe runs are told to wait.
+        let now = core.now_ns();
+        let started =
+            (w.deadline_ms().saturating_mul(NANOS_PER_MS)).saturating_sub(core.s.half_open_ns);
+        core.last_probe_ns
+            .store(now.saturating_sub(started).max(1), Relaxed);
         if code == OK {
-            if core.probe_succeeded(w.gen()) >= core.s.successes {
-                self.close(w);
+            let successes = core.probe_succeeded(w.gen());
+            if successes >= core.s.successes {
+                self.close_with_counts(w, Cause::ProbesSucceeded, core.probe_counts(w.gen(), 0));
             }
         } else {
+            let counts = core.probe_counts(w.gen(), code);
             core.release_probe(w.gen());
-            self.open(w, Cause::ProbeFailed, Counts::default());
+            self.open(w, Cause::ProbeFailed, counts);
         }
     }
 
@@ -955,11 +995,11 @@ impl Core {
         true
     }
 
-    fn close(self: &Arc<Self>, from: Word) -> bool {
-        self.close_with(from, Cause::ProbesSucceeded)
+    fn close_with(self: &Arc<Self>, from: Word, cause: Cause) -> bool {
+        self.close_with_counts(from, cause, Counts::default())
     }
 
-    fn close_with(self: &Arc<Self>, from: Word, cause: Cause) -> bool {
+    fn close_with_counts(self: &Arc<Self>, from: Word, cause: Cause, counts: Counts) -> bool {
         let core = &**self;
         let now = core.now_ns();
         let ramp = if core.s.ramp_ns == 0 {
@@ -973,7 +1013,7 @@ impl Core {
         }
         core.streak.store(0, Relaxed);
         core.window_epoch.store(to.gen(), Release);
-        self.after_transition(from, to, cause, Counts::default(), None);
+        self.after_transition(from, to, cause, counts, None);
         if let Some(link) = &core.store {
             link.shared_open.store(false, Relaxed);
             if cause != Cause::Store {
@@ -993,7 +1033,10 @@ impl Core {
     ) {
         let core = &**self;
         let now = core.now_ns();
-        core.last_transition.store(now + 1, Release);
+        let previous = core.last_transition.swap(now + 1, AcqRel);
+        // How long the circuit was in the state it leaves (since the
+        // breaker was built, for its first transition).
+        let after_ms = now.saturating_sub(previous.saturating_sub(1)) / NANOS_PER_MS;
         let rate = |n: u64| {
             if counts.calls == 0 {
                 0.0
@@ -1016,15 +1059,26 @@ impl Core {
                 calls = counts.calls,
                 failures = counts.failures,
                 slow = counts.slow,
+                after_ms,
                 open_for_ms = open_for.map_or(0, |d| d.as_millis() as u64),
                 times_opened = core.opened.load(Relaxed),
                 "circuit_opened"
             ),
-            (HALF_OPEN, _) => tracing::info!(breaker = name, cause = ?cause, "circuit_half_open"),
+            (HALF_OPEN, _) => tracing::info!(
+                breaker = name,
+                cause = ?cause,
+                open_ms = after_ms,
+                times_opened = core.opened.load(Relaxed),
+                rejected_total = core.totals().rejected,
+                "circuit_half_open"
+            ),
             (CLOSED, _) => tracing::info!(
                 breaker = name,
                 cause = ?cause,
+                probes_succeeded = counts.calls,
+                after_ms,
                 times_opened = core.opened.load(Relaxed),
+                rejected_total = core.totals().rejected,
                 "circuit_closed"
             ),
             _ => {}
@@ -1123,11 +1177,14 @@ impl Core {
         // A zero `remaining` (an expired record) opens with the period
         // already over: the next call starts an election.
         let to = from.next(OPEN, (now + nanos(remaining)) / NANOS_PER_MS);
+        // What this process had seen itself when the fleet's decision
+        // arrived.
+        let counts = core.window.counts(from.gen(), now);
         if core.cas(from, to).is_ok() {
             link.shared_open.store(true, Relaxed);
             core.streak.store(0, Relaxed);
             core.opened.fetch_add(1, Relaxed);
-            self.after_transition(from, to, Cause::Store, Counts::default(), Some(remaining));
+            self.after_transition(from, to, Cause::Store, counts, Some(remaining));
         }
     }
 
@@ -1351,17 +1408,64 @@ impl Core {
         None
     }
 
-    /// The open period after `streak` re-opens in a row, jittered and
-    /// capped, in nanoseconds.
+    /// The open period after `streak` re-opens in a row, in nanoseconds:
+    /// grown, capped, then jittered, so that periods at the cap still
+    /// differ between breakers (and a fleet does not probe in lockstep).
     fn open_period(&self, streak: u32) -> u64 {
         let s = &self.s;
-        let grown = s.open_ns as f64 * s.growth.powi(streak.min(64) as i32);
+        let grown =
+            (s.open_ns as f64 * s.growth.powi(streak.min(64) as i32)).min(s.max_open_ns as f64);
         let jittered = if s.jitter > 0.0 {
             grown * (1.0 + s.jitter * (2.0 * unit(&*self.config.random) - 1.0))
         } else {
             grown
         };
-        (jittered.max(0.0) as u64).min(s.max_open_ns)
+        jittered.max(0.0) as u64
+    }
+
+    /// Probe slots of generation `gen` held now.
+    fn probes_held(&self, gen: u32) -> u64 {
+        let probes = self.probes.load(Acquire);
+        if probe_gen(probes) == gen {
+            probe_in_flight(probes)
+        } else {
+            0
+        }
+    }
+
+    /// The probes' outcomes in the half-open state of `gen` so far, plus
+    /// `last` (a failed or slow probe; 0 for none): the window a transition
+    /// out of half-open reports.
+    fn probe_counts(&self, gen: u32, last: u32) -> Counts {
+        let probes = self.probes.load(Acquire);
+        let successes = if probe_gen(probes) == gen {
+            probes & 0xF_FFFF
+        } else {
+            0
+        };
+        Counts {
+            calls: successes + u64::from(last != 0),
+            failures: u64::from(last == FAIL),
+            slow: u64::from(last == SLOW),
+        }
+    }
+
+    /// What a caller refused while half-open is told: about when the
+    /// probe in flight should finish (its start plus the duration of the
+    /// last probe, or 1 s before any probe finished; once overdue, one
+    /// such duration more), never beyond the probe's timeout.
+    fn probe_retry_after(&self, deadline_ns: u64, now: u64) -> Duration {
+        let remaining = deadline_ns.saturating_sub(now);
+        let typical = match self.last_probe_ns.load(Relaxed) {
+            0 => NANOS_PER_SEC,
+            d => d,
+        };
+        let started = deadline_ns.saturating_sub(self.s.half_open_ns);
+        let expected = match (started + typical).saturating_sub(now) {
+            0 => typical,
+            left => left,
+        };
+        Duration::from_nanos(expected.max(NANOS_PER_MS).min(remaining))
     }
 
     fn bump_consecutive(&self, gen: u32) -> u64 {

@@ -220,7 +220,10 @@ impl BreakerConfig {
     }
 
     /// The longest open period, however many re-opens in a row (default
-    /// 60 s); it caps the period after jitter.
+    /// 60 s). It caps the grown period *before* jitter, so periods at the
+    /// cap still vary by ±[`jitter`](Self::jitter) (between 54 s and 66 s
+    /// with the defaults) and a fleet that keeps failing does not probe in
+    /// lockstep.
     pub fn max_open_period(mut self, period: Duration) -> Self {
         self.max_open_period = period;
         self
@@ -260,9 +263,19 @@ impl BreakerConfig {
         self
     }
 
-    /// The longest time the circuit stays half-open waiting for its probes
-    /// (default 30 s). When it runs out, the circuit re-opens with the
-    /// longer period, so a probe that never completes cannot wedge it.
+    /// The longest time a probe may take (default 30 s), measured from its
+    /// admission: each probe gets the whole wait. When every probe slot is
+    /// held and the latest probe has been out this long, the circuit
+    /// re-opens with the longer period (cause
+    /// [`ProbeTimedOut`](crate::Cause::ProbeTimedOut)), so a probe that
+    /// never completes cannot wedge it. A half-open circuit with no probe in
+    /// flight waits for traffic as long as it takes: with
+    /// `successes_to_close > 1` and sparse calls, every probe that succeeds
+    /// counts, however far apart.
+    ///
+    /// Callers refused while a probe is out are told to come back when it
+    /// should finish: its start plus the duration of the last probe that
+    /// finished (1 s before any did), never later than its timeout.
     pub fn max_half_open_wait(mut self, wait: Duration) -> Self {
         self.max_half_open_wait = wait;
         self

@@ -56,8 +56,8 @@
 //!   │ Closed │                                               │ Open │ ◀─┐
 //!   └────────┘ ◀──────────┐                                  └──────┘   │
 //!        ▲                │ successes_to_close               │          │ a probe fails or is slow,
-//!        │ (fresh window, │ probe successes in a row         │ the open │ or no probe completes
-//!        │  growth reset, │                                  │ period   │ within max_half_open_wait
+//!        │ (fresh window, │ probe successes in a row         │ the open │ or a probe outlasts
+//!        │  growth reset, │                                  │ period   │ max_half_open_wait
 //!        │  optional      │         ┌───────────┐            │ is over  │ (period grows: x growth,
 //!        │  ramp-up)      └──────── │ Half-open │ ◀──────────┘ (next    │  capped, jittered)
 //!        │                          └───────────┘   call)      ─────────┘
@@ -75,17 +75,21 @@
 //! - **Open**: calls are rejected without calling the inner service, with
 //!   a [`CircuitOpen`](error::CircuitOpen) saying how long until the probe.
 //!   The period starts at `open_period`, is multiplied by `open_growth` on
-//!   each re-open in a row (capped at `max_open_period`), and carries
-//!   ±`jitter` so a fleet does not probe in lockstep. There is no timer
-//!   and no background task: the first call after the period moves the
-//!   circuit to half-open (until then the [snapshot](Breaker::snapshot)
-//!   still says open, with a `retry_after` of zero).
+//!   each re-open in a row, capped at `max_open_period`, and then carries
+//!   ±`jitter` (at the cap too) so a fleet does not probe in lockstep.
+//!   There is no timer and no background task: the first call after the
+//!   period moves the circuit to half-open (until then the
+//!   [snapshot](Breaker::snapshot) still says open, with a `retry_after` of
+//!   zero).
 //! - **Half-open**: at most `permitted_probes` calls are in flight at once;
-//!   everyone else is rejected. A probe that fails (or is slow) re-opens
-//!   with the longer period; `successes_to_close` successes in a row close
-//!   with a fresh window and the growth reset. A probe whose future is
-//!   dropped frees its slot; if no probe completes within
-//!   `max_half_open_wait`, the circuit re-opens, so it can never wedge.
+//!   everyone else is rejected, with a `retry_after` of about when the
+//!   probe should finish. A probe that fails (or is slow) re-opens with the
+//!   longer period; `successes_to_close` successes in a row close with a
+//!   fresh window and the growth reset. A probe whose future is dropped
+//!   frees its slot. Each probe may take `max_half_open_wait` from its
+//!   admission: when every slot is held and the latest probe has been out
+//!   that long, the circuit re-opens, so it can never wedge; with no probe
+//!   out, it waits for traffic as long as it takes.
 //! - **Generations**: every transition bumps a generation number kept in
 //!   the same atomic word as the state. A call remembers the generation it
 //!   was admitted in, and its outcome is discarded if the circuit has moved
@@ -109,11 +113,11 @@
 //! | [`consecutive_failures`](BreakerConfig::consecutive_failures) | off | also open after this many failures in a row |
 //! | [`open_period`](BreakerConfig::open_period) | 5 s | first open period |
 //! | [`open_growth`](BreakerConfig::open_growth) | x2 | growth per re-open in a row |
-//! | [`max_open_period`](BreakerConfig::max_open_period) | 60 s | cap (after jitter) |
+//! | [`max_open_period`](BreakerConfig::max_open_period) | 60 s | cap (before jitter) |
 //! | [`jitter`](BreakerConfig::jitter) | ±10% | random share of each period |
 //! | [`permitted_probes`](BreakerConfig::permitted_probes) | 1 | probes in flight at once |
 //! | [`successes_to_close`](BreakerConfig::successes_to_close) | 1 | probe successes in a row that close |
-//! | [`max_half_open_wait`](BreakerConfig::max_half_open_wait) | 30 s | re-open if the probes never complete |
+//! | [`max_half_open_wait`](BreakerConfig::max_half_open_wait) | 30 s | re-open if a probe takes longer |
 //! | [`ramp_up`](BreakerConfig::ramp_up) | off | after closing, admit a share of calls growing to 100% over this period |
 //! | [`rejection_event_interval`](BreakerConfig::rejection_event_interval) | 1 s | least interval between `circuit_rejected` events |
 //! | [`random`](BreakerConfig::random) | [`ProcessRandom`] | source of the jitter (tests inject [`SeededRandom`]) |

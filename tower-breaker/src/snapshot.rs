@@ -58,8 +58,10 @@ pub struct Snapshot {
     /// period (tracked only when the consecutive-failures rule is on).
     pub consecutive_failures: u64,
     /// While open: the time until the next probe may be sent. While
-    /// half-open: the time until the half-open wait runs out. Otherwise
-    /// `None`.
+    /// half-open: zero when a probe slot is free, else what a refused
+    /// caller is told (about when the probe in flight should finish; see
+    /// [`BreakerConfig::max_half_open_wait`](crate::BreakerConfig::max_half_open_wait)).
+    /// Otherwise `None`.
     pub retry_after: Option<Duration>,
     /// Probes in flight (half-open only).
     pub probes_in_flight: u32,
@@ -106,8 +108,10 @@ pub struct WindowCounts {
 #[non_exhaustive]
 pub struct Totals {
     /// Calls that completed and counted as successes (slow ones included).
+    /// Outcomes discarded as [`stale`](Self::stale) are not here.
     pub successful: u64,
-    /// Calls that completed and counted as failures.
+    /// Calls that completed and counted as failures (not the
+    /// [`stale`](Self::stale) ones).
     pub failed: u64,
     /// Successes slower than the slow-call threshold.
     pub slow: u64,
@@ -117,7 +121,8 @@ pub struct Totals {
     /// Calls rejected without calling the inner service.
     pub rejected: u64,
     /// Outcomes discarded because the circuit changed state while the
-    /// call was in flight.
+    /// call was in flight: counted here only, not as successful, failed,
+    /// slow or ignored.
     pub stale: u64,
     /// Calls that metrics-only mode let through although the breaker would
     /// have rejected them.
@@ -166,8 +171,11 @@ pub struct Transition {
     pub mode: Mode,
     /// Why it happened.
     pub cause: Cause,
-    /// The window's counts when it happened (for an opening, those that
-    /// tripped it).
+    /// The counts behind the transition: for an opening from closed, the
+    /// window that tripped it; for an opening adopted from a shared store
+    /// ([`Cause::Store`]), this process's own window at that moment; for a
+    /// transition out of half-open, the probes' outcomes (the successes so
+    /// far, plus the failed or slow probe); zero otherwise.
     pub window: WindowCounts,
     /// For an opening: how long the circuit stays open.
     pub open_for: Option<Duration>,

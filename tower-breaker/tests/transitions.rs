@@ -327,3 +327,216 @@ async fn ramp_up_admits_a_growing_share() {
     advance(secs(5)).await;
     assert_eq!(admitted(&b), 1000, "everything once the ramp is over");
 }
+
+/// With `successes_to_close = 3` and calls further apart than the
+/// half-open wait, every probe succeeds and the circuit closes: the wait
+/// is per probe, not per half-open period.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn sparse_successful_probes_close_however_far_apart() {
+    let seen = Transitions::default();
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .successes_to_close(3)
+            .max_half_open_wait(secs(30))
+            .listener(seen.listener()),
+    );
+    record(&b, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    for i in 0..3 {
+        let probe = b.try_acquire().expect("a probe slot is free");
+        assert!(probe.is_probe());
+        advance(ms(10)).await;
+        probe.record(Outcome::Success);
+        if i < 2 {
+            assert_eq!(state(&b), State::HalfOpen, "after {} successes", i + 1);
+            // Longer than the whole wait until the next call.
+            advance(secs(45)).await;
+        }
+    }
+    assert_eq!(state(&b), State::Closed);
+    assert_eq!(
+        seen.seen(),
+        vec![
+            (State::Closed, State::Open),
+            (State::Open, State::HalfOpen),
+            (State::HalfOpen, State::Closed)
+        ],
+        "never re-opened as timed out"
+    );
+}
+
+/// Each probe gets the whole wait from its own admission: one tick before
+/// its timeout the circuit is still half-open, at the tick it re-opens.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn each_probe_times_out_one_wait_after_its_own_admission() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .successes_to_close(3)
+            .max_half_open_wait(secs(30)),
+    );
+    record(&b, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    b.try_acquire().unwrap().record(Outcome::Success);
+    // The second probe starts 20 s into half-open, and hangs.
+    advance(secs(20)).await;
+    let hung = b.try_acquire().expect("second probe");
+    advance(secs(30) - ms(1)).await;
+    assert!(b.try_acquire().is_err(), "its slot is held");
+    assert_eq!(state(&b), State::HalfOpen, "one tick before its timeout");
+    advance(ms(1)).await;
+    let refused = b.try_acquire().unwrap_err();
+    assert_eq!(state(&b), State::Open, "at its timeout");
+    assert_eq!(
+        refused.retry_after(),
+        secs(10),
+        "re-opened with the longer period"
+    );
+    drop(hung);
+    assert_eq!(state(&b), State::Open);
+}
+
+/// Callers refused while a probe is out are told to come back about when it
+/// should finish (from the last probe's duration), not after the whole
+/// half-open wait.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn refused_while_half_open_retry_after_the_expected_probe_end() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .successes_to_close(2)
+            .max_half_open_wait(secs(30)),
+    );
+    record(&b, Outcome::Failure, 1);
+    advance(secs(5)).await;
+
+    // No probe has finished yet: one second, not thirty.
+    let first = b.try_acquire().unwrap();
+    let refused = b.try_acquire().unwrap_err();
+    assert_eq!(refused.retry_after(), secs(1));
+    assert_eq!(b.snapshot().retry_after, Some(secs(1)));
+    advance(ms(200)).await;
+    first.record(Outcome::Success);
+    assert_eq!(
+        b.snapshot().retry_after,
+        Some(Duration::ZERO),
+        "a slot is free"
+    );
+
+    // The first probe took 200 ms: the next one should too.
+    let second = b.try_acquire().unwrap();
+    advance(ms(50)).await;
+    assert_eq!(b.try_acquire().unwrap_err().retry_after(), ms(150));
+    // Overdue: one more such duration, never beyond the probe's timeout.
+    advance(ms(250)).await;
+    assert_eq!(b.try_acquire().unwrap_err().retry_after(), ms(200));
+    advance(secs(30) - ms(300) - ms(100)).await;
+    assert_eq!(b.try_acquire().unwrap_err().retry_after(), ms(100));
+    second.record(Outcome::Success);
+    assert_eq!(state(&b), State::Closed);
+}
+
+/// The periods of 40 re-opens in a row of a breaker with jitter from `seed`.
+async fn reopen_periods(seed: u64) -> Vec<Duration> {
+    let b = Breaker::with_config(
+        "t",
+        tower_breaker::BreakerConfig::new()
+            .count_window(1)
+            .minimum_calls(1)
+            .open_period(secs(5))
+            .max_open_period(secs(60))
+            .jitter(0.1)
+            .random(SeededRandom::new(seed)),
+    );
+    record(&b, Outcome::Failure, 1);
+    let mut periods = Vec::new();
+    for _ in 0..40 {
+        let period = b.try_acquire().unwrap_err().retry_after();
+        periods.push(period);
+        advance(period).await;
+        b.try_acquire().expect("probe").record(Outcome::Failure);
+    }
+    periods
+}
+
+/// Once the period reaches its cap it keeps its jitter: periods stay
+/// within the cap ± jitter, vary between re-opens, and differ between two
+/// breakers.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn periods_at_the_cap_stay_jittered() {
+    let a = reopen_periods(11).await;
+    // 5, 10, 20, 40 s, then the 60 s cap from the 5th opening on.
+    let capped = &a[4..];
+    for p in capped {
+        assert!(
+            *p >= ms(54_000) && *p <= ms(66_000),
+            "{p:?} outside 60 s ± 10%"
+        );
+    }
+    let distinct: std::collections::HashSet<_> = capped.iter().collect();
+    assert!(
+        distinct.len() > capped.len() / 2,
+        "jittered at the cap: {capped:?}"
+    );
+    let b = reopen_periods(12).await;
+    assert_ne!(&a[4..], &b[4..], "two breakers do not probe in lockstep");
+}
+
+/// Outcomes discarded as stale are counted only as stale.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn stale_outcomes_are_not_counted_as_failed_or_successful() {
+    let b = breaker(2);
+    let late_failure = b.try_acquire().unwrap();
+    let late_success = b.try_acquire().unwrap();
+    b.set_mode(tower_breaker::Mode::Automatic); // a reset: a new generation
+    late_failure.record(Outcome::Failure);
+    late_success.record(Outcome::Success);
+    let totals = b.snapshot().totals;
+    assert_eq!(totals.stale, 2);
+    assert_eq!((totals.failed, totals.successful), (0, 0));
+}
+
+/// Transitions out of half-open report the probes' outcomes.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn transitions_out_of_half_open_carry_the_probe_counts() {
+    let windows = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = windows.clone();
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .successes_to_close(3)
+            .listener(move |t: &tower_breaker::Transition| {
+                log.lock()
+                    .unwrap()
+                    .push((t.to, t.cause, t.window.calls, t.window.failures));
+            }),
+    );
+    record(&b, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    b.try_acquire().unwrap().record(Outcome::Success);
+    b.try_acquire().unwrap().record(Outcome::Failure);
+    advance(secs(10)).await;
+    for _ in 0..3 {
+        b.try_acquire().unwrap().record(Outcome::Success);
+    }
+    let seen = windows.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            (State::Open, Cause::FailureRate, 1, 1),
+            (State::HalfOpen, Cause::OpenPeriodOver, 0, 0),
+            (State::Open, Cause::ProbeFailed, 2, 1),
+            (State::HalfOpen, Cause::OpenPeriodOver, 0, 0),
+            (State::Closed, Cause::ProbesSucceeded, 3, 0),
+        ]
+    );
+}
