@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::{HeaderMap, Response, StatusCode};
+use tower_resilience_base::answer::is_local_answer;
 use tower_resilience_base::grpc::GrpcCode;
 
 /// How one call (or attempt) counts for the breaker.
@@ -93,6 +94,11 @@ pub trait Classify<Res>: Send + Sync + 'static {
 
 /// The default classifier of HTTP responses.
 ///
+/// - An answer a layer of this process built when it refused the request
+///   (it carries the [`LocalAnswer`](tower_resilience_base::answer::LocalAnswer)
+///   extension: a full HTTP bulkhead's 503, another breaker's 503, a
+///   deadline layer's 504) is [`Outcome::Ignored`]: the service behind was
+///   not called.
 /// - `5xx` responses are failures; every other status is a success (a 4xx
 ///   describes the caller, not the dependency).
 /// - A trailers-only gRPC response (its status in the headers) with
@@ -222,6 +228,9 @@ pub fn default_outcome(status: StatusCode, headers: &HeaderMap) -> Outcome {
 impl<B> Classify<Response<B>> for DefaultClassifier {
     #[inline]
     fn classify_response(&self, response: &Response<B>) -> Outcome {
+        if is_local_answer(response) {
+            return Outcome::Ignored;
+        }
         default_outcome(response.status(), response.headers())
     }
 

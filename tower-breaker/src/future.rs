@@ -13,7 +13,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use crate::breaker::Permit;
-use crate::classify::{outcome, Classify, Outcome};
+use crate::classify::{outcome, Classify};
 use crate::error::CircuitOpen;
 use crate::BoxError;
 
@@ -169,6 +169,7 @@ impl<F, C, B> AnswerFuture<F, C, B> {
 impl<F, C, B, E> Future for AnswerFuture<F, C, B>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    E: Error + 'static,
     C: Classify<Response<B>>,
 {
     type Output = Result<Response<B>, E>;
@@ -181,9 +182,9 @@ where
                 let result = ready!(future.poll(cx));
                 match &result {
                     Ok(response) => this.tracker.finish(Ok(response)),
-                    // The inner error passes through unchanged, so it is not
-                    // classified: it counts as a failure.
-                    Err(_) => this.tracker.finish_with(Outcome::Failure),
+                    // The inner error passes through unchanged; the
+                    // classifier judges it like the client flavour's.
+                    Err(e) => this.tracker.finish::<Response<B>>(Err(e)),
                 }
                 Poll::Ready(result)
             }
@@ -216,13 +217,6 @@ impl<C> Tracker<C> {
     {
         match mem::replace(self, Tracker::Done) {
             Tracker::Permit { permit, classifier } => permit.record(outcome(&classifier, result)),
-            Tracker::Done => {}
-        }
-    }
-
-    fn finish_with(&mut self, o: Outcome) {
-        match mem::replace(self, Tracker::Done) {
-            Tracker::Permit { permit, .. } => permit.record(o),
             Tracker::Done => {}
         }
     }

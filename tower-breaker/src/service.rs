@@ -86,8 +86,14 @@ pub struct CircuitBreaker<S, C = DefaultClassifier> {
 /// `grpc-status: 14` (UNAVAILABLE). The answers have an empty body, so the
 /// response body type must implement [`Default`], as axum's and tonic's
 /// do. The error type stays the inner service's, so the layer fits
-/// `axum::Router::layer`; an inner error counts as a failure. Each request
-/// is counted once (no attempt hook).
+/// `axum::Router::layer` (whose services never fail: `Infallible`); an
+/// inner error must implement [`std::error::Error`] and is judged by the
+/// classifier, like the client flavour's. Each request is counted once (no
+/// attempt hook). Answers that a layer inside built when it refused the
+/// request (a full HTTP bulkhead's 503, another breaker's) carry the
+/// [`LocalAnswer`](tower_resilience_base::answer::LocalAnswer) extension,
+/// and the [`DefaultClassifier`] ignores them: they say nothing about the
+/// handler.
 ///
 /// # Clone
 ///
@@ -325,6 +331,7 @@ impl<S, C> HttpCircuitBreaker<S, C> {
 impl<S, C, B, ResB> Service<Request<B>> for HttpCircuitBreaker<S, C>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
+    S::Error: std::error::Error + 'static,
     ResB: Default,
     C: Classify<Response<ResB>> + Clone,
 {

@@ -25,6 +25,42 @@ fn tripped() -> Breaker {
     b
 }
 
+/// A handler that answers every request with `status`, counting calls, and
+/// never fails (as axum's handlers).
+fn handler(
+    calls: &CallCounter,
+    status: u16,
+) -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
+       + Send {
+    let calls = calls.clone();
+    service_fn(move |_req: Request<String>| {
+        calls.hit();
+        async move {
+            let mut r = Response::new(String::new());
+            *r.status_mut() = StatusCode::from_u16(status).unwrap();
+            Ok::<_, std::convert::Infallible>(r)
+        }
+    })
+}
+
+/// Sends one request through a clone of a server-side `svc`.
+async fn serve<S>(svc: &S) -> Response<String>
+where
+    S: tower::Service<
+            Request<String>,
+            Response = Response<String>,
+            Error = std::convert::Infallible,
+        > + Clone,
+{
+    let Ok(response) = svc.clone().oneshot(Request::new(String::new())).await;
+    response
+}
+
 /// Fails 429 (and everything the default fails).
 fn strict(result: Result<&Response<String>, &(dyn std::error::Error + 'static)>) -> Outcome {
     match result {
@@ -67,9 +103,9 @@ async fn the_client_flavour_boxes_the_inner_error_unchanged() {
 async fn the_http_flavour_answers_503_with_retry_after_without_calling_inner() {
     let b = tripped();
     let calls = CallCounter::default();
-    let svc = HttpCircuitBreaker::new(answering(&calls, 200), b.clone());
+    let svc = HttpCircuitBreaker::new(handler(&calls, 200), b.clone());
 
-    let response = send(&svc).await.unwrap();
+    let response = serve(&svc).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(response.headers()["retry-after"], "5");
     assert_eq!(response.headers()["x-tower-no-retry"], "1");
@@ -82,7 +118,7 @@ async fn the_http_flavour_answers_503_with_retry_after_without_calling_inner() {
 async fn the_http_flavour_answers_grpc_requests_with_a_trailers_only_unavailable() {
     let b = tripped();
     let calls = CallCounter::default();
-    let svc = HttpCircuitBreaker::new(answering(&calls, 200), b);
+    let svc = HttpCircuitBreaker::new(handler(&calls, 200), b);
 
     let request = Request::builder()
         .header("content-type", "application/grpc")
@@ -132,13 +168,13 @@ async fn http_answers_keeps_the_breaker_and_the_classifier() {
         .count_attempts(false)
         .http_answers();
     assert_eq!(layer.breaker().name(), "test");
-    let svc = layer.layer(answering(&calls, 429));
+    let svc = layer.layer(handler(&calls, 429));
 
     // The strict classifier came along: two 429s open the circuit.
-    assert_eq!(send(&svc).await.unwrap().status(), 429);
-    assert_eq!(send(&svc).await.unwrap().status(), 429);
+    assert_eq!(serve(&svc).await.status(), 429);
+    assert_eq!(serve(&svc).await.status(), 429);
     assert_eq!(state(&b), State::Open);
-    assert_eq!(send(&svc).await.unwrap().status(), 503);
+    assert_eq!(serve(&svc).await.status(), 503);
     assert_eq!(calls.calls(), 2);
 }
 
@@ -220,4 +256,80 @@ fn debug_names_the_flavour_and_the_breaker() {
 
     let layer = format!("{:?}", HttpBreakerLayer::new(b));
     assert!(layer.starts_with("HttpBreakerLayer {"), "{layer}");
+}
+
+/// An error the server's classifier says nothing about.
+#[derive(Debug)]
+struct ClientWentAway;
+
+impl std::fmt::Display for ClientWentAway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the client went away")
+    }
+}
+
+impl std::error::Error for ClientWentAway {}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_http_flavour_asks_its_classifier_about_inner_errors() {
+    let b = breaker(2);
+    let inner = service_fn(|_req: Request<()>| async {
+        Err::<Response<String>, ClientWentAway>(ClientWentAway)
+    });
+    let ignore_went_away = classify_fn(
+        |result: Result<&Response<String>, &(dyn std::error::Error + 'static)>| match result {
+            Err(e) if e.is::<ClientWentAway>() => Outcome::Ignored,
+            other => strict(other),
+        },
+    );
+    let svc = HttpBreakerLayer::new(b.clone())
+        .classifier(ignore_went_away)
+        .layer(inner);
+    for _ in 0..4 {
+        let err: ClientWentAway = svc.clone().oneshot(Request::new(())).await.unwrap_err();
+        assert_eq!(err.to_string(), "the client went away");
+    }
+    let totals = b.snapshot().totals;
+    assert_eq!((totals.failed, totals.ignored), (0, 4));
+    assert_eq!(state(&b), State::Closed);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_full_http_bulkhead_inside_a_server_breaker_is_not_a_failure() {
+    let b = breaker(2);
+    let (release, wait) = tokio::sync::oneshot::channel::<()>();
+    let wait = std::sync::Arc::new(tokio::sync::Mutex::new(Some(wait)));
+    let handler = service_fn(move |_req: Request<()>| {
+        let wait = wait.clone();
+        async move {
+            // The first request holds the bulkhead's only permit.
+            if let Some(wait) = wait.lock().await.take() {
+                let _ = wait.await;
+            }
+            Ok::<_, std::convert::Infallible>(Response::new(String::from("ok")))
+        }
+    });
+    let svc = tower::ServiceBuilder::new()
+        .layer(HttpBreakerLayer::new(b.clone()))
+        .layer(tower_bulkhead::HttpBulkheadLayer::new("handler", 1))
+        .service(handler);
+
+    let held = tokio::spawn(svc.clone().oneshot(Request::new(())));
+    tokio::task::yield_now().await;
+    for _ in 0..5 {
+        let refused = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(
+        state(&b),
+        State::Closed,
+        "the bulkhead's 503s are not the handler's"
+    );
+    release.send(()).unwrap();
+    assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::OK);
+    let totals = b.snapshot().totals;
+    assert_eq!(
+        (totals.failed, totals.ignored, totals.successful),
+        (0, 5, 1)
+    );
 }

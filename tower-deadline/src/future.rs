@@ -107,7 +107,11 @@ where
                 // Dropping the inner future here cancels the handler now,
                 // not when this future is dropped.
                 state.set(ServerState::Answer { response: None });
-                Poll::Ready(Ok(Answer::deadline_exceeded().into_response(grpc)))
+                // The handler was called and ran out of time: its answer,
+                // not a local refusal.
+                Poll::Ready(Ok(Answer::deadline_exceeded()
+                    .service_called()
+                    .into_response(grpc)))
             }
             ServerStateProj::Answer { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(response)),

@@ -430,6 +430,10 @@ async fn a_zero_budget_fails_fast_even_with_no_minimum() {
     let svc = ServerDeadlineLayer::new().layer(recording_handler(Seen::default(), calls.clone()));
     let response = svc.oneshot(grpc_request("0n")).await.unwrap();
     assert_eq!(response.headers()["grpc-status"], "4");
+    assert!(
+        tower_resilience_base::answer::is_local_answer(&response),
+        "refused before the handler: a local answer"
+    );
     assert_eq!(calls.calls(), 0);
 }
 
@@ -463,6 +467,10 @@ async fn expiry_answers_504_at_the_deadline_and_drops_the_handler() {
     assert!(fut.is_woken());
     let response = assert_ready_ok!(fut.poll());
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        !tower_resilience_base::answer::is_local_answer(&response),
+        "the handler ran: its failure, not a local refusal"
+    );
     assert_eq!(Instant::now() - start, Duration::from_millis(100));
     // Dropped when the deadline fired, while the response future is still
     // alive.

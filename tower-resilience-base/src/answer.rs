@@ -73,6 +73,46 @@ pub fn strip_no_retry<B>(mut response: Response<B>) -> Response<B> {
 
 const ONE: HeaderValue = HeaderValue::from_static("1");
 
+/// The response extension that [`Answer::into_response`] puts on every
+/// answer it builds: this response was made here, by a layer that refused
+/// the request, and says nothing about the service behind it. A classifier
+/// (a circuit breaker's, say) counts such a response as neither a success
+/// nor a failure; see [`is_local_answer`].
+///
+/// # Example
+///
+/// ```
+/// use tower_resilience_base::answer::{is_local_answer, LocalAnswer};
+///
+/// let mut response = http::Response::new(());
+/// assert!(!is_local_answer(&response));
+/// response.extensions_mut().insert(LocalAnswer);
+/// assert!(is_local_answer(&response));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LocalAnswer;
+
+/// Whether `response` was built by a layer of this process that refused the
+/// request ([`Answer::into_response`] marks every answer with
+/// [`LocalAnswer`]), rather than by the service behind it.
+///
+/// # Example
+///
+/// ```
+/// use tower_resilience_base::answer::is_local_answer;
+/// use tower_resilience_base::error::BulkheadFull;
+/// use tower_resilience_base::Answer;
+///
+/// let full: http::Response<()> = Answer::for_error(&BulkheadFull::new("db", 4, None)).into_response(false);
+/// assert_eq!(full.status(), 503);
+/// assert!(is_local_answer(&full));
+/// assert!(!is_local_answer(&http::Response::new(())));
+/// ```
+#[must_use]
+pub fn is_local_answer<B>(response: &Response<B>) -> bool {
+    response.extensions().get::<LocalAnswer>().is_some()
+}
+
 /// How long a caller refused by a full bulkhead is told to wait, when the
 /// answer is made from the error alone.
 const BULKHEAD_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -105,6 +145,7 @@ pub struct Answer {
     message: &'static str,
     retry_after: Option<Duration>,
     no_retry: bool,
+    local: bool,
 }
 
 // === impl Answer ===
@@ -121,6 +162,7 @@ impl Answer {
             message,
             retry_after: None,
             no_retry: false,
+            local: true,
         }
     }
 
@@ -128,6 +170,27 @@ impl Answer {
     #[must_use]
     pub const fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
+        self
+    }
+
+    /// This answer stands for a service that *was* called and failed (a
+    /// handler cut off by its deadline, say): its response will not carry
+    /// the [`LocalAnswer`] extension, so classifiers judge it as the
+    /// service's own answer.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_resilience_base::answer::is_local_answer;
+    /// use tower_resilience_base::Answer;
+    ///
+    /// let cut: http::Response<()> = Answer::deadline_exceeded().service_called().into_response(false);
+    /// assert_eq!(cut.status(), 504);
+    /// assert!(!is_local_answer(&cut));
+    /// ```
+    #[must_use]
+    pub const fn service_called(mut self) -> Self {
+        self.local = false;
         self
     }
 
@@ -292,10 +355,15 @@ impl Answer {
     }
 
     /// The response: HTTP with the status (and `Retry-After`), or for
-    /// `grpc` a trailers-only gRPC answer; both with the mark when set.
+    /// `grpc` a trailers-only gRPC answer; both with the mark when set, and
+    /// with the [`LocalAnswer`] extension unless the answer stands for a
+    /// [called service](Self::service_called).
     #[must_use]
     pub fn into_response<B: Default>(self, grpc: bool) -> Response<B> {
         let mut response = Response::new(B::default());
+        if self.local {
+            response.extensions_mut().insert(LocalAnswer);
+        }
         let headers = response.headers_mut();
         if grpc {
             headers.insert(CONTENT_TYPE, GRPC_CONTENT_TYPE);
