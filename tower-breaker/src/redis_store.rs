@@ -106,8 +106,9 @@ pub const DEFAULT_PREFIX: &str = "tower-breaker:";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// The default bound of connecting (and of each reconnection attempt): 1 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The default time a record is kept after its T: 10 minutes.
-pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
+/// The default time a record is kept after its T: 10 minutes (the same as
+/// [`MemoryStore`](crate::store::MemoryStore)'s).
+pub const DEFAULT_CLEANUP_AFTER: Duration = crate::store::DEFAULT_CLEANUP_AFTER;
 /// The longest breaker name: 200 bytes.
 pub const MAX_NAME_LEN: usize = 200;
 /// The longest key prefix: 64 bytes.

@@ -321,6 +321,11 @@ pub struct StoreError {
     source: Option<BoxError>,
 }
 
+/// The default time a store keeps a record after its T (the end of its
+/// opening): 10 minutes. Cleanup only: the state is decided by comparing T
+/// with the clock, never by whether the record exists.
+pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
+
 /// A process-local [`Store`]: a mutex-guarded map from breaker name to its
 /// record, with times from [`tokio::time::Instant`].
 ///
@@ -328,6 +333,12 @@ pub struct StoreError {
 /// several breakers of one process (one per tenant, say, or tests standing
 /// for several processes) act as one circuit. The mutex is taken only on
 /// the store's rare paths.
+///
+/// Records are forgotten [`cleanup_after`](MemoryStore::cleanup_after)
+/// past their T (10 minutes by default, like the Redis store's time to
+/// live): a sweep runs at most once per quarter of that time, inside a
+/// store call, so the map holds only the breakers opened recently, however
+/// many names come and go.
 ///
 /// # Example
 ///
@@ -358,8 +369,15 @@ pub struct StoreError {
 /// ```
 pub struct MemoryStore {
     base: Instant,
-    records: Mutex<HashMap<String, Record>>,
+    records: Mutex<Records>,
     tokens: AtomicU64,
+    cleanup_after: Duration,
+}
+
+struct Records {
+    map: HashMap<String, Record>,
+    /// When the next sweep of records long past their T is due.
+    next_sweep: Instant,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -442,16 +460,65 @@ impl MemoryStore {
     /// An empty store.
     #[must_use]
     pub fn new() -> Self {
+        let now = Instant::now();
         Self {
-            base: Instant::now(),
-            records: Mutex::new(HashMap::new()),
+            base: now,
+            records: Mutex::new(Records {
+                map: HashMap::new(),
+                next_sweep: now,
+            }),
             tokens: AtomicU64::new(1),
+            cleanup_after: DEFAULT_CLEANUP_AFTER,
         }
+    }
+
+    /// How long a record is kept after its T (default
+    /// [`DEFAULT_CLEANUP_AFTER`]). A record that is gone reads as closed,
+    /// so keep it at least as long as the longest open period.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::store::{MemoryStore, Store};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let store = MemoryStore::new().cleanup_after(Duration::from_secs(60));
+    /// store.try_open("db", Duration::from_secs(5)).await.unwrap();
+    /// assert_eq!(store.len(), 1);
+    /// tokio::time::advance(Duration::from_secs(65)).await;
+    /// store.read("other").await.unwrap(); // any call may sweep
+    /// assert_eq!(store.len(), 0);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn cleanup_after(mut self, after: Duration) -> Self {
+        self.cleanup_after = after;
+        self
+    }
+
+    /// How many records the store holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.records.lock().map(|r| r.map.len()).unwrap_or(0)
+    }
+
+    /// Whether the store holds no record.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Record>, Instant) -> T) -> T {
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut records, Instant::now())
+        let now = Instant::now();
+        if now >= records.next_sweep {
+            let keep = self.cleanup_after;
+            records.map.retain(|_, r| r.until + keep > now);
+            records.next_sweep = now + (keep / 4).max(Duration::from_secs(1));
+        }
+        f(&mut records.map, now)
     }
 
     fn token(&self) -> u64 {
@@ -467,7 +534,7 @@ impl Default for MemoryStore {
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let records = self.records.lock().map(|r| r.len()).unwrap_or(0);
+        let records = self.len();
         f.debug_struct("MemoryStore")
             .field("base", &self.base)
             .field("records", &records)

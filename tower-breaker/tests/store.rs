@@ -243,3 +243,24 @@ async fn fail_closed_rejects_while_the_store_fails_and_recovers_with_it() {
     ok.refresh().await.unwrap();
     assert!(ok.try_acquire().is_ok());
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn memory_store_records_expire_after_the_cleanup_time() {
+    let store = MemoryStore::new().cleanup_after(Duration::from_secs(60));
+    for i in 0..100 {
+        store
+            .try_open(&format!("tenant-{i}"), Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.len(), 100);
+    // Past T, within the cleanup time: still there, and expired.
+    tokio::time::advance(Duration::from_secs(64)).await;
+    assert_eq!(store.read("tenant-0").await.unwrap(), Decision::Expired);
+    assert_eq!(store.len(), 100);
+    // Past T plus the cleanup time: gone at the next sweep (sweeps run at
+    // most every quarter of the cleanup time), and closed.
+    tokio::time::advance(Duration::from_secs(16)).await;
+    assert_eq!(store.read("tenant-0").await.unwrap(), Decision::Closed);
+    assert!(store.is_empty());
+}
