@@ -4,7 +4,7 @@
 //! count for), so that closing the circuit starts a fresh window without
 //! touching the slots: anything tagged with an older epoch reads as empty.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 
 use crate::state::{is_newer, Padded, GEN_BITS, GEN_MASK};
 
@@ -198,15 +198,97 @@ pub(crate) struct TimeWindow {
 }
 
 /// One bucket: which tick and epoch it counts for, and its counts.
+///
+/// The stamp doubles as the sequence word of a seqlock: a writer that
+/// recycles the bucket for a newer tick or epoch first claims it by
+/// swapping the old stamp for `new | BUSY`, then resets the counts, then
+/// publishes `new`. Readers skip a busy bucket and retry (or skip) one
+/// whose stamp changed while they read its counts, so the counts of an
+/// old lap are never summed under a new stamp. Stamps only ever grow
+/// (ticks are monotonic, and a bucket is only recycled for a newer tick,
+/// or a newer epoch of the same tick), so a stamp that reads the same
+/// before and after the counts was not recycled in between.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 struct Bucket {
     /// `tick << GEN_BITS | epoch`, where tick is the bucket's index since
-    /// the breaker was created.
+    /// the breaker was created, plus [`BUSY`] while it is being recycled.
     stamp: AtomicU64,
     calls: AtomicU64,
     /// Failures in the low 32 bits, slow calls in the high 32.
     bad: AtomicU64,
+}
+
+/// The bit of a stamp that marks a bucket being recycled. No real stamp
+/// has it: [`stamp_of`] keeps the tick to 43 bits (278 years of 1 ms
+/// buckets; the configuration allows no shorter one).
+const BUSY: u64 = 1 << 63;
+
+/// How many times a writer polls a bucket that another writer is
+/// recycling for the writer's own tick before it drops its outcome.
+const BUSY_SPINS: u32 = 64;
+
+/// How many times a reader tries to read a bucket that is being recycled
+/// for a tick it counts, before it counts the bucket as empty.
+const READ_TRIES: u32 = 4;
+
+/// The stamp of `tick` and `epoch`, never [`BUSY`].
+#[inline]
+fn stamp_of(tick: u64, epoch: u32) -> u64 {
+    ((tick << GEN_BITS) | u64::from(epoch)) & !BUSY
+}
+
+/// Whether a bucket stamped `held` (not busy) counts for an older tick or
+/// epoch than `tick` and `epoch`, and may be recycled for them.
+#[inline]
+fn older(held: u64, tick: u64, epoch: u32) -> bool {
+    let (held_tick, held_epoch) = (held >> GEN_BITS, held as u32 & GEN_MASK);
+    held_tick < tick
+        || (held_tick == tick && held_epoch != epoch && is_newer(epoch, held_epoch))
+        || held == 0
+}
+
+// === impl Bucket ===
+
+impl Bucket {
+    /// A consistent `(calls, bad)` of the bucket, if its stamp satisfies
+    /// `counted`; `None` if it does not, or if the bucket kept changing
+    /// under the reader (it is being recycled: its new lap has only just
+    /// begun and holds next to nothing).
+    fn read(&self, counted: impl Fn(u64) -> bool) -> Option<(u64, u64)> {
+        for _ in 0..READ_TRIES {
+            // Acquire: pairs with the Release store that published this
+            // stamp, so the counts read below are the reset of this lap or
+            // later values, never those of an earlier lap.
+            let stamp = self.stamp.load(Acquire);
+            if stamp & BUSY != 0 {
+                // The old lap is gone; only the new one could count.
+                if !counted(stamp & !BUSY) {
+                    return None;
+                }
+                std::hint::spin_loop();
+                continue;
+            }
+            if !counted(stamp) {
+                return None;
+            }
+            // Acquire: pairs with the Release `fetch_add`s of writers, whose
+            // `calls` increments come first, so `calls` below includes the
+            // call of every failure or slow call read here.
+            let bad = self.bad.load(Acquire);
+            let calls = self.calls.load(Relaxed);
+            // If either load above read a store made after a recycling
+            // writer's Release fence (the reset, or an add after it), this
+            // fence synchronizes with that one, and the load below sees
+            // that writer's BUSY stamp or a later one: the change is
+            // caught. Stamps never repeat, so equal means unchanged.
+            fence(Acquire);
+            if self.stamp.load(Relaxed) == stamp {
+                return Some((calls, bad));
+            }
+        }
+        None
+    }
 }
 
 // === impl TimeWindow ===
@@ -223,42 +305,74 @@ impl TimeWindow {
 
     /// Records one outcome in the bucket of `now_ns`.
     ///
-    /// A bucket is recycled by the first writer that finds it stamped with
-    /// an older tick or epoch, with a compare-and-swap on the stamp and then
-    /// plain stores of its own outcome. A writer that finds the new stamp
-    /// between those two steps adds its outcome and may see it overwritten:
-    /// at each rollover, a few outcomes recorded in the same instant can be
-    /// lost. An outcome whose bucket was already recycled for a later tick
-    /// is dropped.
+    /// In the common case the bucket already counts for this tick and
+    /// epoch: one load and one or two `fetch_add`s. Otherwise the first
+    /// writer that finds it stamped with an older tick or epoch recycles
+    /// it (see [`Bucket`]), and writers of the same tick that find it busy
+    /// wait for the reset to be published, then add their outcome after
+    /// it: no outcome is overwritten by a reset. Outcomes are dropped in
+    /// two cases only: the bucket already counts for a later tick or a
+    /// newer epoch (the outcome is late), or the recycling thread was
+    /// descheduled between claiming the bucket and publishing it (three
+    /// stores) for longer than [`BUSY_SPINS`] polls of the writers of that
+    /// tick, which drop their outcome rather than block. A writer
+    /// descheduled between reading the stamp and adding for about a whole
+    /// window may add its outcome to the bucket's next lap.
     pub(crate) fn record(&self, epoch: u32, outcome: u32, now_ns: u64) {
         let tick = now_ns / self.bucket_ns;
         let bucket = &self.buckets[(tick % self.buckets.len() as u64) as usize];
-        let want = (tick << GEN_BITS) | u64::from(epoch);
+        let want = stamp_of(tick, epoch);
         let bad = match outcome {
             FAIL => 1,
             SLOW => 1 << 32,
             _ => 0,
         };
+        // Acquire (here and on every reload): pairs with the Release store
+        // that published `want`, so the reset of this lap happens before
+        // our adds, which come after it in each counter's order and are
+        // never wiped by it.
         let mut stamp = bucket.stamp.load(Acquire);
+        let mut spins = 0;
         loop {
             if stamp == want {
+                // Calls first, then the failure with Release: a reader that
+                // sees the failure (with Acquire) sees its call too.
                 bucket.calls.fetch_add(1, Relaxed);
                 if bad != 0 {
-                    bucket.bad.fetch_add(bad, Relaxed);
+                    bucket.bad.fetch_add(bad, Release);
                 }
                 return;
             }
-            let (held_tick, held_epoch) = (stamp >> GEN_BITS, stamp as u32 & GEN_MASK);
-            let older = held_tick < tick
-                || (held_tick == tick && held_epoch != epoch && is_newer(epoch, held_epoch))
-                || stamp == 0;
-            if !older {
+            if stamp & BUSY != 0 {
+                // Another writer is recycling the bucket. Wait for it if it
+                // is recycling for this tick and epoch (or an older one,
+                // which this writer will then recycle in turn).
+                let target = stamp & !BUSY;
+                if (target != want && !older(target, tick, epoch)) || spins == BUSY_SPINS {
+                    return;
+                }
+                spins += 1;
+                std::hint::spin_loop();
+                stamp = bucket.stamp.load(Acquire);
+                continue;
+            }
+            if !older(stamp, tick, epoch) {
                 return;
             }
-            match bucket.stamp.compare_exchange(stamp, want, AcqRel, Acquire) {
+            match bucket
+                .stamp
+                .compare_exchange(stamp, want | BUSY, Acquire, Acquire)
+            {
                 Ok(_) => {
+                    // Release fence: a reader whose loads see the reset (or
+                    // anything added after it) also sees the BUSY stamp
+                    // when it re-checks the stamp (see `Bucket::read`).
+                    fence(Release);
                     bucket.calls.store(1, Relaxed);
-                    bucket.bad.store(bad, Release);
+                    bucket.bad.store(bad, Relaxed);
+                    // Release: publishes the reset to readers and writers
+                    // that load this stamp with Acquire.
+                    bucket.stamp.store(want, Release);
                     return;
                 }
                 Err(actual) => stamp = actual,
@@ -267,21 +381,30 @@ impl TimeWindow {
     }
 
     /// The sum of the buckets of the last `N` ticks that count for `epoch`.
+    ///
+    /// Each bucket is read consistently: its counts are those of the tick
+    /// its stamp names, never those of an earlier lap (see [`Bucket`]). A
+    /// bucket caught in the middle of being recycled for a tick the window
+    /// covers counts as empty: its new lap has only just begun. Failures
+    /// never exceed calls, nor failures and slow calls together (the sum
+    /// is clamped, for a writer descheduled across a whole lap, as
+    /// [`record`](Self::record) describes).
     pub(crate) fn counts(&self, epoch: u32, now_ns: u64) -> Counts {
         let tick = now_ns / self.bucket_ns;
         let n = self.buckets.len() as u64;
         let oldest = (tick + 1).saturating_sub(n);
+        let counted = |stamp: u64| {
+            let (held_tick, held_epoch) = (stamp >> GEN_BITS, stamp as u32 & GEN_MASK);
+            stamp != 0 && held_epoch == epoch && held_tick >= oldest && held_tick <= tick
+        };
         let mut counts = Counts::default();
         for bucket in self.buckets.iter() {
-            let stamp = bucket.stamp.load(Acquire);
-            let (held_tick, held_epoch) = (stamp >> GEN_BITS, stamp as u32 & GEN_MASK);
-            if stamp == 0 || held_epoch != epoch || held_tick < oldest || held_tick > tick {
-                continue;
+            if let Some((calls, bad)) = bucket.read(counted) {
+                let failures = (bad & 0xFFFF_FFFF).min(calls);
+                counts.calls += calls;
+                counts.failures += failures;
+                counts.slow += (bad >> 32).min(calls - failures);
             }
-            let bad = bucket.bad.load(Acquire);
-            counts.calls += bucket.calls.load(Relaxed);
-            counts.failures += bad & 0xFFFF_FFFF;
-            counts.slow += bad >> 32;
         }
         counts
     }
@@ -370,5 +493,253 @@ mod tests {
         let fails = slots.iter().filter(|&&o| o == FAIL).count() as u64;
         let slow = slots.iter().filter(|&&o| o == SLOW).count() as u64;
         assert_eq!((c.failures, c.slow), (fails, slow));
+    }
+
+    /// Readers and writers meet at bucket boundaries: before each round the
+    /// one bucket holds a lap full of failures, then writers record
+    /// successes and slow calls in the next tick (recycling the bucket)
+    /// while readers sum the window of that tick. No read may count the old
+    /// lap, nor see more failures or slow calls than calls (checked on the
+    /// bucket itself too, as `counts` clamps).
+    ///
+    /// The barrier lines several writers up on the same boundary, so that
+    /// they race to recycle the bucket.
+    #[test]
+    fn rollover_in_lockstep_never_shows_a_stale_bucket() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::{Arc, Barrier};
+
+        const ROUNDS: u64 = 5_000;
+        const WRITERS: usize = 2;
+        const READERS: usize = 2;
+        // Outcomes per writer per round: a read above this many calls, or
+        // with any failure, counts the old lap.
+        const OKS: u64 = 16;
+        const OLD_FAILS: u64 = 200;
+        const EPOCH: u32 = 7;
+        let ns = 1_000;
+        let w = Arc::new(TimeWindow::new(1, ns));
+        let start = Arc::new(Barrier::new(WRITERS + READERS + 1));
+        let end = Arc::new(Barrier::new(WRITERS + READERS + 1));
+        let writing = Arc::new(AtomicUsize::new(0));
+        let reading = Arc::new(AtomicUsize::new(0));
+        let stale = Arc::new(AtomicU64::new(0));
+        let torn = Arc::new(AtomicU64::new(0));
+        let reads = Arc::new(AtomicU64::new(0));
+        let max_calls = WRITERS as u64 * OKS;
+
+        let mut threads = Vec::new();
+        for t in 0..WRITERS {
+            let (w, start, end) = (w.clone(), start.clone(), end.clone());
+            let (writing, reading) = (writing.clone(), reading.clone());
+            threads.push(std::thread::spawn(move || {
+                for k in 1..=ROUNDS {
+                    start.wait();
+                    // Let at least one reader spin first, so that reads
+                    // overlap the recycle.
+                    while reading.load(Acquire) == 0 {
+                        std::thread::yield_now();
+                    }
+                    for i in 0..OKS {
+                        let outcome = if i % 2 == 0 { OK } else { SLOW };
+                        w.record(EPOCH, outcome, k * ns + (i * 7 + t as u64) % ns);
+                    }
+                    writing.fetch_sub(1, Release);
+                    end.wait();
+                }
+            }));
+        }
+        for _ in 0..READERS {
+            let (w, start, end) = (w.clone(), start.clone(), end.clone());
+            let (writing, reading) = (writing.clone(), reading.clone());
+            let (stale, torn, reads) = (stale.clone(), torn.clone(), reads.clone());
+            threads.push(std::thread::spawn(move || {
+                for k in 1..=ROUNDS {
+                    start.wait();
+                    reading.fetch_add(1, Release);
+                    let mut n = 0;
+                    loop {
+                        let done = writing.load(Acquire) == 0;
+                        let c = w.counts(EPOCH, k * ns + n % ns);
+                        n += 1;
+                        if c.failures > 0 || c.calls > max_calls {
+                            stale.fetch_add(1, Relaxed);
+                        }
+                        if c.failures + c.slow > c.calls {
+                            torn.fetch_add(1, Relaxed);
+                        }
+                        if let Some((calls, bad)) = w.buckets[0].read(|_| true) {
+                            if (bad & 0xFFFF_FFFF) + (bad >> 32) > calls {
+                                torn.fetch_add(1, Relaxed);
+                            }
+                        }
+                        if done {
+                            break;
+                        }
+                        // Two cores: let the writers run.
+                        if n % 64 == 0 {
+                            std::thread::yield_now();
+                        }
+                    }
+                    reads.fetch_add(n, Relaxed);
+                    end.wait();
+                }
+            }));
+        }
+
+        let mut stale_rounds = 0;
+        let mut seen = 0;
+        let mut lost = 0;
+        for k in 1..=ROUNDS {
+            // The lap about to be recycled: failures of tick k - 1.
+            for i in 0..OLD_FAILS {
+                w.record(EPOCH, FAIL, (k - 1) * ns + i % ns);
+            }
+            assert!(w.counts(EPOCH, (k - 1) * ns).failures >= OLD_FAILS);
+            writing.store(WRITERS, Relaxed);
+            reading.store(0, Relaxed);
+            start.wait();
+            end.wait();
+            let now = stale.load(Relaxed) + torn.load(Relaxed);
+            if now != seen {
+                stale_rounds += 1;
+                seen = now;
+            }
+            let c = w.counts(EPOCH, k * ns);
+            assert_eq!(c.failures, 0, "round {k}: {c:?}");
+            assert!(
+                c.slow <= c.calls && c.calls <= max_calls,
+                "round {k}: {c:?}"
+            );
+            // Outcomes dropped at the rollover: not asserted, as a writer
+            // may give up on a bucket whose recycler was descheduled.
+            lost += max_calls - c.calls;
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        let (stale, torn) = (stale.load(Relaxed), torn.load(Relaxed));
+        eprintln!(
+            "lockstep rollover race: {stale} stale and {torn} torn reads in {stale_rounds} of {ROUNDS} rounds \
+             ({} reads); {lost} of {} outcomes lost",
+            reads.load(Relaxed),
+            ROUNDS * max_calls
+        );
+        assert_eq!(
+            (stale, torn),
+            (0, 0),
+            "stale reads, torn reads ({stale_rounds} of {ROUNDS} rounds affected)"
+        );
+    }
+
+    /// Writers and readers race at bucket boundaries, over and over. One
+    /// bucket; a driver walks the ticks, publishing each before recording
+    /// in it: a lap of failures in every odd tick, successes and slow calls
+    /// in every even one, so that each even tick recycles a bucket full of
+    /// failures. Another writer records successes in the published tick
+    /// (and recycles the bucket when it gets there first), while readers
+    /// sum the window of the published tick. A read of an even tick that
+    /// shows a failure counts the old lap. No read may show more failures
+    /// and slow calls than calls, either (checked on the bucket itself too,
+    /// as `counts` clamps).
+    ///
+    /// Every failure and slow call is recorded by the driver alone, which
+    /// finishes each record before it moves on: after the fix, no reader
+    /// can see one where it does not belong, however threads are
+    /// scheduled.
+    #[test]
+    fn rollover_never_shows_a_stale_bucket() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+
+        const CROSSINGS: u64 = 100_000;
+        const OLD_FAILS: u64 = 16;
+        const READERS: usize = 2;
+        const EPOCH: u32 = 7;
+        let ns = 1_000;
+        let w = Arc::new(TimeWindow::new(1, ns));
+        let tick = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let stale = Arc::new(AtomicU64::new(0));
+        let torn = Arc::new(AtomicU64::new(0));
+        let reads = Arc::new(AtomicU64::new(0));
+
+        let mut threads = Vec::new();
+        {
+            let (w, tick, done) = (w.clone(), tick.clone(), done.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut i = 0;
+                while !done.load(Relaxed) {
+                    w.record(EPOCH, OK, tick.load(Acquire) * ns + i % ns);
+                    i += 1;
+                }
+            }));
+        }
+        for _ in 0..READERS {
+            let (w, tick, done) = (w.clone(), tick.clone(), done.clone());
+            let (stale, torn, reads) = (stale.clone(), torn.clone(), reads.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut n = 0;
+                while !done.load(Relaxed) {
+                    let t = tick.load(Acquire);
+                    let c = w.counts(EPOCH, t * ns + n % ns);
+                    n += 1;
+                    if t % 2 == 0 && c.failures > 0 {
+                        stale.fetch_add(1, Relaxed);
+                    }
+                    if c.failures + c.slow > c.calls {
+                        torn.fetch_add(1, Relaxed);
+                    }
+                    if let Some((calls, bad)) = w.buckets[0].read(|_| true) {
+                        if (bad & 0xFFFF_FFFF) + (bad >> 32) > calls {
+                            torn.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+                reads.fetch_add(n, Relaxed);
+            }));
+        }
+
+        let mut stale_crossings = 0;
+        let mut seen = 0;
+        for k in 1..=CROSSINGS {
+            let t = 2 * k - 1;
+            tick.store(t, Release);
+            for i in 0..OLD_FAILS {
+                w.record(EPOCH, FAIL, t * ns + i);
+            }
+            tick.store(t + 1, Release);
+            for i in 0..4 {
+                w.record(EPOCH, [OK, SLOW][i as usize % 2], (t + 1) * ns + i);
+            }
+            // The driver reads too, right after its own records.
+            let c = w.counts(EPOCH, (t + 1) * ns);
+            if c.failures > 0 || c.slow > 2 {
+                stale.fetch_add(1, Relaxed);
+            }
+            if c.failures + c.slow > c.calls {
+                torn.fetch_add(1, Relaxed);
+            }
+            let now = stale.load(Relaxed) + torn.load(Relaxed);
+            if now != seen {
+                stale_crossings += 1;
+                seen = now;
+            }
+        }
+        done.store(true, Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        let (stale, torn) = (stale.load(Relaxed), torn.load(Relaxed));
+        eprintln!(
+            "rollover race: {stale} stale and {torn} torn reads after {stale_crossings} of \
+             {CROSSINGS} crossings ({} reads)",
+            reads.load(Relaxed),
+        );
+        assert_eq!(
+            (stale, torn),
+            (0, 0),
+            "stale reads, torn reads (after {stale_crossings} of {CROSSINGS} crossings)"
+        );
     }
 }
