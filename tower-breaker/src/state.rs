@@ -81,6 +81,23 @@ pub(crate) const MAX_DEADLINE_MS: u64 = (1 << (64 - DEADLINE_SHIFT)) - 1;
 /// not ramping up: the fast path.
 const SLOW_MASK: u64 = STATE_MASK | MODE_MASK | (u64::MAX << DEADLINE_SHIFT);
 
+/// The automatic state of a word, decoded once at the boundary where a
+/// decision is made: each variant names what the word's deadline means in
+/// it (milliseconds since the breaker was built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Closed; ramping up until `ramp_until_ms` after closing (0: not
+    /// ramping).
+    Closed { ramp_until_ms: u64 },
+    /// Open until `until_ms`; the first call after it moves on.
+    Open { until_ms: u64 },
+    /// Half-open; the latest probe times out at `probe_deadline_ms`.
+    HalfOpen { probe_deadline_ms: u64 },
+    /// Open with its period over, while the shared store elects the
+    /// fleet's prober; the election is given up at `until_ms`.
+    Electing { until_ms: u64 },
+}
+
 /// One packed state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Word(pub(crate) u64);
@@ -121,6 +138,22 @@ impl Word {
     #[inline]
     pub(crate) fn gen(self) -> u32 {
         ((self.0 >> GEN_SHIFT) as u32) & GEN_MASK
+    }
+
+    /// The automatic state, with what its deadline means.
+    #[inline]
+    pub(crate) fn phase(self) -> Phase {
+        let deadline = self.deadline_ms();
+        match self.state() {
+            CLOSED => Phase::Closed {
+                ramp_until_ms: deadline,
+            },
+            OPEN => Phase::Open { until_ms: deadline },
+            HALF_OPEN => Phase::HalfOpen {
+                probe_deadline_ms: deadline,
+            },
+            _ => Phase::Electing { until_ms: deadline },
+        }
     }
 
     pub(crate) fn deadline_ms(self) -> u64 {

@@ -165,7 +165,13 @@ async fn fifty_concurrent_openers_keep_the_first_writers_t() {
     else {
         return;
     };
-    let store = store(&server).await;
+    // What is tested is the scripts' atomicity, not latency: a generous
+    // bound, so a busy machine cannot fail a call.
+    let store = Arc::new(
+        RedisStore::connect(&server.url(), RedisOptions::new().timeout(secs(10)))
+            .await
+            .expect("connect"),
+    );
     let key = store.key("openers").unwrap();
     // Distinct periods, so the record tells which opener wrote it.
     let period = |i: u64| ms(2_000 + 10 * i);
@@ -477,110 +483,6 @@ async fn one_probe_across_separate_os_processes() {
 }
 
 // --- faults ---
-
-/// Counts `circuit_store_failed` events (a minimal subscriber; the test
-/// runs on one thread, so a thread-local default catches every event).
-#[derive(Debug, Clone, Default)]
-struct Alarms(Arc<AtomicUsize>);
-
-impl tracing::Subscriber for Alarms {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Message(bool);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" && format!("{value:?}") == "circuit_store_failed" {
-                    self.0 = true;
-                }
-            }
-        }
-        let mut m = Message(false);
-        event.record(&mut m);
-        if m.0 {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-#[tokio::test(flavor = "current_thread")]
-async fn killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back() {
-    let alarms = Alarms::default();
-    let _guard = tracing::subscriber::set_default(alarms.clone());
-    let Some(mut server) = RedisServer::start_or_skip(
-        "killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back",
-    ) else {
-        return;
-    };
-    let long = |store| {
-        config()
-            .count_window(2)
-            .minimum_calls(2)
-            .open_period(secs(20))
-            .store(store)
-            .refresh_interval(REFRESH)
-    };
-    let a = Breaker::with_config("faults", long(store(&server).await));
-    let b = Breaker::with_config("faults", long(store(&server).await));
-    a.refresh().await.unwrap();
-    b.refresh().await.unwrap();
-
-    server.kill();
-    let start = Instant::now();
-    let mut admitted = 0;
-    while start.elapsed() < REFRESH * 5 {
-        for x in [&a, &b] {
-            x.try_acquire()
-                .expect("fails open")
-                .record(Outcome::Success);
-            admitted += 1;
-        }
-        sleep(ms(5)).await;
-    }
-    let errors = |x: &Breaker| x.snapshot().totals.store_errors;
-    assert!(errors(&a) > 0 && errors(&b) > 0);
-    assert!(alarms.0.load(SeqCst) > 0, "circuit_store_failed events");
-    println!(
-        "faults: redis down, {admitted} calls admitted, store_errors {} + {}, {} alarm events",
-        errors(&a),
-        errors(&b),
-        alarms.0.load(SeqCst)
-    );
-
-    // The local breaker keeps working; its opening cannot be shared yet.
-    trip(&a);
-    sleep(REFRESH * 2).await;
-    b.try_acquire()
-        .expect("b has not heard")
-        .record(Outcome::Success);
-
-    server.restart();
-    let back = Instant::now();
-    // Both keep serving; `a`'s next read finds the store empty and writes
-    // its opening again, then `b`'s next read adopts it.
-    loop {
-        assert!(back.elapsed() < secs(10), "sharing did not resume");
-        assert!(a.try_acquire().is_err());
-        match b.try_acquire() {
-            Ok(p) => p.record(Outcome::Success),
-            Err(_) => break,
-        }
-        sleep(ms(5)).await;
-    }
-    println!(
-        "faults: redis restarted; b rejects {:?} later (sharing resumed by itself)",
-        back.elapsed()
-    );
-    assert_eq!(b.snapshot().totals.failed, 0, "b never saw a failure");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_bounds_every_store_call_by_the_timeout() {

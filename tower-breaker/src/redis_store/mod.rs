@@ -94,11 +94,14 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::Script;
 
+mod connection;
+
 use crate::store::{Decision, Election, ProbeToken, Store, StoreError, StoreFuture};
-use crate::BoxError;
+pub use connection::ConnectError;
+use connection::Connection;
 
 /// The default key prefix: `"tower-breaker:"`.
 pub const DEFAULT_PREFIX: &str = "tower-breaker:";
@@ -231,7 +234,7 @@ return {2}
 /// # }
 /// ```
 pub struct RedisStore {
-    manager: ConnectionManager,
+    conn: Connection,
     options: RedisOptions,
     scripts: Scripts,
     seed: RandomState,
@@ -285,26 +288,6 @@ pub struct InvalidName {
     what: &'static str,
     name: String,
     reason: String,
-}
-
-/// [`RedisStore::connect`] could not parse the URL, check the options or
-/// reach the server in time.
-///
-/// # Example
-///
-/// ```
-/// use tower_breaker::redis_store::{ConnectError, RedisOptions, RedisStore};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let err: ConnectError = RedisStore::connect_lazy("nonsense://x", RedisOptions::new()).unwrap_err();
-/// assert!(err.to_string().starts_with("could not connect to the redis circuit store"));
-/// assert!(std::error::Error::source(&err).is_some());
-/// # }
-/// ```
-#[derive(Debug)]
-pub struct ConnectError {
-    source: BoxError,
 }
 
 #[derive(Debug)]
@@ -395,8 +378,13 @@ impl RedisStore {
     /// [`InvalidName`] if the options' prefix is refused.
     pub fn new(manager: ConnectionManager, options: RedisOptions) -> Result<Self, InvalidName> {
         options.check()?;
-        Ok(Self {
-            manager,
+        Ok(Self::with_connection(Connection::from(manager), options))
+    }
+
+    /// A store on `conn`, with options already checked.
+    fn with_connection(conn: Connection, options: RedisOptions) -> Self {
+        Self {
+            conn,
             options,
             scripts: Scripts {
                 open: script(OPEN),
@@ -407,61 +395,7 @@ impl RedisStore {
             },
             seed: RandomState::new(),
             tokens: AtomicU64::new(0),
-        })
-    }
-
-    /// Connects to the Redis at `url` (`redis://host:port/db`, or
-    /// `rediss://` with a TLS feature of the `redis` crate, see the
-    /// [module docs](self#tls)) and checks that it answers within the
-    /// connect timeout.
-    ///
-    /// The connection reconnects by itself after errors, with backoff
-    /// (50 ms doubling to 1 s, then again at the next call), so a store
-    /// that was reachable once keeps working across Redis restarts.
-    ///
-    /// # Errors
-    ///
-    /// [`ConnectError`] if the URL or the options are refused, or the
-    /// server does not answer a `PING` within the connect timeout. To
-    /// start while Redis is down (failing open until it is up), use
-    /// [`connect_lazy`](RedisStore::connect_lazy).
-    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, ConnectError> {
-        let store = Self::connect_lazy(url, options)?;
-        let mut conn = store.manager.clone();
-        let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<String>(&mut conn);
-        match tokio::time::timeout(store.options.connect_timeout, ping).await {
-            Ok(Ok(_)) => Ok(store),
-            Ok(Err(e)) => Err(ConnectError::new(e)),
-            Err(_) => Err(ConnectError::new(format!(
-                "no answer within {:?}",
-                store.options.connect_timeout
-            ))),
         }
-    }
-
-    /// Like [`connect`](RedisStore::connect), but does not connect before
-    /// the first store call: the process starts even while Redis is down,
-    /// and its breakers fail open (or closed) until it is up.
-    ///
-    /// # Errors
-    ///
-    /// [`ConnectError`] if the URL or the options are refused.
-    ///
-    /// # Panics
-    ///
-    /// Outside a tokio runtime (the connection spawns a task).
-    pub fn connect_lazy(url: &str, options: RedisOptions) -> Result<Self, ConnectError> {
-        options.check().map_err(ConnectError::new)?;
-        let client = redis::Client::open(url).map_err(ConnectError::new)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(1))
-            .set_number_of_retries(5);
-        let manager =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(ConnectError::new)?;
-        Self::new(manager, options).map_err(ConnectError::new)
     }
 
     /// The Redis key of the breaker named `name`: the prefix followed by
@@ -503,7 +437,7 @@ impl RedisStore {
         for arg in args {
             invocation.arg(*arg);
         }
-        let mut conn = self.manager.clone();
+        let mut conn = self.conn.clone();
         let call = invocation.invoke_async::<Vec<i64>>(&mut conn);
         match tokio::time::timeout(self.options.timeout, call).await {
             Ok(Ok(reply)) => Ok(reply),
@@ -519,7 +453,7 @@ impl RedisStore {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
-            .field("manager", &self.manager)
+            .field("connection", &self.conn)
             .field("options", &self.options)
             .finish()
     }
@@ -634,32 +568,6 @@ impl fmt::Display for InvalidName {
 }
 
 impl Error for InvalidName {}
-
-// === impl ConnectError ===
-
-impl ConnectError {
-    fn new(source: impl Into<BoxError>) -> Self {
-        Self {
-            source: source.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "could not connect to the redis circuit store: {}",
-            self.source
-        )
-    }
-}
-
-impl Error for ConnectError {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&*self.source as &(dyn Error + 'static))
-    }
-}
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}{body}"))

@@ -1,0 +1,378 @@
+//! The synchronisation of a breaker with its fleet through a shared
+//! [`Store`]: reads, write-through of openings, elections and closes, each
+//! in a spawned task beside the hot path.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::machine::Core;
+use super::{nanos, NANOS_PER_MS};
+use crate::config::BreakerConfig;
+use crate::snapshot::Cause;
+use crate::state::{Word, CLOSED, ELECTING, OPEN};
+use crate::store::StoreFailureMode;
+use crate::store::{Decision, Election, ProbeToken, Store, StoreError};
+
+/// A breaker's link to its shared store.
+pub(super) struct StoreLink {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) refresh_ns: u64,
+    pub(super) next_refresh_ns: AtomicU64,
+    pub(super) token: Mutex<Option<ProbeToken>>,
+    /// The store is known to hold the current opening.
+    pub(super) shared_open: AtomicBool,
+    /// The last store call failed (cleared by the next one that works).
+    pub(super) down: AtomicBool,
+    /// When the store started failing (nanoseconds since the breaker's
+    /// base, plus one; 0 while it works).
+    pub(super) down_since: AtomicU64,
+    /// When the next `circuit_store_failed` warning may be emitted (ms).
+    pub(super) next_warning_ms: AtomicU64,
+    /// Failures not warned about since the last warning.
+    pub(super) unwarned: AtomicU64,
+    pub(super) fail_closed: bool,
+}
+
+/// How many refresh intervals the store must have been failing before a
+/// breaker whose election failed probes on its own (fail open): a single
+/// slow answer (a busy store, a busy machine) must not let every process
+/// of the fleet probe at once.
+const DOWN_REFRESHES_BEFORE_LOCAL_PROBE: u64 = 2;
+
+/// The least interval between two `circuit_store_failed` warnings of one
+/// breaker.
+const STORE_WARNING_INTERVAL_MS: u64 = 1_000;
+
+// === impl StoreLink ===
+
+impl StoreLink {
+    /// The link of a breaker named `name` built with `config`, if it has a
+    /// store.
+    pub(super) fn for_config(config: &BreakerConfig, name: &str) -> Option<Self> {
+        let link = config.store.clone().map(|store| StoreLink {
+            store,
+            refresh_ns: nanos(config.refresh_interval),
+            next_refresh_ns: AtomicU64::new(0),
+            token: Mutex::new(None),
+            shared_open: AtomicBool::new(false),
+            down: AtomicBool::new(false),
+            down_since: AtomicU64::new(0),
+            next_warning_ms: AtomicU64::new(0),
+            unwarned: AtomicU64::new(0),
+            fail_closed: config.store_failure == StoreFailureMode::FailClosed,
+        });
+        if let Some(link) = &link {
+            if let Err(error) = link.store.check_name(name) {
+                // Every store call would fail; say so once, loudly.
+                tracing::error!(breaker = %name, error = %error, "circuit_store_invalid_name");
+            }
+        }
+        link
+    }
+
+    pub(super) fn take_token(&self) -> Option<ProbeToken> {
+        self.token.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl Core {
+    // --- the shared store ---
+
+    pub(super) fn maybe_refresh(self: &Arc<Self>, link: &StoreLink, now: u64) {
+        let next = link.next_refresh_ns.load(Relaxed);
+        if now < next
+            || link
+                .next_refresh_ns
+                .compare_exchange(next, now + link.refresh_ns.max(1), Relaxed, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let this = Arc::clone(self);
+        spawn(async move {
+            let core = &*this;
+            let Some(link) = &core.store else { return };
+            let asked = core.now_ns();
+            let result = link.store.read(&core.name).await;
+            this.apply_read(&result, asked);
+        });
+    }
+
+    /// Adopts what a read of the store said.
+    pub(super) fn apply_read(self: &Arc<Self>, result: &Result<Decision, StoreError>, asked: u64) {
+        match result {
+            Ok(Decision::Open { remaining }) => {
+                self.store_ok();
+                self.adopt_open(*remaining, asked);
+            }
+            Ok(Decision::Closed) => {
+                self.store_ok();
+                self.adopt_closed(asked);
+                self.rewrite_open();
+            }
+            Ok(Decision::Expired) => {
+                self.store_ok();
+                // The fleet's circuit is open and its probe is due: take
+                // part in the election rather than send everything.
+                self.adopt_open(Duration::ZERO, asked);
+                self.rewrite_open();
+            }
+            Err(e) => self.store_failed("read", e),
+        }
+    }
+
+    /// The store does not hold this process's opening (the write-through
+    /// failed while the store was down, or the store lost its data): write
+    /// it again, so that sharing resumes by itself.
+    pub(super) fn rewrite_open(self: &Arc<Self>) {
+        let core = &**self;
+        let Some(link) = &core.store else { return };
+        let w = Word(core.word.load(Acquire));
+        let now = core.now_ns();
+        let deadline_ns = w.deadline_ms().saturating_mul(NANOS_PER_MS);
+        if w.state() != OPEN
+            || !w.is_automatic()
+            || link.shared_open.load(Relaxed)
+            || deadline_ns <= now
+        {
+            return;
+        }
+        self.store_open(w, Duration::from_nanos(deadline_ns - now), None);
+    }
+
+    /// closed -> open: another process opened the circuit; open here too,
+    /// unless this process moved since it asked.
+    pub(super) fn adopt_open(self: &Arc<Self>, remaining: Duration, asked: u64) {
+        let core = &**self;
+        let Some(link) = &core.store else { return };
+        let from = Word(core.word.load(Acquire));
+        if from.state() != CLOSED
+            || !from.is_automatic()
+            || core.last_transition.load(Acquire) > asked
+        {
+            return;
+        }
+        let now = core.now_ns();
+        // A zero `remaining` (an expired record) opens with the period
+        // already over: the next call starts an election.
+        let to = from.next(OPEN, (now + nanos(remaining)) / NANOS_PER_MS);
+        // What this process had seen itself when the fleet's decision
+        // arrived.
+        let counts = core.window.counts(from.gen(), now);
+        if core.cas(from, to).is_ok() {
+            link.shared_open.store(true, Relaxed);
+            core.streak.store(0, Relaxed);
+            core.opened.fetch_add(1, Relaxed);
+            self.after_transition(from, to, Cause::Store, counts, Some(remaining));
+        }
+    }
+
+    /// open | electing -> closed: the store holds no opening any more (a
+    /// prober elsewhere closed it); close here too, unless this process
+    /// opened since it asked.
+    pub(super) fn adopt_closed(self: &Arc<Self>, asked: u64) {
+        let core = &**self;
+        let Some(link) = &core.store else { return };
+        let from = Word(core.word.load(Acquire));
+        if !link.shared_open.load(Relaxed)
+            || !matches!(from.state(), OPEN | ELECTING)
+            || !from.is_automatic()
+            || core.last_transition.load(Acquire) > asked
+        {
+            return;
+        }
+        self.close_with(from, Cause::Store);
+    }
+
+    /// Writes a local opening through to the store (as the re-open of the
+    /// election `token` won, if any); the store's time wins if it already
+    /// holds a later one.
+    pub(super) fn store_open(
+        self: &Arc<Self>,
+        opened: Word,
+        period: Duration,
+        token: Option<ProbeToken>,
+    ) {
+        let this = Arc::clone(self);
+        spawn(async move {
+            let core = &*this;
+            let Some(link) = &core.store else { return };
+            let result = match token {
+                Some(token) => link.store.reopen(&core.name, token, period).await,
+                None => link.store.try_open(&core.name, period).await,
+            };
+            match result {
+                Ok(remaining) => {
+                    this.store_ok();
+                    if Word(core.word.load(Acquire)).gen() == opened.gen() {
+                        link.shared_open.store(true, Relaxed);
+                    }
+                    let now = core.now_ns();
+                    let until = (now + nanos(remaining)) / NANOS_PER_MS;
+                    if until != opened.deadline_ms() {
+                        let _ = core.cas(opened, opened.with_deadline(until));
+                    }
+                }
+                Err(e) => this.store_failed(
+                    if token.is_some() {
+                        "reopen"
+                    } else {
+                        "try_open"
+                    },
+                    &e,
+                ),
+            }
+        });
+    }
+
+    /// Asks the store who probes, fleet-wide: electing -> half-open (won),
+    /// electing -> open (lost: until the winner's new T), electing ->
+    /// closed (the fleet closed meanwhile).
+    pub(super) fn elect(self: &Arc<Self>, electing: Word) {
+        let this = Arc::clone(self);
+        let period =
+            Duration::from_nanos(self.open_period(self.streak.load(Relaxed).saturating_add(1)));
+        spawn(async move {
+            let core = &*this;
+            let Some(link) = &core.store else { return };
+            let now = |core: &Core| core.now_ns();
+            let result = link.store.try_acquire_probe(&core.name, period).await;
+            if result.is_ok() {
+                this.store_ok();
+            }
+            match result {
+                Ok(Election::Won(token)) => {
+                    *link.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+                    // Grow from the fleet's re-opens, not only this
+                    // process's.
+                    core.streak.fetch_max(token.reopens(), Relaxed);
+                    this.half_open(electing, now(core), Cause::OpenPeriodOver);
+                }
+                Ok(Election::Lost { remaining }) => {
+                    let until = (now(core) + nanos(remaining)) / NANOS_PER_MS;
+                    if core.cas(electing, electing.next(OPEN, until)).is_ok() {
+                        link.shared_open.store(true, Relaxed);
+                    }
+                }
+                Ok(Election::Closed) => {
+                    this.close_with(electing, Cause::Store);
+                }
+                Err(e) => {
+                    this.store_failed("try_acquire_probe", &e);
+                    this.election_failed(electing, now(core));
+                }
+            }
+        });
+    }
+
+    /// The election failed or never answered: electing -> open for one
+    /// more refresh interval, to ask again, or, failing open once the store
+    /// has been failing for a while, electing -> half-open, probing
+    /// locally.
+    ///
+    /// A failed election may have been won (a timeout after the script
+    /// ran): the fleet then loses one open period of probing, never gains
+    /// a second prober. Only a store failing for
+    /// [`DOWN_REFRESHES_BEFORE_LOCAL_PROBE`] refresh intervals lets each
+    /// process probe on its own.
+    pub(super) fn election_failed(self: &Arc<Self>, electing: Word, now: u64) {
+        let core = &**self;
+        let Some(link) = &core.store else {
+            self.half_open(electing, now, Cause::OpenPeriodOver);
+            return;
+        };
+        let refresh = link.refresh_ns.max(NANOS_PER_MS);
+        let since = link.down_since.load(Relaxed);
+        let down_long =
+            since != 0 && now + 1 >= since + DOWN_REFRESHES_BEFORE_LOCAL_PROBE * refresh;
+        if link.fail_closed || !down_long {
+            let until = (now + refresh) / NANOS_PER_MS;
+            let _ = core.cas(electing, electing.next(OPEN, until));
+        } else {
+            self.half_open(electing, now, Cause::OpenPeriodOver);
+        }
+    }
+
+    pub(super) fn store_close(self: &Arc<Self>, link: &StoreLink) {
+        let Some(token) = link.take_token() else {
+            return;
+        };
+        let this = Arc::clone(self);
+        spawn(async move {
+            let core = &*this;
+            let Some(link) = &core.store else { return };
+            match link.store.close(&core.name, token).await {
+                Ok(_) => this.store_ok(),
+                Err(e) => this.store_failed("close", &e),
+            }
+        });
+    }
+
+    /// Whether fail-closed mode rejects the closed path now.
+    #[inline]
+    pub(super) fn store_blocks(&self) -> bool {
+        self.store
+            .as_ref()
+            .is_some_and(|link| link.fail_closed && link.down.load(Relaxed))
+    }
+
+    /// A store call worked: the store is up.
+    pub(super) fn store_ok(&self) {
+        if let Some(link) = &self.store {
+            if link.down.load(Relaxed) {
+                link.down.store(false, Relaxed);
+                link.down_since.store(0, Relaxed);
+                tracing::info!(breaker = %self.name, "circuit_store_recovered");
+            }
+        }
+    }
+
+    /// Keeps the local decision (or, failing closed, rejects until the
+    /// store answers) and raises the alarm: a `circuit_store_failed`
+    /// warning at the first failure after the store worked, then at most
+    /// once per second per breaker, saying how many failures it stands for (every one is counted in
+    /// [`Totals::store_errors`](crate::Totals::store_errors)).
+    pub(super) fn store_failed(self: &Arc<Self>, operation: &'static str, error: &StoreError) {
+        let core = &**self;
+        core.store_errors.fetch_add(1, Relaxed);
+        let Some(link) = &core.store else { return };
+        let now = core.now_ns();
+        let was_up = !link.down.swap(true, Relaxed);
+        let _ = link
+            .down_since
+            .compare_exchange(0, now + 1, Relaxed, Relaxed);
+        // The first failure after the store worked is always told; more
+        // failures at most once per interval.
+        let now_ms = now / NANOS_PER_MS;
+        let next = link.next_warning_ms.load(Relaxed);
+        let due = now_ms >= next
+            && link
+                .next_warning_ms
+                .compare_exchange(next, now_ms + STORE_WARNING_INTERVAL_MS, Relaxed, Relaxed)
+                .is_ok();
+        if !(was_up || due) {
+            link.unwarned.fetch_add(1, Relaxed);
+            return;
+        }
+        let failures = link.unwarned.swap(0, Relaxed) + 1;
+        tracing::warn!(
+            breaker = %core.name,
+            operation,
+            error = %error,
+            failures,
+            "circuit_store_failed"
+        );
+    }
+}
+
+fn spawn<F>(future: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    // Without a runtime there is no store traffic: the local decision
+    // stands (fail open).
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(future);
+    }
+}

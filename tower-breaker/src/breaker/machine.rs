@@ -1,0 +1,855 @@
+//! The local state machine: admission, counting, transitions and probes,
+//! all on atomics of one [`Core`].
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::fleet::StoreLink;
+use super::{nanos, thread_index, Kind, Raw, Rejection, NANOS_PER_MS, NANOS_PER_SEC, PPM, STRIPES};
+use crate::classify::Outcome;
+use crate::config::{BreakerConfig, WindowKind};
+use crate::snapshot::{Cause, Totals, Transition, WindowCounts};
+use crate::state::{is_newer, Padded, Phase, Word, CLOSED, ELECTING, GEN_MASK, HALF_OPEN, OPEN};
+use crate::store::StoreError;
+use crate::window::{CountWindow, Counts, TimeWindow, Window, FAIL, OK, SLOW};
+use crate::Mode;
+use tower_resilience_base::random::unit;
+
+pub(crate) struct Core {
+    pub(super) word: Padded<AtomicU64>,
+    /// Half-open probes: generation (20 bits) << 40 | in flight << 20 |
+    /// successes.
+    pub(super) probes: Padded<AtomicU64>,
+    pub(super) window: Window,
+    /// Generation << 32 | failures in a row.
+    pub(super) consecutive: AtomicU64,
+    /// Re-opens in a row (0 for an opening from closed).
+    pub(super) streak: AtomicU32,
+    /// The generation of the last closed state, whose window the snapshot
+    /// shows.
+    pub(super) window_epoch: AtomicU32,
+    pub(super) opened: AtomicU64,
+    /// How long the last probe that completed took, in nanoseconds (0 =
+    /// none yet): what callers rejected while half-open are told to wait.
+    pub(super) last_probe_ns: AtomicU64,
+    /// Nanoseconds since `base` plus one of the last transition; 0 = never.
+    pub(super) last_transition: AtomicU64,
+    pub(super) next_rejection_event_ms: AtomicU64,
+    pub(super) store_errors: AtomicU64,
+    pub(super) stripes: Box<[Stripe]>,
+    pub(crate) name: Arc<str>,
+    pub(super) base: Instant,
+    pub(super) s: Settings,
+    pub(super) config: BreakerConfig,
+    pub(super) store: Option<StoreLink>,
+}
+
+/// The configuration in the units the hot path uses.
+#[derive(Debug)]
+pub(super) struct Settings {
+    pub(super) minimum_calls: u64,
+    pub(super) failure_ppm: u64,
+    pub(super) slow_ppm: u64,
+    /// 0 when slow-call detection is off.
+    pub(super) slow_ns: u64,
+    /// 0 when off.
+    pub(super) consecutive: u64,
+    pub(super) open_ns: u64,
+    pub(super) max_open_ns: u64,
+    pub(super) growth: f64,
+    pub(super) jitter: f64,
+    pub(super) probes: u64,
+    pub(super) successes: u64,
+    pub(super) half_open_ns: u64,
+    /// 0 when off.
+    pub(super) ramp_ns: u64,
+    pub(super) rejection_event_ms: u64,
+}
+
+/// Figures written by every call, one set per thread stripe so that
+/// threads do not contend on them.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(super) struct Stripe {
+    pub(super) successful: AtomicU64,
+    pub(super) failed: AtomicU64,
+    pub(super) slow: AtomicU64,
+    pub(super) ignored: AtomicU64,
+    pub(super) rejected: AtomicU64,
+    pub(super) stale: AtomicU64,
+    pub(super) passed: AtomicU64,
+}
+
+// === impl Core ===
+
+impl Core {
+    /// The state machine of a breaker named `name`, closed, with an empty
+    /// window.
+    pub(super) fn new(name: Arc<str>, config: BreakerConfig) -> Self {
+        let window = match config.window {
+            WindowKind::Count { size } => Window::Count(CountWindow::new(size)),
+            WindowKind::Time { buckets, bucket } => {
+                Window::Time(TimeWindow::new(buckets, nanos(bucket).max(1)))
+            }
+        };
+        let minimum_calls = match config.window {
+            WindowKind::Count { size } => u64::from(config.minimum_calls).min(size as u64),
+            WindowKind::Time { .. } => u64::from(config.minimum_calls),
+        };
+        let s = Settings {
+            minimum_calls,
+            failure_ppm: (config.failure_rate * PPM as f64).round() as u64,
+            slow_ppm: (config.slow_call_rate * PPM as f64).round() as u64,
+            slow_ns: config.slow_call_duration.map_or(0, |d| nanos(d).max(1)),
+            consecutive: config.consecutive_failures.map_or(0, u64::from),
+            open_ns: nanos(config.open_period),
+            max_open_ns: nanos(config.max_open_period),
+            growth: config.open_growth,
+            jitter: config.jitter,
+            probes: u64::from(config.permitted_probes),
+            successes: u64::from(config.successes_to_close),
+            half_open_ns: nanos(config.max_half_open_wait),
+            ramp_ns: config.ramp_up.map_or(0, nanos),
+            rejection_event_ms: config.rejection_event_interval.as_millis() as u64,
+        };
+        let store = StoreLink::for_config(&config, &name);
+        // Generation 1: epoch 0 would read as "empty" in the time window.
+        let first = Word::new(CLOSED, Mode::Automatic, 1, 0);
+        Core {
+            word: Padded(AtomicU64::new(first.0)),
+            probes: Padded(AtomicU64::new(0)),
+            window,
+            consecutive: AtomicU64::new(0),
+            streak: AtomicU32::new(0),
+            window_epoch: AtomicU32::new(1),
+            opened: AtomicU64::new(0),
+            last_probe_ns: AtomicU64::new(0),
+            last_transition: AtomicU64::new(0),
+            next_rejection_event_ms: AtomicU64::new(0),
+            store_errors: AtomicU64::new(0),
+            stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+            name,
+            base: Instant::now(),
+            s,
+            config,
+            store,
+        }
+    }
+
+    // --- admission ---
+
+    /// Decides whether a call may be made. The closed path is one load.
+    #[inline]
+    pub(crate) fn admit(self: &Arc<Self>) -> Result<Raw, Rejection> {
+        let core = &**self;
+        let w = Word(core.word.load(Acquire));
+        if w.is_fast() && core.store.is_none() {
+            return Ok(Raw {
+                gen: w.gen(),
+                kind: Kind::Tracked,
+            });
+        }
+        self.admit_slow(w)
+    }
+
+    #[cold]
+    pub(super) fn admit_slow(self: &Arc<Self>, mut w: Word) -> Result<Raw, Rejection> {
+        let core = &**self;
+        let now = core.now_ns();
+        if let Some(link) = &core.store {
+            self.maybe_refresh(link, now);
+        }
+        let decision = loop {
+            let tracked = Raw {
+                gen: w.gen(),
+                kind: Kind::Tracked,
+            };
+            match w.mode() {
+                Mode::Disabled => {
+                    return Ok(Raw {
+                        gen: w.gen(),
+                        kind: Kind::Untracked,
+                    })
+                }
+                Mode::ForcedClosed => return Ok(tracked),
+                Mode::ForcedOpen => {
+                    break Err(Rejection {
+                        retry_after: core.config.open_period,
+                        forced: true,
+                    })
+                }
+                Mode::Automatic | Mode::MetricsOnly => {}
+            }
+            let ns = |ms: u64| ms.saturating_mul(NANOS_PER_MS);
+            match w.phase() {
+                // closed -> (no change): fail closed, the fleet's decision
+                // is unknown.
+                Phase::Closed { .. } if core.store_blocks() => {
+                    break Err(Rejection {
+                        retry_after: core.config.refresh_interval,
+                        forced: false,
+                    });
+                }
+                Phase::Closed { ramp_until_ms: 0 } => return Ok(tracked),
+                // closed (ramping up) -> closed: the ramp is over.
+                Phase::Closed { ramp_until_ms } if now >= ns(ramp_until_ms) => {
+                    let _ = core.cas(w, w.with_deadline(0));
+                    return Ok(tracked);
+                }
+                Phase::Closed { ramp_until_ms } => {
+                    // Ramping up after closing: admit a growing share.
+                    let start = ns(ramp_until_ms).saturating_sub(core.s.ramp_ns);
+                    let share = (now.saturating_sub(start)) as f64 / core.s.ramp_ns.max(1) as f64;
+                    if unit(&*core.config.random) < share {
+                        return Ok(tracked);
+                    }
+                    break Err(Rejection {
+                        retry_after: Duration::ZERO,
+                        forced: false,
+                    });
+                }
+                Phase::Open { until_ms } if now < ns(until_ms) => {
+                    break Err(Rejection {
+                        retry_after: Duration::from_nanos(ns(until_ms) - now),
+                        forced: false,
+                    })
+                }
+                // open -> half-open (or -> electing, with a store): the
+                // period is over; the first caller moves the circuit on,
+                // everyone then competes for a probe slot.
+                Phase::Open { .. } => self.leave_open(w, now),
+                Phase::HalfOpen { probe_deadline_ms } => {
+                    let deadline_ns = ns(probe_deadline_ms);
+                    if core.probes_held(w.gen()) >= core.s.probes {
+                        if now < deadline_ns {
+                            break Err(Rejection {
+                                retry_after: core.probe_retry_after(deadline_ns, now),
+                                forced: false,
+                            });
+                        }
+                        // half-open -> open: every slot is held and the
+                        // latest probe has been out for the whole wait: it
+                        // hangs.
+                        let counts = core.probe_counts(w.gen(), 0);
+                        self.open(w, Cause::ProbeTimedOut, counts);
+                    } else {
+                        // half-open -> half-open (new probe deadline): a slot
+                        // looks free. This call's probe gets the whole
+                        // wait, written before the slot is taken: a caller
+                        // that sees the slot taken and the old deadline
+                        // passed then fails its compare-and-swap from the
+                        // old word, and never times this probe out early.
+                        let deadline = (now + core.s.half_open_ns).div_ceil(NANOS_PER_MS);
+                        let probing = if deadline > probe_deadline_ms {
+                            w.with_deadline(deadline)
+                        } else {
+                            w
+                        };
+                        if (probing == w || core.cas(w, probing).is_ok()) && core.try_probe(w.gen())
+                        {
+                            return Ok(Raw {
+                                gen: w.gen(),
+                                kind: Kind::Probe,
+                            });
+                        }
+                    }
+                }
+                // electing -> half-open (fail open) or -> open (fail
+                // closed): the election never answered.
+                Phase::Electing { until_ms } if now >= ns(until_ms) => {
+                    self.store_failed("try_acquire_probe", &StoreError::new("election timed out"));
+                    self.election_failed(w, now);
+                }
+                Phase::Electing { until_ms } => {
+                    break Err(Rejection {
+                        retry_after: Duration::from_nanos(ns(until_ms) - now),
+                        forced: false,
+                    })
+                }
+            }
+            w = Word(core.word.load(Acquire));
+        };
+        let stripe = core.stripe();
+        if w.mode() == Mode::MetricsOnly {
+            stripe.passed.fetch_add(1, Relaxed);
+            return Ok(Raw {
+                gen: w.gen(),
+                kind: Kind::Untracked,
+            });
+        }
+        stripe.rejected.fetch_add(1, Relaxed);
+        self.rejection_event(now);
+        decision
+    }
+
+    pub(super) fn rejection_event(self: &Arc<Self>, now: u64) {
+        let core = &**self;
+        let now_ms = now / NANOS_PER_MS;
+        let next = core.next_rejection_event_ms.load(Relaxed);
+        if now_ms >= next
+            && core
+                .next_rejection_event_ms
+                .compare_exchange(next, now_ms + core.s.rejection_event_ms, Relaxed, Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                breaker = %core.name,
+                rejected_total = core.totals().rejected,
+                "circuit_rejected"
+            );
+        }
+    }
+
+    // --- outcomes ---
+
+    /// Counts the outcome of an admitted call. `elapsed` is needed only for
+    /// slow-call detection.
+    pub(crate) fn complete(
+        self: &Arc<Self>,
+        raw: Raw,
+        outcome: Outcome,
+        elapsed: Option<Duration>,
+    ) {
+        self.complete_at(thread_index(), raw, outcome, elapsed);
+    }
+
+    /// [`complete`](Self::complete), counting in the figures of stripe
+    /// `stripe`.
+    #[inline]
+    pub(super) fn complete_at(
+        self: &Arc<Self>,
+        stripe: usize,
+        raw: Raw,
+        outcome: Outcome,
+        elapsed: Option<Duration>,
+    ) {
+        let core = &**self;
+        if raw.kind == Kind::Untracked {
+            return;
+        }
+        let stripe = &core.stripes[stripe % STRIPES];
+        let code = match outcome {
+            Outcome::Ignored => {
+                stripe.ignored.fetch_add(1, Relaxed);
+                if raw.kind == Kind::Probe {
+                    core.release_probe(raw.gen);
+                }
+                return;
+            }
+            Outcome::Failure => FAIL,
+            Outcome::Success
+                if core.s.slow_ns != 0 && elapsed.is_some_and(|e| nanos(e) >= core.s.slow_ns) =>
+            {
+                SLOW
+            }
+            Outcome::Success => OK,
+        };
+        let w = Word(core.word.load(Acquire));
+        if w.gen() != raw.gen {
+            // The circuit moved on while the call was in flight: the
+            // outcome is discarded, and counted only as stale.
+            stripe.stale.fetch_add(1, Relaxed);
+            if raw.kind == Kind::Probe {
+                core.release_probe(raw.gen);
+            }
+            return;
+        }
+        match code {
+            FAIL => stripe.failed.fetch_add(1, Relaxed),
+            SLOW => {
+                stripe.slow.fetch_add(1, Relaxed);
+                stripe.successful.fetch_add(1, Relaxed)
+            }
+            _ => stripe.successful.fetch_add(1, Relaxed),
+        };
+        match raw.kind {
+            Kind::Tracked => self.complete_tracked(w, code),
+            _ => self.complete_probe(w, code),
+        }
+    }
+
+    /// Counts a closed-state outcome; closed -> open when the window (or
+    /// the run of failures) says so.
+    pub(super) fn complete_tracked(self: &Arc<Self>, w: Word, code: u32) {
+        let core = &**self;
+        let gen = w.gen();
+        let now = if core.window.needs_clock() {
+            core.now_ns()
+        } else {
+            0
+        };
+        core.window.record(gen, code, now);
+        let mut in_a_row = 0;
+        if core.s.consecutive != 0 {
+            if code == FAIL {
+                in_a_row = core.bump_consecutive(gen);
+            } else {
+                core.clear_consecutive(gen);
+            }
+        }
+        if code == OK || !w.is_automatic() || w.state() != CLOSED {
+            return;
+        }
+        let counts = core.window.counts(gen, now);
+        if let Some(cause) = core.trip_cause(counts, in_a_row) {
+            let mut w = w;
+            while w.gen() == gen && w.state() == CLOSED {
+                if self.open(w, cause, counts) {
+                    return;
+                }
+                w = Word(core.word.load(Acquire));
+            }
+        }
+    }
+
+    /// Counts a probe's outcome: half-open -> closed after enough
+    /// successes, half-open -> open on a failed or slow probe.
+    pub(super) fn complete_probe(self: &Arc<Self>, w: Word, code: u32) {
+        let core = &**self;
+        if w.state() != HALF_OPEN {
+            core.release_probe(w.gen());
+            return;
+        }
+        // The latest probe's duration, from its deadline: what callers
+        // rejected while the next probe runs are told to wait.
+        let now = core.now_ns();
+        let started =
+            (w.deadline_ms().saturating_mul(NANOS_PER_MS)).saturating_sub(core.s.half_open_ns);
+        core.last_probe_ns
+            .store(now.saturating_sub(started).max(1), Relaxed);
+        if code == OK {
+            let successes = core.probe_succeeded(w.gen());
+            if successes >= core.s.successes {
+                self.close_with_counts(w, Cause::ProbesSucceeded, core.probe_counts(w.gen(), 0));
+            }
+        } else {
+            let counts = core.probe_counts(w.gen(), code);
+            core.release_probe(w.gen());
+            self.open(w, Cause::ProbeFailed, counts);
+        }
+    }
+
+    /// A call admitted but never completed: nothing is counted.
+    pub(crate) fn cancel(self: &Arc<Self>, raw: Raw) {
+        if raw.kind == Kind::Untracked {
+            return;
+        }
+        self.stripe().ignored.fetch_add(1, Relaxed);
+        if raw.kind == Kind::Probe {
+            self.release_probe(raw.gen);
+        }
+    }
+
+    // --- transitions ---
+
+    /// closed | half-open | electing -> open: opens from `from`, for the
+    /// period of the streak of re-opens. Returns whether this call made the
+    /// transition.
+    pub(super) fn open(self: &Arc<Self>, from: Word, cause: Cause, counts: Counts) -> bool {
+        let core = &**self;
+        let streak = if from.state() == CLOSED {
+            0
+        } else {
+            core.streak.load(Relaxed).saturating_add(1)
+        };
+        let period = core.open_period(streak);
+        let now = core.now_ns();
+        // Open deadlines are kept in whole milliseconds, rounded down, so the
+        // advertised wait never exceeds the period.
+        let to = from.next(OPEN, (now + period) / NANOS_PER_MS);
+        if core.cas(from, to).is_err() {
+            return false;
+        }
+        core.streak.store(streak, Relaxed);
+        core.opened.fetch_add(1, Relaxed);
+        let period = Duration::from_nanos(period);
+        self.after_transition(from, to, cause, counts, Some(period));
+        if let Some(link) = &core.store {
+            link.shared_open.store(false, Relaxed);
+            // The fleet's prober failed: re-open with its token, so the
+            // longer period and the count of re-opens are shared.
+            let token = if from.state() == HALF_OPEN {
+                link.take_token()
+            } else {
+                None
+            };
+            self.store_open(to, period, token);
+        }
+        true
+    }
+
+    /// open -> half-open, or open -> electing with a store: leaves an open
+    /// state whose period is over.
+    pub(super) fn leave_open(self: &Arc<Self>, from: Word, now: u64) {
+        if self.store.is_some() {
+            let deadline = (now + self.s.half_open_ns).div_ceil(NANOS_PER_MS);
+            let to = from.next(ELECTING, deadline);
+            if self.cas(from, to).is_ok() {
+                self.elect(to);
+            }
+        } else {
+            self.half_open(from, now, Cause::OpenPeriodOver);
+        }
+    }
+
+    /// open | electing -> half-open: probing starts (locally, or as the
+    /// fleet's elected prober).
+    pub(super) fn half_open(self: &Arc<Self>, from: Word, now: u64, cause: Cause) -> bool {
+        let core = &**self;
+        let deadline = (now + core.s.half_open_ns).div_ceil(NANOS_PER_MS);
+        let to = from.next(HALF_OPEN, deadline);
+        if core.cas(from, to).is_err() {
+            return false;
+        }
+        self.after_transition(from, to, cause, Counts::default(), None);
+        true
+    }
+
+    /// half-open | open | electing -> closed, with nothing to report (the
+    /// store said so).
+    pub(super) fn close_with(self: &Arc<Self>, from: Word, cause: Cause) -> bool {
+        self.close_with_counts(from, cause, Counts::default())
+    }
+
+    /// half-open | open | electing -> closed: a fresh window, the growth
+    /// reset, the ramp-up started; `counts` are the probes' outcomes.
+    pub(super) fn close_with_counts(
+        self: &Arc<Self>,
+        from: Word,
+        cause: Cause,
+        counts: Counts,
+    ) -> bool {
+        let core = &**self;
+        let now = core.now_ns();
+        let ramp = if core.s.ramp_ns == 0 {
+            0
+        } else {
+            (now + core.s.ramp_ns).div_ceil(NANOS_PER_MS).max(1)
+        };
+        let to = from.next(CLOSED, ramp);
+        if core.cas(from, to).is_err() {
+            return false;
+        }
+        core.streak.store(0, Relaxed);
+        core.window_epoch.store(to.gen(), Release);
+        self.after_transition(from, to, cause, counts, None);
+        if let Some(link) = &core.store {
+            link.shared_open.store(false, Relaxed);
+            if cause != Cause::Store {
+                self.store_close(link);
+            }
+        }
+        true
+    }
+
+    pub(super) fn after_transition(
+        self: &Arc<Self>,
+        from: Word,
+        to: Word,
+        cause: Cause,
+        counts: Counts,
+        open_for: Option<Duration>,
+    ) {
+        let core = &**self;
+        let now = core.now_ns();
+        let previous = core.last_transition.swap(now + 1, AcqRel);
+        // How long the circuit was in the state it leaves (since the
+        // breaker was built, for its first transition).
+        let after_ms = now.saturating_sub(previous.saturating_sub(1)) / NANOS_PER_MS;
+        let rate = |n: u64| {
+            if counts.calls == 0 {
+                0.0
+            } else {
+                n as f64 / counts.calls as f64
+            }
+        };
+        let name = &*core.name;
+        match (to.state(), cause) {
+            (_, Cause::ModeChanged) => tracing::warn!(
+                breaker = name,
+                mode = ?to.mode(),
+                "circuit_mode_changed"
+            ),
+            (OPEN, _) => tracing::warn!(
+                breaker = name,
+                cause = ?cause,
+                failure_rate = rate(counts.failures),
+                slow_rate = rate(counts.slow),
+                calls = counts.calls,
+                failures = counts.failures,
+                slow = counts.slow,
+                after_ms,
+                open_for_ms = open_for.map_or(0, |d| d.as_millis() as u64),
+                times_opened = core.opened.load(Relaxed),
+                "circuit_opened"
+            ),
+            (HALF_OPEN, _) => tracing::info!(
+                breaker = name,
+                cause = ?cause,
+                open_ms = after_ms,
+                times_opened = core.opened.load(Relaxed),
+                rejected_total = core.totals().rejected,
+                "circuit_half_open"
+            ),
+            (CLOSED, _) => tracing::info!(
+                breaker = name,
+                cause = ?cause,
+                probes_succeeded = counts.calls,
+                after_ms,
+                times_opened = core.opened.load(Relaxed),
+                rejected_total = core.totals().rejected,
+                "circuit_closed"
+            ),
+            _ => {}
+        }
+        if let Some(listener) = &core.config.listener {
+            listener.on_transition(&Transition {
+                name: core.name.clone(),
+                from: from.public_state(),
+                to: to.public_state(),
+                mode: to.mode(),
+                cause,
+                window: window_counts(counts),
+                open_for,
+                at: core.base + Duration::from_nanos(now),
+            });
+        }
+    }
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        nanos(Instant::now().saturating_duration_since(self.base))
+    }
+
+    /// The start time of a call, if slow-call detection needs it.
+    #[inline]
+    pub(crate) fn started_ns(&self, raw: Raw) -> u64 {
+        if self.s.slow_ns != 0 && raw.kind != Kind::Untracked {
+            self.now_ns()
+        } else {
+            0
+        }
+    }
+
+    #[inline]
+    pub(crate) fn elapsed(&self, started_ns: u64) -> Option<Duration> {
+        (self.s.slow_ns != 0)
+            .then(|| Duration::from_nanos(self.now_ns().saturating_sub(started_ns)))
+    }
+
+    pub(super) fn cas(&self, from: Word, to: Word) -> Result<(), Word> {
+        self.word
+            .compare_exchange(from.0, to.0, AcqRel, Acquire)
+            .map(drop)
+            .map_err(Word)
+    }
+
+    #[inline]
+    pub(super) fn stripe(&self) -> &Stripe {
+        &self.stripes[thread_index() % STRIPES]
+    }
+
+    pub(super) fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for s in self.stripes.iter() {
+            t.successful += s.successful.load(Relaxed);
+            t.failed += s.failed.load(Relaxed);
+            t.slow += s.slow.load(Relaxed);
+            t.ignored += s.ignored.load(Relaxed);
+            t.rejected += s.rejected.load(Relaxed);
+            t.stale += s.stale.load(Relaxed);
+            t.passed_in_metrics_only += s.passed.load(Relaxed);
+        }
+        t.opened = self.opened.load(Relaxed);
+        t.store_errors = self.store_errors.load(Relaxed);
+        t
+    }
+
+    /// Whether the window (or the failures in a row) says open.
+    pub(super) fn trip_cause(&self, c: Counts, in_a_row: u64) -> Option<Cause> {
+        if self.s.consecutive != 0 && in_a_row >= self.s.consecutive {
+            return Some(Cause::ConsecutiveFailures);
+        }
+        if c.calls < self.s.minimum_calls || c.calls == 0 {
+            return None;
+        }
+        if c.failures * PPM >= self.s.failure_ppm * c.calls {
+            return Some(Cause::FailureRate);
+        }
+        if self.s.slow_ns != 0 && c.slow * PPM >= self.s.slow_ppm * c.calls {
+            return Some(Cause::SlowCallRate);
+        }
+        None
+    }
+
+    /// The open period after `streak` re-opens in a row, in nanoseconds:
+    /// grown, capped, then jittered, so that periods at the cap still
+    /// differ between breakers (and a fleet does not probe in lockstep).
+    pub(super) fn open_period(&self, streak: u32) -> u64 {
+        let s = &self.s;
+        let grown =
+            (s.open_ns as f64 * s.growth.powi(streak.min(64) as i32)).min(s.max_open_ns as f64);
+        let jittered = if s.jitter > 0.0 {
+            grown * (1.0 + s.jitter * (2.0 * unit(&*self.config.random) - 1.0))
+        } else {
+            grown
+        };
+        jittered.max(0.0) as u64
+    }
+
+    /// Probe slots of generation `gen` held now.
+    pub(super) fn probes_held(&self, gen: u32) -> u64 {
+        let probes = self.probes.load(Acquire);
+        if probe_gen(probes) == gen {
+            probe_in_flight(probes)
+        } else {
+            0
+        }
+    }
+
+    /// The probes' outcomes in the half-open state of `gen` so far, plus
+    /// `last` (a failed or slow probe; 0 for none): the window a transition
+    /// out of half-open reports.
+    pub(super) fn probe_counts(&self, gen: u32, last: u32) -> Counts {
+        let probes = self.probes.load(Acquire);
+        let successes = if probe_gen(probes) == gen {
+            probes & 0xF_FFFF
+        } else {
+            0
+        };
+        Counts {
+            calls: successes + u64::from(last != 0),
+            failures: u64::from(last == FAIL),
+            slow: u64::from(last == SLOW),
+        }
+    }
+
+    /// What a caller refused while half-open is told: about when the
+    /// probe in flight should finish (its start plus the duration of the
+    /// last probe, or 1 s before any probe finished; once overdue, one
+    /// such duration more), never beyond the probe's timeout.
+    pub(super) fn probe_retry_after(&self, deadline_ns: u64, now: u64) -> Duration {
+        let remaining = deadline_ns.saturating_sub(now);
+        let typical = match self.last_probe_ns.load(Relaxed) {
+            0 => NANOS_PER_SEC,
+            d => d,
+        };
+        let started = deadline_ns.saturating_sub(self.s.half_open_ns);
+        let expected = match (started + typical).saturating_sub(now) {
+            0 => typical,
+            left => left,
+        };
+        Duration::from_nanos(expected.max(NANOS_PER_MS).min(remaining))
+    }
+
+    pub(super) fn bump_consecutive(&self, gen: u32) -> u64 {
+        let mut current = self.consecutive.load(Relaxed);
+        loop {
+            let next = if (current >> 32) as u32 == gen {
+                current + 1
+            } else {
+                (u64::from(gen) << 32) | 1
+            };
+            match self
+                .consecutive
+                .compare_exchange_weak(current, next, Relaxed, Relaxed)
+            {
+                Ok(_) => return next & 0xFFFF_FFFF,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    pub(super) fn clear_consecutive(&self, gen: u32) {
+        let current = self.consecutive.load(Relaxed);
+        if current & 0xFFFF_FFFF != 0 || (current >> 32) as u32 != gen {
+            self.consecutive.store(u64::from(gen) << 32, Relaxed);
+        }
+    }
+
+    /// Takes a probe slot of generation `gen`, if one is free.
+    pub(super) fn try_probe(&self, gen: u32) -> bool {
+        let mut current = self.probes.load(Acquire);
+        loop {
+            let held = probe_gen(current);
+            let next = if held != gen {
+                if is_newer(held, gen) {
+                    return false;
+                }
+                probe_word(gen, 1, 0)
+            } else if probe_in_flight(current) >= self.s.probes {
+                return false;
+            } else {
+                current + (1 << 20)
+            };
+            match self
+                .probes
+                .compare_exchange_weak(current, next, AcqRel, Acquire)
+            {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// A probe of `gen` succeeded: frees its slot and returns the successes
+    /// in a row so far.
+    pub(super) fn probe_succeeded(&self, gen: u32) -> u64 {
+        let mut current = self.probes.load(Acquire);
+        loop {
+            if probe_gen(current) != gen {
+                return 0;
+            }
+            let next = probe_word(
+                gen,
+                probe_in_flight(current).saturating_sub(1),
+                (current & 0xF_FFFF) + 1,
+            );
+            match self
+                .probes
+                .compare_exchange_weak(current, next, AcqRel, Acquire)
+            {
+                Ok(_) => return next & 0xF_FFFF,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    pub(super) fn release_probe(&self, gen: u32) {
+        let mut current = self.probes.load(Acquire);
+        loop {
+            if probe_gen(current) != gen || probe_in_flight(current) == 0 {
+                return;
+            }
+            match self
+                .probes
+                .compare_exchange_weak(current, current - (1 << 20), AcqRel, Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
+pub(super) fn probe_word(gen: u32, in_flight: u64, successes: u64) -> u64 {
+    (u64::from(gen & GEN_MASK) << 40) | (in_flight.min(0xF_FFFF) << 20) | successes.min(0xF_FFFF)
+}
+
+pub(super) fn probe_gen(word: u64) -> u32 {
+    (word >> 40) as u32 & GEN_MASK
+}
+
+pub(super) fn probe_in_flight(word: u64) -> u64 {
+    (word >> 20) & 0xF_FFFF
+}
+
+pub(super) fn window_counts(c: Counts) -> WindowCounts {
+    WindowCounts {
+        calls: c.calls,
+        failures: c.failures,
+        slow: c.slow,
+    }
+}

@@ -1,0 +1,511 @@
+//! The shared breaker: its public handle ([`Breaker`], [`Permit`]), the
+//! local state machine ([`machine`]) and the synchronisation with a fleet
+//! through a shared store ([`fleet`]).
+
+mod fleet;
+mod machine;
+
+pub(crate) use machine::Core;
+use machine::{probe_gen, probe_in_flight, window_counts};
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::classify::Outcome;
+use crate::config::BreakerConfig;
+use crate::error::CircuitOpen;
+use crate::snapshot::{Cause, Snapshot};
+use crate::state::{Word, CLOSED, HALF_OPEN, OPEN};
+use crate::store::StoreError;
+use crate::window::Counts;
+use crate::Mode;
+
+pub(super) const NANOS_PER_MS: u64 = 1_000_000;
+pub(super) const NANOS_PER_SEC: u64 = 1_000_000_000;
+pub(super) const PPM: u64 = 1_000_000;
+pub(crate) const STRIPES: usize = 8;
+
+/// A circuit breaker: the shared state that [`BreakerLayer`] wraps
+/// services with.
+///
+/// A `Breaker` is a handle: it holds one `Arc` to the state machine, its
+/// window, its figures and its configuration. Create one per dependency
+/// (or use [`KeyedBreakerLayer`](crate::KeyedBreakerLayer) for one per
+/// host or route), give a clone to the layer, keep a clone to switch modes
+/// and read [snapshots](Breaker::snapshot).
+///
+/// Besides the tower layer, the breaker can guard any code by hand with
+/// [`try_acquire`](Breaker::try_acquire) and [`Permit::record`].
+///
+/// # Clone
+///
+/// Clones share everything (one `Arc`): state, window, figures, mode.
+/// Cloning costs one atomic increment.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let breaker = Breaker::with_config(
+///     "billing",
+///     BreakerConfig::new().count_window(4).minimum_calls(4),
+/// );
+/// for _ in 0..4 {
+///     let permit = breaker.try_acquire().expect("closed");
+///     permit.record(Outcome::Failure);
+/// }
+/// assert_eq!(breaker.snapshot().state, State::Open);
+///
+/// let rejected = breaker.try_acquire().unwrap_err();
+/// assert_eq!(rejected.breaker(), "billing");
+/// assert!(rejected.retry_after() > std::time::Duration::from_secs(4));
+/// # }
+/// ```
+///
+/// [`BreakerLayer`]: crate::BreakerLayer
+#[derive(Clone)]
+pub struct Breaker {
+    pub(crate) core: Arc<Core>,
+    /// Handles on the core, one per thread stripe, each alone on its cache
+    /// lines: a call's future holds one of these, so the reference counts
+    /// that every call touches are not shared between threads.
+    shards: Arc<[Arc<Shard>]>,
+}
+
+#[repr(align(128))]
+struct Shard {
+    core: Arc<Core>,
+    /// This stripe's own copy of the name (its own reference count).
+    name: Arc<str>,
+}
+
+/// Permission to make one call, from [`Breaker::try_acquire`]: record the
+/// call's outcome on it.
+///
+/// Dropping a permit without recording counts as a cancellation: nothing is
+/// counted, and if the call was a half-open probe its slot is freed.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::{Breaker, Outcome};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let breaker = Breaker::new("ledger");
+/// match breaker.try_acquire() {
+///     Ok(permit) => {
+///         let worked = true; // call the dependency here
+///         permit.record(if worked { Outcome::Success } else { Outcome::Failure });
+///     }
+///     Err(open) => eprintln!("{open}; falling back"),
+/// }
+/// # }
+/// ```
+#[must_use = "dropping a permit counts the call as cancelled"]
+pub struct Permit {
+    shard: Arc<Shard>,
+    raw: Raw,
+    started_ns: u64,
+    stripe: u8,
+    armed: bool,
+}
+
+/// What an admitted call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Counted in the closed window.
+    Tracked,
+    /// A half-open probe, holding one probe slot.
+    Probe,
+    /// Not counted (disabled, or let through by metrics-only mode).
+    Untracked,
+}
+
+/// An admission: the generation it belongs to and its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Raw {
+    pub(crate) gen: u32,
+    pub(crate) kind: Kind,
+}
+
+/// Why and for how long a call is refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rejection {
+    pub(crate) retry_after: Duration,
+    pub(crate) forced: bool,
+}
+
+// === impl Breaker ===
+
+impl Breaker {
+    /// A breaker with every default of [`BreakerConfig::new`].
+    ///
+    /// `name` appears in errors, events, snapshots and, with a store, in
+    /// the store's key. Times are measured from now, with
+    /// [`tokio::time::Instant`] (so paused test time applies).
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self::with_config(name, BreakerConfig::new())
+    }
+
+    /// A breaker with the given configuration, refusing a name its store
+    /// cannot hold ([`Store::check_name`]; without a store every name is
+    /// fine).
+    ///
+    /// [`with_config`](Breaker::with_config) accepts such a name, logs a
+    /// `circuit_store_invalid_name` error, and then every store call fails
+    /// (see [`StoreFailureMode`]).
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`] when it refuses the name.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_breaker::store::MemoryStore;
+    /// use tower_breaker::{Breaker, BreakerConfig};
+    ///
+    /// let config = BreakerConfig::new().store(Arc::new(MemoryStore::new()));
+    /// let breaker = Breaker::try_with_config("payments", config).unwrap();
+    /// # let _ = breaker;
+    /// ```
+    pub fn try_with_config(
+        name: impl Into<Arc<str>>,
+        config: BreakerConfig,
+    ) -> Result<Self, StoreError> {
+        let name = name.into();
+        if let Some(store) = &config.store {
+            store.check_name(&name)?;
+        }
+        Ok(Self::with_config(name, config))
+    }
+
+    /// A breaker with the given configuration.
+    pub fn with_config(name: impl Into<Arc<str>>, config: BreakerConfig) -> Self {
+        let core = Arc::new(Core::new(name.into(), config));
+        let shards = (0..STRIPES)
+            .map(|_| {
+                Arc::new(Shard {
+                    core: Arc::clone(&core),
+                    name: Arc::from(&*core.name),
+                })
+            })
+            .collect();
+        Self { core, shards }
+    }
+
+    /// The breaker's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The configuration the breaker was built with.
+    pub fn config(&self) -> &BreakerConfig {
+        &self.core.config
+    }
+
+    /// Asks to make one call.
+    ///
+    /// Closed: always granted (one atomic load). Open: refused until the
+    /// open period is over; the first call after it moves the circuit to
+    /// half-open and becomes a probe. Half-open: granted to at most
+    /// `permitted_probes` calls at once. See the
+    /// [crate docs](crate#semantics).
+    ///
+    /// # Errors
+    ///
+    /// [`CircuitOpen`] when the call must not be made.
+    pub fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
+        match self.admit() {
+            Ok(raw) => Ok(self.permit(raw)),
+            Err(rejection) => Err(self.open_error(rejection)),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn admit(&self) -> Result<Raw, Rejection> {
+        self.core.admit()
+    }
+
+    #[inline]
+    pub(crate) fn permit(&self, raw: Raw) -> Permit {
+        self.permit_started(raw, self.core.started_ns(raw))
+    }
+
+    /// A permit for an admission whose start time was already taken.
+    #[inline]
+    pub(crate) fn permit_started(&self, raw: Raw, started_ns: u64) -> Permit {
+        let stripe = thread_index() % STRIPES;
+        Permit {
+            shard: Arc::clone(&self.shards[stripe]),
+            raw,
+            started_ns,
+            stripe: stripe as u8,
+            armed: true,
+        }
+    }
+
+    pub(crate) fn open_error(&self, rejection: Rejection) -> CircuitOpen {
+        // Each stripe has its own copy of the name, so that rejections on
+        // different threads do not contend on one reference count.
+        let name = &self.shards[thread_index() % STRIPES].name;
+        CircuitOpen::new(Arc::clone(name), rejection.retry_after, rejection.forced)
+    }
+
+    pub(crate) fn complete(&self, raw: Raw, outcome: Outcome, elapsed: Option<Duration>) {
+        self.core.complete(raw, outcome, elapsed);
+    }
+
+    pub(crate) fn cancel(&self, raw: Raw) {
+        self.core.cancel(raw);
+    }
+
+    /// Whether a call would be refused now for certain (open before the end
+    /// of its period, or forced open), without admitting one: what a retry
+    /// layer asks before sleeping a backoff. A refusal counts as a rejected
+    /// call, like one refused by [`admit`](Self::admit).
+    #[inline]
+    pub(crate) fn peek(&self) -> Result<(), Rejection> {
+        let core = &self.core;
+        let w = Word(core.word.load(Acquire));
+        if w.is_fast() {
+            return Ok(());
+        }
+        let now = core.now_ns();
+        let refusal = match w.mode() {
+            Mode::ForcedOpen => Rejection {
+                retry_after: core.config.open_period,
+                forced: true,
+            },
+            Mode::Automatic if w.state() == OPEN => {
+                let deadline_ns = w.deadline_ms().saturating_mul(NANOS_PER_MS);
+                if now >= deadline_ns {
+                    return Ok(());
+                }
+                Rejection {
+                    retry_after: Duration::from_nanos(deadline_ns - now),
+                    forced: false,
+                }
+            }
+            _ => return Ok(()),
+        };
+        core.stripe().rejected.fetch_add(1, Relaxed);
+        core.rejection_event(now);
+        Err(refusal)
+    }
+
+    /// The manual mode.
+    #[must_use]
+    pub fn mode(&self) -> Mode {
+        Word(self.core.word.load(Acquire)).mode()
+    }
+
+    /// Switches the manual mode. Every switch, even to the current mode,
+    /// starts over: the circuit is closed with a fresh window, the open
+    /// period's growth is reset, and outcomes of calls in flight are
+    /// discarded. So `set_mode(Mode::Automatic)` is also a reset.
+    pub fn set_mode(&self, mode: Mode) {
+        let core = &*self.core;
+        let mut from = Word(core.word.load(Acquire));
+        let to = loop {
+            let to = Word::new(CLOSED, mode, from.gen().wrapping_add(1), 0);
+            match core.word.compare_exchange(from.0, to.0, AcqRel, Acquire) {
+                Ok(_) => break to,
+                Err(actual) => from = Word(actual),
+            }
+        };
+        core.streak.store(0, Relaxed);
+        core.window_epoch.store(to.gen(), Release);
+        if let Some(link) = &core.store {
+            link.take_token();
+        }
+        self.core
+            .after_transition(from, to, Cause::ModeChanged, Counts::default(), None);
+    }
+
+    /// Reads the shared decision now and adopts it, without waiting for the
+    /// next refresh interval; without a store it does nothing.
+    ///
+    /// A process that has just started knows nothing of the fleet's
+    /// circuit until its first read, and until then lets calls through;
+    /// awaiting this once before serving closes that gap (a short-lived
+    /// process, say a function invocation, should). It also restarts the
+    /// refresh interval.
+    ///
+    /// # Errors
+    ///
+    /// The store's error (or timeout). It is counted and logged as every
+    /// store failure is, and the local decision stands.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_breaker::store::{MemoryStore, Store};
+    /// use tower_breaker::{Breaker, BreakerConfig, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let store = Arc::new(MemoryStore::new());
+    /// store.try_open("search", Duration::from_secs(5)).await.unwrap(); // another process
+    ///
+    /// let breaker = Breaker::with_config("search", BreakerConfig::new().store(store));
+    /// breaker.refresh().await.unwrap();
+    /// assert_eq!(breaker.snapshot().state, State::Open);
+    /// assert!(breaker.try_acquire().is_err());
+    /// # }
+    /// ```
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        let core = &self.core;
+        let Some(link) = &core.store else {
+            return Ok(());
+        };
+        let asked = core.now_ns();
+        link.next_refresh_ns
+            .store(asked + link.refresh_ns.max(1), Relaxed);
+        let result = link.store.read(&core.name).await;
+        core.apply_read(&result, asked);
+        result.map(drop)
+    }
+
+    /// A picture of the breaker now: state, mode, window, rates, totals.
+    /// Takes no lock.
+    #[must_use]
+    pub fn snapshot(&self) -> Snapshot {
+        let core = &*self.core;
+        let w = Word(core.word.load(Acquire));
+        let now = core.now_ns();
+        let counts = core.window.counts(core.window_epoch.load(Acquire), now);
+        let rate = |n: u64| {
+            if counts.calls == 0 {
+                0.0
+            } else {
+                n as f64 / counts.calls as f64
+            }
+        };
+        let deadline_ns = w.deadline_ms().saturating_mul(NANOS_PER_MS);
+        let retry_after = match w.state() {
+            _ if !w.is_automatic() => None,
+            CLOSED => None,
+            HALF_OPEN if core.probes_held(w.gen()) < core.s.probes => Some(Duration::ZERO),
+            HALF_OPEN => Some(core.probe_retry_after(deadline_ns, now)),
+            _ => Some(Duration::from_nanos(deadline_ns.saturating_sub(now))),
+        };
+        let probes = core.probes.load(Acquire);
+        let probes_in_flight = if w.state() == HALF_OPEN && probe_gen(probes) == w.gen() {
+            probe_in_flight(probes) as u32
+        } else {
+            0
+        };
+        let consecutive = core.consecutive.load(Acquire);
+        let consecutive_failures = if (consecutive >> 32) as u32 == w.gen() {
+            consecutive & 0xFFFF_FFFF
+        } else {
+            0
+        };
+        let last = core.last_transition.load(Acquire);
+        Snapshot {
+            name: core.name.clone(),
+            state: w.public_state(),
+            mode: w.mode(),
+            window: window_counts(counts),
+            failure_rate: rate(counts.failures),
+            slow_rate: rate(counts.slow),
+            consecutive_failures,
+            retry_after,
+            probes_in_flight,
+            last_transition: (last != 0).then(|| core.base + Duration::from_nanos(last - 1)),
+            totals: core.totals(),
+        }
+    }
+}
+
+impl fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = Word(self.core.word.load(Relaxed));
+        f.debug_struct("Breaker")
+            .field("name", &self.core.name)
+            .field("state", &w.public_state())
+            .field("mode", &w.mode())
+            .field("config", &self.core.config)
+            .finish()
+    }
+}
+
+// === impl Permit ===
+
+impl Permit {
+    /// Whether this call is a half-open probe.
+    #[must_use]
+    pub fn is_probe(&self) -> bool {
+        self.raw.kind == Kind::Probe
+    }
+
+    /// Counts the call's outcome. With slow-call detection on, a success is
+    /// slow if the time since [`Breaker::try_acquire`] reached the
+    /// threshold.
+    pub fn record(mut self, outcome: Outcome) {
+        self.armed = false;
+        let elapsed = self.shard.core.elapsed(self.started_ns);
+        self.shard
+            .core
+            .complete_at(usize::from(self.stripe), self.raw, outcome, elapsed);
+    }
+
+    /// Counts the call's outcome, with the call's duration measured by the
+    /// caller.
+    pub fn record_with_elapsed(mut self, outcome: Outcome, elapsed: Duration) {
+        self.armed = false;
+        self.shard
+            .core
+            .complete_at(usize::from(self.stripe), self.raw, outcome, Some(elapsed));
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shard.core.cancel(self.raw);
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("breaker", &self.shard.core.name)
+            .field("probe", &self.is_probe())
+            .finish()
+    }
+}
+
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 4)
+}
+
+/// The index of the current thread's stripe.
+pub(crate) fn thread_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    INDEX.with(|index| {
+        let i = index.get();
+        if i != usize::MAX {
+            return i;
+        }
+        let i = NEXT.fetch_add(1, Relaxed);
+        index.set(i);
+        i
+    })
+}
