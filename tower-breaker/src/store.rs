@@ -122,7 +122,7 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 ///     fn try_open<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, Duration> {
 ///         Box::pin(async { Err(StoreError::new("down")) })
 ///     }
-///     fn try_acquire_probe<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, Election> {
+///     fn try_acquire_probe<'a>(&'a self, _: &'a str, _: Duration, _: Duration) -> StoreFuture<'a, Election> {
 ///         Box::pin(async { Err(StoreError::new("down")) })
 ///     }
 ///     fn close<'a>(&'a self, _: &'a str, _: ProbeToken) -> StoreFuture<'a, bool> {
@@ -141,20 +141,27 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// new one).
     fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration>;
 
-    /// Elects the fleet's prober. When T has passed, exactly one caller wins
-    /// by moving T forward to now + `open_for` (the period the circuit
-    /// stays open if the probe fails) and gets a token for
-    /// [`close`](Store::close); while T is in the future, callers lose and
-    /// learn the time left; with no record at all, the circuit is closed.
+    /// Elects the fleet's prober. When T has passed and no prober holds a
+    /// lease, exactly one caller wins: T moves forward to now + `open_for`
+    /// (the period the circuit stays open if the probe fails), the winner
+    /// holds a lease of `lease` (the longest its probe may take; no other
+    /// caller wins before it ends, even past T) and gets a token for
+    /// [`close`](Store::close) and [`reopen`](Store::reopen). While T or
+    /// the lease is in the future, callers lose and learn the time left.
+    /// A circuit marked closed is closed; a record that is missing (lost
+    /// while the caller knew the circuit open) is won like an expired one.
     fn try_acquire_probe<'a>(
         &'a self,
         name: &'a str,
         open_for: Duration,
+        lease: Duration,
     ) -> StoreFuture<'a, Election>;
 
-    /// Closes the circuit after a successful probe: deletes the record only
-    /// if it still holds `token` (nobody re-opened or re-elected since).
-    /// Returns whether it did.
+    /// Closes the circuit after a successful probe: marks it closed only if
+    /// the record still holds `token` (nobody re-opened or re-elected
+    /// since). The mark is kept for a while, so a record that vanished is
+    /// not mistaken for a closed circuit ([`Decision::Missing`]). Returns
+    /// whether it closed.
     fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool>;
 
     /// Reads the decision, for the per-process cache.
@@ -162,16 +169,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Re-opens after the probe of the election `token` won failed (or
     /// never completed): if the record still holds `token`, T becomes
-    /// now + `open_for` (never earlier than the T the election wrote) and
-    /// the fleet's count of re-opens in a row goes up by one, so the next
-    /// prober, in whatever process, learns it from its [`ProbeToken`].
-    /// Otherwise it behaves as [`try_open`](Store::try_open). Returns the
-    /// time left until the effective T.
+    /// now + `open_for` (never earlier than the T the election wrote), the
+    /// lease ends, and the fleet's count of re-opens in a row goes up by
+    /// one, so the next prober, in whatever process, learns it from its
+    /// [`ProbeToken`]. Otherwise nothing is written (fenced: a stale
+    /// prober must not re-open a circuit the fleet closed or re-elected
+    /// since). Returns the time left until the effective T (zero when the
+    /// circuit is not open).
     ///
-    /// The default implementation is [`try_open`](Store::try_open): the
-    /// election already moved T forward one longer period, so the circuit
-    /// stays open, but the period measured from the election and the count
-    /// of re-opens is not shared.
+    /// The default implementation is [`try_open`](Store::try_open), which
+    /// is not fenced: implement it.
     fn reopen<'a>(
         &'a self,
         name: &'a str,
@@ -255,7 +262,7 @@ pub enum Election {
         /// The time left until T.
         remaining: Duration,
     },
-    /// There is no record: the circuit is closed fleet-wide.
+    /// The circuit is marked closed fleet-wide (a prober closed it).
     Closed,
 }
 
@@ -271,9 +278,15 @@ pub enum Election {
 /// assert_ne!(d, Decision::Closed);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Decision {
-    /// No record.
+    /// A prober closed the circuit (the record says so).
     Closed,
+    /// No record: the circuit was never opened, or its record was lost
+    /// (a restart without persistence, a failover, an eviction). A breaker
+    /// that knows the circuit open keeps its opening and writes it again;
+    /// the others stay closed.
+    Missing,
     /// Open for `remaining` more.
     Open {
         /// The time left until T.
@@ -356,13 +369,15 @@ pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
 ///
 /// tokio::time::advance(secs(5)).await;
 /// assert_eq!(store.read("db").await.unwrap(), Decision::Expired);
-/// let Election::Won(token) = store.try_acquire_probe("db", secs(10)).await.unwrap() else {
+/// // The winner's lease (30 s) covers its probe, past the new T (10 s).
+/// let Election::Won(token) = store.try_acquire_probe("db", secs(10), secs(30)).await.unwrap() else {
 ///     panic!("the first caller wins")
 /// };
-/// assert!(matches!(
-///     store.try_acquire_probe("db", secs(10)).await.unwrap(),
-///     Election::Lost { .. }
-/// ));
+/// tokio::time::advance(secs(12)).await;
+/// assert_eq!(
+///     store.try_acquire_probe("db", secs(10), secs(30)).await.unwrap(),
+///     Election::Lost { remaining: secs(18) }
+/// );
 /// assert!(store.close("db", token).await.unwrap());
 /// assert_eq!(store.read("db").await.unwrap(), Decision::Closed);
 /// # }
@@ -382,12 +397,16 @@ struct Records {
 
 #[derive(Debug, Clone, Copy)]
 struct Record {
+    /// False once a prober closed the circuit (the mark is kept).
+    open: bool,
     until: Instant,
     token: u64,
     /// Re-opens in a row after failed probes.
     reopens: u32,
     /// The length of the current opening.
     period: Duration,
+    /// Until when the elected prober may probe (`until` or earlier: none).
+    lease: Instant,
 }
 
 // === impl ProbeToken ===
@@ -498,6 +517,30 @@ impl MemoryStore {
         self
     }
 
+    /// Forgets the record of `name`, as a store that lost its data would (a
+    /// restart without persistence, a failover to a replica that had not
+    /// received it, an eviction): for tests of what the fleet does then.
+    /// Returns whether there was one.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::store::{Decision, MemoryStore, Store};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let store = MemoryStore::new();
+    /// store.try_open("db", Duration::from_secs(5)).await.unwrap();
+    /// assert!(store.remove("db"));
+    /// assert_eq!(store.read("db").await.unwrap(), Decision::Missing);
+    /// # }
+    /// ```
+    pub fn remove(&self, name: &str) -> bool {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        records.map.remove(name).is_some()
+    }
+
     /// How many records the store holds.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -515,7 +558,7 @@ impl MemoryStore {
         let now = Instant::now();
         if now >= records.next_sweep {
             let keep = self.cleanup_after;
-            records.map.retain(|_, r| r.until + keep > now);
+            records.map.retain(|_, r| r.until.max(r.lease) + keep > now);
             records.next_sweep = now + (keep / 4).max(Duration::from_secs(1));
         }
         f(&mut records.map, now)
@@ -553,24 +596,36 @@ impl Store for MemoryStore {
         &'a self,
         name: &'a str,
         open_for: Duration,
+        lease: Duration,
     ) -> StoreFuture<'a, Election> {
         let token = self.token();
-        let result = self.with(|records, now| match records.get_mut(name) {
-            None => Election::Closed,
+        let result = self.with(|records, now| match records.get(name).copied() {
+            Some(r) if !r.open => Election::Closed,
             Some(r) if r.until > now => Election::Lost {
                 remaining: r.until - now,
             },
-            Some(r) => {
+            Some(r) if r.lease > now => Election::Lost {
+                remaining: r.lease - now,
+            },
+            previous => {
                 // At least as long as the last opening, whatever this
-                // caller's own idea of the period.
-                let period = open_for.max(r.period);
-                *r = Record {
-                    until: now + period,
-                    token,
-                    reopens: r.reopens,
-                    period,
-                };
-                Election::Won(ProbeToken::new(token).with_reopens(r.reopens))
+                // caller's own idea of the period. A missing record (lost
+                // while the caller knew the circuit open) is won too.
+                let (reopens, last) =
+                    previous.map_or((0, Duration::ZERO), |r| (r.reopens, r.period));
+                let period = open_for.max(last);
+                records.insert(
+                    name.to_owned(),
+                    Record {
+                        open: true,
+                        until: now + period,
+                        token,
+                        reopens,
+                        period,
+                        lease: now + lease,
+                    },
+                );
+                Election::Won(ProbeToken::new(token).with_reopens(reopens))
             }
         });
         Box::pin(async move { Ok(result) })
@@ -584,22 +639,33 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Duration> {
         let fresh = self.token();
         let result = self.with(|records, now| match records.get_mut(name) {
-            Some(r) if r.token == token.get() => {
+            Some(r) if r.open && r.token == token.get() => {
                 r.until = r.until.max(now + open_for);
                 r.token = fresh;
                 r.reopens = r.reopens.saturating_add(1);
                 r.period = open_for;
+                r.lease = now;
                 r.until - now
             }
-            _ => open_record(records, name, now, open_for, fresh),
+            // Fenced: the fleet closed or re-elected since.
+            Some(r) if r.open && r.until > now => r.until - now,
+            _ => Duration::ZERO,
         });
         Box::pin(async move { Ok(result) })
     }
 
     fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
-        let result = self.with(|records, _| match records.get(name) {
-            Some(r) if r.token == token.get() => {
-                records.remove(name);
+        let result = self.with(|records, now| match records.get_mut(name) {
+            Some(r) if r.open && r.token == token.get() => {
+                // The mark stays until the cleanup, like an opening.
+                *r = Record {
+                    open: false,
+                    until: now,
+                    token: 0,
+                    reopens: 0,
+                    period: Duration::ZERO,
+                    lease: now,
+                };
                 true
             }
             _ => false,
@@ -609,7 +675,8 @@ impl Store for MemoryStore {
 
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
         let result = self.with(|records, now| match records.get(name) {
-            None => Decision::Closed,
+            None => Decision::Missing,
+            Some(r) if !r.open => Decision::Closed,
             Some(r) if r.until > now => Decision::Open {
                 remaining: r.until - now,
             },
@@ -620,7 +687,8 @@ impl Store for MemoryStore {
 }
 
 /// [`Store::try_open`] on the map: open unless open until later. An expired
-/// record keeps its count of re-opens (no probe has closed the circuit).
+/// record keeps its count of re-opens (no probe has closed the circuit); a
+/// closed one starts again from zero.
 fn open_record(
     records: &mut HashMap<String, Record>,
     name: &str,
@@ -629,16 +697,18 @@ fn open_record(
     token: u64,
 ) -> Duration {
     match records.get(name) {
-        Some(r) if r.until > now => r.until - now,
+        Some(r) if r.open && r.until > now => r.until - now,
         previous => {
-            let reopens = previous.map_or(0, |r| r.reopens);
+            let reopens = previous.filter(|r| r.open).map_or(0, |r| r.reopens);
             records.insert(
                 name.to_owned(),
                 Record {
+                    open: true,
                     until: now + open_for,
                     token,
                     reopens,
                     period: open_for,
+                    lease: now,
                 },
             );
             open_for

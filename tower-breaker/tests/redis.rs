@@ -271,9 +271,10 @@ async fn when_t_passes_one_call_of_50_breakers_x_20_tasks_probes_and_its_success
     println!("election: 1 probe among 1000 tasks; all 50 closed {closed_in:?} after its success");
     assert!(closed_in <= REFRESH + SLACK, "{closed_in:?}");
     let key = store(&server).await.key("election").unwrap();
-    assert!(
-        server.record(&key).is_empty(),
-        "the prober deleted the record"
+    assert_eq!(
+        server.record(&key).get("state").map(String::as_str),
+        Some("closed"),
+        "the prober marked the circuit closed"
     );
 }
 
@@ -526,7 +527,7 @@ async fn a_paused_redis_bounds_every_store_call_by_the_timeout() {
     sleep(ms(1600)).await;
     assert_eq!(
         store.read("slow").await.unwrap(),
-        Decision::Closed,
+        Decision::Missing,
         "back by itself"
     );
 }
@@ -668,13 +669,10 @@ async fn exactly_one_election_winner_and_only_its_token_closes() {
         return;
     };
     let store = store(&server).await;
-    assert_eq!(
-        store.try_acquire_probe("votes", OPEN).await.unwrap(),
-        Election::Closed
-    );
+    assert_eq!(store.read("votes").await.unwrap(), Decision::Missing);
     store.try_open("votes", ms(100)).await.unwrap();
     assert!(matches!(
-        store.try_acquire_probe("votes", OPEN).await.unwrap(),
+        store.try_acquire_probe("votes", OPEN, OPEN).await.unwrap(),
         Election::Lost { .. }
     ));
     sleep(ms(150)).await;
@@ -686,7 +684,7 @@ async fn exactly_one_election_winner_and_only_its_token_closes() {
             let (store, barrier) = (store.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                store.try_acquire_probe("votes", OPEN).await.unwrap()
+                store.try_acquire_probe("votes", OPEN, OPEN).await.unwrap()
             })
         })
         .collect();
@@ -708,6 +706,11 @@ async fn exactly_one_election_winner_and_only_its_token_closes() {
     assert!(store.close("votes", token).await.unwrap());
     assert_eq!(store.read("votes").await.unwrap(), Decision::Closed);
     assert!(!store.close("votes", token).await.unwrap(), "only once");
+    assert_eq!(
+        store.try_acquire_probe("votes", OPEN, OPEN).await.unwrap(),
+        Election::Closed,
+        "the mark says closed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -747,12 +750,20 @@ async fn names_and_prefixes_are_checked_at_construction() {
 
     let store = store(&server).await;
     assert_eq!(store.key("payments").unwrap(), "tower-breaker:payments");
-    let err = store.key("with space").unwrap_err();
-    assert_eq!(err.name(), "with space");
-    let err = Breaker::try_with_config("with space", config().store(store.clone())).unwrap_err();
+    // Names are encoded, not refused: spaces, route templates, IPv6 hosts.
+    assert_eq!(
+        store.key("with space").unwrap(),
+        "tower-breaker:with%20space"
+    );
+    assert_eq!(store.key("100%").unwrap(), "tower-breaker:100%25");
+    assert_ne!(store.key("a%20b").unwrap(), store.key("a b").unwrap());
+    let err = store.key("").unwrap_err();
+    assert_eq!(err.name(), "");
+    let err =
+        Breaker::try_with_config(&*"x".repeat(201), config().store(store.clone())).unwrap_err();
     let source = std::error::Error::source(&err).unwrap();
     assert!(source.downcast_ref::<InvalidName>().is_some());
-    assert!(Breaker::try_with_config(&*"x".repeat(201), config().store(store.clone())).is_err());
+    assert!(Breaker::try_with_config("/users/{id}", config().store(store.clone())).is_ok());
     assert!(Breaker::try_with_config("hosts:api.example:443", config().store(store)).is_ok());
 }
 

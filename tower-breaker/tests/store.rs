@@ -142,7 +142,12 @@ impl Store for Down {
     fn try_open<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, Duration> {
         Box::pin(async { Err(StoreError::new("down")) })
     }
-    fn try_acquire_probe<'a>(&'a self, _: &'a str, _: Duration) -> StoreFuture<'a, Election> {
+    fn try_acquire_probe<'a>(
+        &'a self,
+        _: &'a str,
+        _: Duration,
+        _: Duration,
+    ) -> StoreFuture<'a, Election> {
         Box::pin(async { Err(StoreError::new("down")) })
     }
     fn close<'a>(&'a self, _: &'a str, _: ProbeToken) -> StoreFuture<'a, bool> {
@@ -259,8 +264,293 @@ async fn memory_store_records_expire_after_the_cleanup_time() {
     assert_eq!(store.read("tenant-0").await.unwrap(), Decision::Expired);
     assert_eq!(store.len(), 100);
     // Past T plus the cleanup time: gone at the next sweep (sweeps run at
-    // most every quarter of the cleanup time), and closed.
+    // most every quarter of the cleanup time).
     tokio::time::advance(Duration::from_secs(16)).await;
-    assert_eq!(store.read("tenant-0").await.unwrap(), Decision::Closed);
+    assert_eq!(store.read("tenant-0").await.unwrap(), Decision::Missing);
     assert!(store.is_empty());
+}
+
+// --- guarantees that survive the store's failures ---
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_lost_record_never_closes_the_fleet_without_a_probe() {
+    let store = Arc::new(MemoryStore::new());
+    let fleet = fleet(&store, 3);
+    poke(&fleet).await;
+    record(&fleet[0], Outcome::Failure, 2);
+    settle().await;
+    advance(REFRESH).await;
+    poke(&fleet).await;
+    assert!(fleet.iter().all(|b| state(b) == State::Open));
+
+    // The store loses the record (a restart without persistence, say).
+    assert!(store.remove("shared"));
+    for _ in 0..5 {
+        advance(REFRESH).await;
+        poke(&fleet).await;
+        assert!(
+            fleet.iter().all(|b| state(b) == State::Open),
+            "nobody closes on a missing record"
+        );
+    }
+    // And the openings are written again.
+    assert!(matches!(
+        store.read("shared").await.unwrap(),
+        Decision::Open { .. }
+    ));
+    // At the end of the period: exactly one probe, fleet-wide.
+    advance(secs(5)).await;
+    let mut probes = Vec::new();
+    for _ in 0..3 {
+        for b in &fleet {
+            if let Ok(p) = b.try_acquire() {
+                assert!(p.is_probe(), "only probes pass");
+                probes.push(p);
+            }
+        }
+        settle().await;
+    }
+    assert_eq!(probes.len(), 1, "one probe");
+    probes.pop().unwrap().record(Outcome::Success);
+    settle().await;
+    advance(REFRESH).await;
+    poke(&fleet).await;
+    assert!(fleet.iter().all(|b| state(b) == State::Closed));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_slow_probe_keeps_its_lease_past_the_open_period() {
+    let store = Arc::new(MemoryStore::new());
+    let fleet = fleet(&store, 3);
+    poke(&fleet).await;
+    record(&fleet[0], Outcome::Failure, 2);
+    settle().await;
+    advance(REFRESH).await;
+    poke(&fleet).await;
+    assert!(fleet.iter().all(|b| state(b) == State::Open));
+    advance(secs(5)).await;
+    // The first caller after the period is elected and probes...
+    let probe = fleet[1].try_acquire();
+    settle().await;
+    let probe = match probe {
+        Ok(p) => p,
+        Err(_) => fleet[1].try_acquire().expect("elected"),
+    };
+    assert!(probe.is_probe());
+    // ...for longer than the next open period (10 s): nobody else is
+    // elected while its lease (the 30 s half-open wait) runs.
+    for _ in 0..25 {
+        advance(secs(1)).await;
+        poke(&fleet).await;
+        for b in [&fleet[0], &fleet[2]] {
+            assert!(
+                b.try_acquire().is_err(),
+                "a second prober during the first one's lease"
+            );
+        }
+    }
+    probe.record(Outcome::Success);
+    settle().await;
+    assert_eq!(store.read("shared").await.unwrap(), Decision::Closed);
+    advance(REFRESH).await;
+    poke(&fleet).await;
+    assert!(fleet.iter().all(|b| state(b) == State::Closed));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_stale_prober_cannot_reopen_a_circuit_the_fleet_closed() {
+    let store = MemoryStore::new();
+    store.try_open("svc", secs(1)).await.unwrap();
+    advance(secs(1)).await;
+    let Election::Won(stale) = store
+        .try_acquire_probe("svc", secs(1), secs(2))
+        .await
+        .unwrap()
+    else {
+        panic!("first elector wins")
+    };
+    // Its lease runs out; another is elected and closes the circuit.
+    advance(secs(3)).await;
+    let Election::Won(fresh) = store
+        .try_acquire_probe("svc", secs(1), secs(2))
+        .await
+        .unwrap()
+    else {
+        panic!("the lease is over")
+    };
+    assert!(store.close("svc", fresh).await.unwrap());
+    // The stale prober's probe failed at last: fenced, nothing written.
+    assert_eq!(
+        store.reopen("svc", stale, secs(10)).await.unwrap(),
+        Duration::ZERO
+    );
+    assert!(!store.close("svc", stale).await.unwrap());
+    assert_eq!(store.read("svc").await.unwrap(), Decision::Closed);
+}
+
+/// A store whose `close` answers late: the writes after it must still
+/// reach the store after it.
+#[derive(Debug)]
+struct SlowClose(MemoryStore);
+
+impl Store for SlowClose {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        self.0.try_open(name, open_for)
+    }
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+        lease: Duration,
+    ) -> StoreFuture<'a, Election> {
+        self.0.try_acquire_probe(name, open_for, lease)
+    }
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            tokio::time::sleep(ms(50)).await;
+            self.0.close(name, token).await
+        })
+    }
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        self.0.reopen(name, token, open_for)
+    }
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        self.0.read(name)
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_close_and_a_later_open_reach_the_store_in_order() {
+    let store = Arc::new(SlowClose(MemoryStore::new()));
+    let b = Breaker::with_config(
+        "ordered",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .store(store.clone())
+            .refresh_interval(secs(60)),
+    );
+    record(&b, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    let probe = b.try_acquire();
+    settle().await;
+    let probe = probe.or_else(|_| b.try_acquire()).expect("elected");
+    probe.record(Outcome::Success); // close: written slowly
+    assert_eq!(state(&b), State::Closed);
+    record(&b, Outcome::Failure, 2); // and open again at once
+    assert_eq!(state(&b), State::Open);
+    advance(ms(100)).await;
+    settle().await;
+    assert!(
+        matches!(store.read("ordered").await.unwrap(), Decision::Open { .. }),
+        "the opening was written after the close"
+    );
+}
+
+#[test]
+fn a_breaker_with_a_store_outside_a_runtime_is_refused_by_try_with_config() {
+    let err = Breaker::try_with_config("no-runtime", config().store(Arc::new(MemoryStore::new())))
+        .unwrap_err();
+    assert!(err.to_string().contains("tokio runtime"), "{err}");
+    // Without a store, no runtime is needed.
+    assert!(Breaker::try_with_config("plain", config()).is_ok());
+}
+
+/// A store whose elections fail `n` times, then work.
+#[derive(Debug)]
+struct FlakyElections(MemoryStore, std::sync::atomic::AtomicU32);
+
+impl Store for FlakyElections {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        self.0.try_open(name, open_for)
+    }
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+        lease: Duration,
+    ) -> StoreFuture<'a, Election> {
+        let left = self.1.load(std::sync::atomic::Ordering::SeqCst);
+        if left > 0 {
+            self.1.store(left - 1, std::sync::atomic::Ordering::SeqCst);
+            return Box::pin(async { Err(StoreError::new("timed out")) });
+        }
+        self.0.try_acquire_probe(name, open_for, lease)
+    }
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        self.0.close(name, token)
+    }
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        self.0.reopen(name, token, open_for)
+    }
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        self.0.read(name)
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn one_failed_election_does_not_let_the_process_probe_on_its_own() {
+    let store = Arc::new(FlakyElections(
+        MemoryStore::new(),
+        std::sync::atomic::AtomicU32::new(1),
+    ));
+    let b = Breaker::with_config(
+        "flaky",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .store(store.clone())
+            .refresh_interval(REFRESH),
+    );
+    record(&b, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    assert!(b.try_acquire().is_err(), "electing");
+    settle().await;
+    // The election failed once: still open, asking again a refresh later.
+    assert_eq!(state(&b), State::Open);
+    assert!(b.try_acquire().is_err(), "no local probe after one failure");
+    advance(REFRESH).await;
+    assert!(b.try_acquire().is_err(), "electing again");
+    settle().await;
+    let probe = b.try_acquire().expect("won the second election");
+    assert!(probe.is_probe());
+    assert_eq!(b.snapshot().totals.store_errors, 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_store_down_for_two_refresh_intervals_lets_the_process_probe_on_its_own() {
+    let b = Breaker::with_config(
+        "down",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .store(Arc::new(Down))
+            .refresh_interval(REFRESH),
+    );
+    record(&b, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    let mut probe = None;
+    let start = tokio::time::Instant::now();
+    while probe.is_none() {
+        if let Ok(p) = b.try_acquire() {
+            probe = Some(p);
+        }
+        settle().await;
+        advance(ms(10)).await;
+        assert!(start.elapsed() < secs(1), "fails open in the end");
+    }
+    assert!(probe.unwrap().is_probe());
 }

@@ -2,6 +2,7 @@
 //! [`Store`]: reads, write-through of openings, elections and closes, each
 //! in a spawned task beside the hot path.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,6 +33,37 @@ pub(super) struct StoreLink {
     /// Failures not warned about since the last warning.
     pub(super) unwarned: AtomicU64,
     pub(super) fail_closed: bool,
+    /// The writes not yet made, in the order the breaker asked for them.
+    writes: Mutex<Writes>,
+}
+
+/// The queue of a breaker's writes: one task at a time drains it, so the
+/// store sees them in order (an opening after a close is never applied
+/// before it).
+#[derive(Default)]
+struct Writes {
+    queue: VecDeque<Write>,
+    /// A task is draining the queue.
+    draining: bool,
+}
+
+/// A write to the store.
+enum Write {
+    /// Write an opening through (as the re-open of the election `token`
+    /// won, if any).
+    Open {
+        opened: Word,
+        period: Duration,
+        token: Option<ProbeToken>,
+    },
+    /// Elect the fleet's prober.
+    Elect {
+        electing: Word,
+        period: Duration,
+        lease: Duration,
+    },
+    /// Close after this process's probe succeeded.
+    Close { token: ProbeToken },
 }
 
 /// How many refresh intervals the store must have been failing before a
@@ -60,12 +92,21 @@ impl StoreLink {
             down_since: AtomicU64::new(0),
             next_warning_ms: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
+            writes: Mutex::new(Writes::default()),
             fail_closed: config.store_failure == StoreFailureMode::FailClosed,
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {
                 // Every store call would fail; say so once, loudly.
                 tracing::error!(breaker = %name, error = %error, "circuit_store_invalid_name");
+            }
+            if tokio::runtime::Handle::try_current().is_err() {
+                // Store calls run in spawned tasks: none can run here.
+                tracing::error!(
+                    breaker = %name,
+                    "circuit_store_no_runtime: a breaker with a store built outside a tokio \
+                     runtime cannot reach its store from threads without one"
+                );
             }
         }
         link
@@ -90,13 +131,16 @@ impl Core {
             return;
         }
         let this = Arc::clone(self);
-        spawn(async move {
+        let spawned = spawn(async move {
             let core = &*this;
             let Some(link) = &core.store else { return };
             let asked = core.now_ns();
             let result = link.store.read(&core.name).await;
             this.apply_read(&result, asked);
         });
+        if !spawned {
+            self.store_failed("read", &no_runtime());
+        }
     }
 
     /// Adopts what a read of the store said.
@@ -109,6 +153,16 @@ impl Core {
             Ok(Decision::Closed) => {
                 self.store_ok();
                 self.adopt_closed(asked);
+                self.rewrite_open();
+            }
+            Ok(Decision::Missing) => {
+                self.store_ok();
+                // Never a close: the record was lost (or never written).
+                // An opening this process knows of stays, and is written
+                // again.
+                if let Some(link) = &self.store {
+                    link.shared_open.store(false, Relaxed);
+                }
                 self.rewrite_open();
             }
             Ok(Decision::Expired) => {
@@ -142,18 +196,28 @@ impl Core {
     }
 
     /// closed -> open: another process opened the circuit; open here too,
-    /// unless this process moved since it asked.
+    /// unless this process moved since it asked. Already open with the
+    /// fleet's opening: open -> open until the fleet's T (the store's time
+    /// wins; after a lost election, the winner's re-open ends the wait for
+    /// its lease early).
     pub(super) fn adopt_open(self: &Arc<Self>, remaining: Duration, asked: u64) {
         let core = &**self;
         let Some(link) = &core.store else { return };
         let from = Word(core.word.load(Acquire));
-        if from.state() != CLOSED
-            || !from.is_automatic()
-            || core.last_transition.load(Acquire) > asked
-        {
+        if !from.is_automatic() || core.last_transition.load(Acquire) > asked {
             return;
         }
         let now = core.now_ns();
+        if from.state() == OPEN {
+            let until = (now + nanos(remaining)) / NANOS_PER_MS;
+            if link.shared_open.load(Relaxed) && until != from.deadline_ms() {
+                let _ = core.cas(from, from.with_deadline(until));
+            }
+            return;
+        }
+        if from.state() != CLOSED {
+            return;
+        }
         // A zero `remaining` (an expired record) opens with the period
         // already over: the next call starts an election.
         let to = from.next(OPEN, (now + nanos(remaining)) / NANOS_PER_MS);
@@ -194,76 +258,177 @@ impl Core {
         period: Duration,
         token: Option<ProbeToken>,
     ) {
-        let this = Arc::clone(self);
-        spawn(async move {
-            let core = &*this;
-            let Some(link) = &core.store else { return };
-            let result = match token {
-                Some(token) => link.store.reopen(&core.name, token, period).await,
-                None => link.store.try_open(&core.name, period).await,
-            };
-            match result {
-                Ok(remaining) => {
-                    this.store_ok();
-                    if Word(core.word.load(Acquire)).gen() == opened.gen() {
-                        link.shared_open.store(true, Relaxed);
-                    }
-                    let now = core.now_ns();
-                    let until = (now + nanos(remaining)) / NANOS_PER_MS;
-                    if until != opened.deadline_ms() {
-                        let _ = core.cas(opened, opened.with_deadline(until));
-                    }
-                }
-                Err(e) => this.store_failed(
-                    if token.is_some() {
-                        "reopen"
-                    } else {
-                        "try_open"
-                    },
-                    &e,
-                ),
-            }
+        self.enqueue(Write::Open {
+            opened,
+            period,
+            token,
         });
     }
 
     /// Asks the store who probes, fleet-wide: electing -> half-open (won),
-    /// electing -> open (lost: until the winner's new T), electing ->
-    /// closed (the fleet closed meanwhile).
+    /// electing -> open (lost: until the winner's new T or the end of its
+    /// lease), electing -> closed (the fleet closed meanwhile).
     pub(super) fn elect(self: &Arc<Self>, electing: Word) {
-        let this = Arc::clone(self);
         let period =
             Duration::from_nanos(self.open_period(self.streak.load(Relaxed).saturating_add(1)));
-        spawn(async move {
-            let core = &*this;
-            let Some(link) = &core.store else { return };
-            let now = |core: &Core| core.now_ns();
-            let result = link.store.try_acquire_probe(&core.name, period).await;
-            if result.is_ok() {
-                this.store_ok();
+        // The prober's lease covers its whole probe: no second prober is
+        // elected while it may still answer.
+        let lease = Duration::from_nanos(self.s.half_open_ns);
+        self.enqueue(Write::Elect {
+            electing,
+            period,
+            lease,
+        });
+    }
+
+    pub(super) fn store_close(self: &Arc<Self>, link: &StoreLink) {
+        if let Some(token) = link.take_token() {
+            self.enqueue(Write::Close { token });
+        }
+    }
+
+    /// Queues `write`, and starts a task to drain the queue unless one is
+    /// at it.
+    fn enqueue(self: &Arc<Self>, write: Write) {
+        let Some(link) = &self.store else { return };
+        {
+            let mut writes = link.writes.lock().unwrap_or_else(|e| e.into_inner());
+            writes.queue.push_back(write);
+            if writes.draining {
+                return;
             }
-            match result {
-                Ok(Election::Won(token)) => {
-                    *link.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
-                    // Grow from the fleet's re-opens, not only this
-                    // process's.
-                    core.streak.fetch_max(token.reopens(), Relaxed);
-                    this.half_open(electing, now(core), Cause::OpenPeriodOver);
-                }
-                Ok(Election::Lost { remaining }) => {
-                    let until = (now(core) + nanos(remaining)) / NANOS_PER_MS;
-                    if core.cas(electing, electing.next(OPEN, until)).is_ok() {
-                        link.shared_open.store(true, Relaxed);
+            writes.draining = true;
+        }
+        let this = Arc::clone(self);
+        if !spawn(async move { this.drain_writes().await }) {
+            let dropped = {
+                let mut writes = link.writes.lock().unwrap_or_else(|e| e.into_inner());
+                writes.draining = false;
+                std::mem::take(&mut writes.queue)
+            };
+            for _ in dropped {
+                self.store_failed("write", &no_runtime());
+            }
+        }
+    }
+
+    /// Makes the queued writes one after the other.
+    async fn drain_writes(self: Arc<Self>) {
+        let Some(link) = &self.store else { return };
+        // Whatever ends this task (the queue is empty, the runtime shuts
+        // down), the next write starts a new one.
+        struct Draining<'a>(&'a Mutex<Writes>);
+        impl Drop for Draining<'_> {
+            fn drop(&mut self) {
+                self.0.lock().unwrap_or_else(|e| e.into_inner()).draining = false;
+            }
+        }
+        let _draining = Draining(&link.writes);
+        loop {
+            let next = {
+                let mut writes = link.writes.lock().unwrap_or_else(|e| e.into_inner());
+                match writes.queue.pop_front() {
+                    Some(write) => write,
+                    None => {
+                        writes.draining = false;
+                        return;
                     }
                 }
-                Ok(Election::Closed) => {
-                    this.close_with(electing, Cause::Store);
+            };
+            match next {
+                Write::Open {
+                    opened,
+                    period,
+                    token,
+                } => self.write_open(link, opened, period, token).await,
+                Write::Elect {
+                    electing,
+                    period,
+                    lease,
+                } => self.run_election(link, electing, period, lease).await,
+                Write::Close { token } => match link.store.close(&self.name, token).await {
+                    Ok(_) => self.store_ok(),
+                    Err(e) => self.store_failed("close", &e),
+                },
+            }
+        }
+    }
+
+    async fn write_open(
+        self: &Arc<Self>,
+        link: &StoreLink,
+        opened: Word,
+        period: Duration,
+        token: Option<ProbeToken>,
+    ) {
+        let core = &**self;
+        let result = match token {
+            Some(token) => link.store.reopen(&core.name, token, period).await,
+            None => link.store.try_open(&core.name, period).await,
+        };
+        match result {
+            Ok(remaining) => {
+                self.store_ok();
+                if Word(core.word.load(Acquire)).gen() == opened.gen() {
+                    link.shared_open.store(true, Relaxed);
                 }
-                Err(e) => {
-                    this.store_failed("try_acquire_probe", &e);
-                    this.election_failed(electing, now(core));
+                // The store's time wins: a zero (a fenced re-open: the
+                // fleet closed or re-elected since) ends this opening now,
+                // and the next call asks the fleet.
+                let now = core.now_ns();
+                let until = (now + nanos(remaining)) / NANOS_PER_MS;
+                if until != opened.deadline_ms() {
+                    let _ = core.cas(opened, opened.with_deadline(until));
                 }
             }
-        });
+            Err(e) => self.store_failed(
+                if token.is_some() {
+                    "reopen"
+                } else {
+                    "try_open"
+                },
+                &e,
+            ),
+        }
+    }
+
+    async fn run_election(
+        self: &Arc<Self>,
+        link: &StoreLink,
+        electing: Word,
+        period: Duration,
+        lease: Duration,
+    ) {
+        let core = &**self;
+        let result = link
+            .store
+            .try_acquire_probe(&core.name, period, lease)
+            .await;
+        if result.is_ok() {
+            self.store_ok();
+        }
+        let now = core.now_ns();
+        match result {
+            Ok(Election::Won(token)) => {
+                *link.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+                // Grow from the fleet's re-opens, not only this process's.
+                core.streak.fetch_max(token.reopens(), Relaxed);
+                self.half_open(electing, now, Cause::OpenPeriodOver);
+            }
+            Ok(Election::Lost { remaining }) => {
+                let until = (now + nanos(remaining)) / NANOS_PER_MS;
+                if core.cas(electing, electing.next(OPEN, until)).is_ok() {
+                    link.shared_open.store(true, Relaxed);
+                }
+            }
+            Ok(Election::Closed) => {
+                self.close_with(electing, Cause::Store);
+            }
+            Err(e) => {
+                self.store_failed("try_acquire_probe", &e);
+                self.election_failed(electing, now);
+            }
+        }
     }
 
     /// The election failed or never answered: electing -> open for one
@@ -292,21 +457,6 @@ impl Core {
         } else {
             self.half_open(electing, now, Cause::OpenPeriodOver);
         }
-    }
-
-    pub(super) fn store_close(self: &Arc<Self>, link: &StoreLink) {
-        let Some(token) = link.take_token() else {
-            return;
-        };
-        let this = Arc::clone(self);
-        spawn(async move {
-            let core = &*this;
-            let Some(link) = &core.store else { return };
-            match link.store.close(&core.name, token).await {
-                Ok(_) => this.store_ok(),
-                Err(e) => this.store_failed("close", &e),
-            }
-        });
     }
 
     /// Whether fail-closed mode rejects the closed path now.
@@ -366,13 +516,21 @@ impl Core {
     }
 }
 
-fn spawn<F>(future: F)
+/// Spawns `future` on the current tokio runtime; false without one (there
+/// is then no store traffic, and the caller says so).
+fn spawn<F>(future: F) -> bool
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    // Without a runtime there is no store traffic: the local decision
-    // stands (fail open).
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(future);
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(future);
+            true
+        }
+        Err(_) => false,
     }
+}
+
+fn no_runtime() -> StoreError {
+    StoreError::new("no tokio runtime on this thread: the store cannot be reached from here")
 }

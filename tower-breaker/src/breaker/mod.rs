@@ -156,15 +156,19 @@ impl Breaker {
 
     /// A breaker with the given configuration, refusing a name its store
     /// cannot hold ([`Store::check_name`]; without a store every name is
-    /// fine).
+    /// fine), and refusing to share a store outside a tokio runtime (store
+    /// calls run in spawned tasks).
     ///
     /// [`with_config`](Breaker::with_config) accepts such a name, logs a
     /// `circuit_store_invalid_name` error, and then every store call fails
-    /// (see [`StoreFailureMode`]).
+    /// (see [`StoreFailureMode`]); outside a runtime it logs a
+    /// `circuit_store_no_runtime` error, and each store call made on a
+    /// thread without a runtime counts as a store failure.
     ///
     /// # Errors
     ///
-    /// The store's [`StoreError`] when it refuses the name.
+    /// The store's [`StoreError`] when it refuses the name, or a
+    /// [`StoreError`] when no tokio runtime is running.
     ///
     /// # Example
     ///
@@ -184,6 +188,12 @@ impl Breaker {
         let name = name.into();
         if let Some(store) = &config.store {
             store.check_name(&name)?;
+            if tokio::runtime::Handle::try_current().is_err() {
+                return Err(StoreError::new(
+                    "a breaker with a store must be built inside a tokio runtime \
+                     (its store calls run in spawned tasks)",
+                ));
+            }
         }
         Ok(Self::with_config(name, config))
     }

@@ -2,46 +2,58 @@
 //! (feature `redis`).
 //!
 //! One Redis hash per breaker name, at key `prefix + name` (default prefix
-//! [`DEFAULT_PREFIX`]), holds "open until T" and what the election needs:
+//! [`DEFAULT_PREFIX`]; the name percent-encoded, see [`RedisStore::key`]),
+//! holds "open until T" and what the election needs:
 //!
 //! | field | what |
 //! |---|---|
+//! | `state` | `open`, or `closed` once a prober closed the circuit |
 //! | `until` | T, in milliseconds of the Redis server's clock |
 //! | `token` | the token of the last writer (an opener, the elected prober) |
 //! | `reopens` | failed probes in a row since the circuit last closed |
 //! | `period` | the length of the current opening, in milliseconds |
-//! | `since` | when the current opening started, server time |
+//! | `since` | when the current opening started (or the circuit closed), server time |
+//! | `lease` | until when the elected prober may probe, server time (0: no prober) |
 //!
 //! Every decision is one Lua script, run atomically by the server and
 //! reading the server's clock (`TIME`), so the clocks of the processes
 //! never matter and no two processes can interleave:
 //!
-//! - **open** ([`Store::try_open`]): if there is no record, or its T has
-//!   passed (or is unreadable), write T = now + the period; otherwise keep
-//!   the existing T. Either way return the time left until the effective
-//!   T. Concurrent openers never push T forward: the first one wins, the
-//!   others adopt its T.
-//! - **elect** ([`Store::try_acquire_probe`]): no record: closed. T in the
-//!   future: lost, with the time left. T passed: this caller wins; T moves
-//!   forward by the longer of the caller's period and the last opening's
-//!   (so, if the prober vanishes, the others wait at least that long before
-//!   electing again), a fresh token is stored, and the winner learns the
-//!   count of re-opens so far.
-//! - **close** ([`Store::close`]): delete the record only if it still holds
-//!   the winner's token (compare and delete).
+//! - **open** ([`Store::try_open`]): if the circuit is not open, or its T
+//!   has passed (or is unreadable), write T = now + the period; otherwise
+//!   keep the existing T. Either way return the time left until the
+//!   effective T. Concurrent openers never push T forward: the first one
+//!   wins, the others adopt its T.
+//! - **elect** ([`Store::try_acquire_probe`]): closed: closed. T in the
+//!   future, or an elected prober's lease still running: lost, with the
+//!   time left. T passed and no lease (or no record at all: a record lost
+//!   while processes knew the circuit open): this caller wins; T moves
+//!   forward by the longer of the caller's period and the last opening's,
+//!   its lease covers its whole probe (the breaker's
+//!   [`max_half_open_wait`](crate::BreakerConfig::max_half_open_wait)), a
+//!   fresh token is stored, and the winner learns the count of re-opens so
+//!   far. So a slow prober is never joined by a second one, and a prober
+//!   that vanishes holds the fleet back at most its lease.
+//! - **close** ([`Store::close`]): mark the circuit closed only if the
+//!   record still holds the winner's token. The mark stays for the
+//!   cleanup time, so that a record that *vanished* (a restart without
+//!   persistence, a failover to a replica that had not received it, an
+//!   eviction) is never mistaken for a fleet that closed.
 //! - **reopen** ([`Store::reopen`]): the winner's probe failed. If the
 //!   record still holds its token, T = now + the period the breaker grew
-//!   from that count (never earlier than the election's T) and the count
-//!   goes up by one; otherwise act as **open**.
-//! - **read** ([`Store::read`]): closed (no record), open with the time
-//!   left, or expired (T passed: an election is due). A record whose T is
-//!   unreadable is an error, so the alarm fires; the next **open** or
-//!   election repairs it.
+//!   from that count (never earlier than the election's T), the lease ends
+//!   and the count goes up by one; otherwise nothing is written (a stale
+//!   prober cannot re-create a circuit the fleet has closed since).
+//! - **read** ([`Store::read`]): closed (the mark), open with the time left,
+//!   expired (T passed: an election is due), or missing (no record: never
+//!   opened, or lost; a process that knows the circuit open keeps its
+//!   opening and writes it again). A record whose T is unreadable is an
+//!   error, so the alarm fires; the next **open** or election repairs it.
 //!
 //! The key's time to live is set, on every write, to some time
-//! ([`RedisOptions::cleanup_after`]) after T. It is cleanup only: the state
-//! is always decided by comparing T with the server's clock, never by
-//! whether the key exists.
+//! ([`RedisOptions::cleanup_after`]) after T (or after the close). It is
+//! cleanup only: the state is decided by the `state` mark and by comparing
+//! T with the server's clock, never by whether the key exists.
 //!
 //! Every call is bounded by [`RedisOptions::timeout`] (default 50 ms); a
 //! timeout, a connection error or a reply the store cannot read is a
@@ -118,7 +130,7 @@ pub const MAX_NAME_LEN: usize = 200;
 pub const MAX_PREFIX_LEN: usize = 64;
 
 /// Shared by every script: the server's clock in milliseconds, and the
-/// write of a whole record with its cleanup time.
+/// write of a whole open record with its cleanup time.
 const PRELUDE: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 local function now_ms()
@@ -126,10 +138,10 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function int(x) return string.format('%.0f', x) end
-local function write(key, now, until_ms, period, token, reopens, cleanup)
-  redis.call('HSET', key, 'until', int(until_ms), 'token', token,
-    'reopens', int(reopens), 'period', int(period), 'since', int(now))
-  redis.call('PEXPIRE', key, int(until_ms - now + cleanup))
+local function write(key, now, until_ms, period, token, reopens, lease, cleanup)
+  redis.call('HSET', key, 'state', 'open', 'until', int(until_ms), 'token', token,
+    'reopens', int(reopens), 'period', int(period), 'since', int(now), 'lease', int(lease))
+  redis.call('PEXPIRE', key, int(math.max(until_ms, lease) - now + cleanup))
 end
 ";
 
@@ -137,24 +149,30 @@ end
 const OPEN: &str = r"
 local now = now_ms()
 local period = tonumber(ARGV[1])
-local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens')
+local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'state')
+local closed = rec[3] == 'closed'
 local t = tonumber(rec[1])
-if t and t > now then return {0, t - now} end
-write(KEYS[1], now, now + period, period, ARGV[2], tonumber(rec[2]) or 0, tonumber(ARGV[3]))
+if not closed and t and t > now then return {0, t - now} end
+local reopens = 0
+if not closed then reopens = tonumber(rec[2]) or 0 end
+write(KEYS[1], now, now + period, period, ARGV[2], reopens, 0, tonumber(ARGV[3]))
 return {1, period}
 ";
 
-/// ARGV: period, token, cleanup. Returns {0} closed, {1, remaining} lost,
-/// {2, reopens, period} won.
+/// ARGV: period, token, lease, cleanup. Returns {0} closed, {1, remaining}
+/// lost, {2, reopens, period} won.
 const ELECT: &str = r"
 local now = now_ms()
-local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'period')
-if not rec[1] then return {0} end
+local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'period', 'state', 'lease')
+if rec[4] == 'closed' then return {0} end
 local t = tonumber(rec[1])
 if t and t > now then return {1, t - now} end
+local lease = tonumber(rec[5]) or 0
+if lease > now then return {1, lease - now} end
 local reopens = tonumber(rec[2]) or 0
 local period = math.max(tonumber(ARGV[1]), tonumber(rec[3]) or 0)
-write(KEYS[1], now, now + period, period, ARGV[2], reopens, tonumber(ARGV[3]))
+write(KEYS[1], now, now + period, period, ARGV[2], reopens, now + tonumber(ARGV[3]),
+  tonumber(ARGV[4]))
 return {2, reopens, period}
 ";
 
@@ -163,35 +181,40 @@ return {2, reopens, period}
 const REOPEN: &str = r"
 local now = now_ms()
 local period = tonumber(ARGV[1])
-local rec = redis.call('HMGET', KEYS[1], 'until', 'token', 'reopens')
+local rec = redis.call('HMGET', KEYS[1], 'until', 'token', 'reopens', 'state')
+local open = rec[4] == 'open'
 local t = tonumber(rec[1])
-local reopens = tonumber(rec[3]) or 0
-if rec[2] == ARGV[2] then
+if open and rec[2] == ARGV[2] then
   local until_ms = now + period
   if t and t > until_ms then until_ms = t end
-  write(KEYS[1], now, until_ms, period, ARGV[3], reopens + 1, tonumber(ARGV[4]))
+  write(KEYS[1], now, until_ms, period, ARGV[3], (tonumber(rec[3]) or 0) + 1, 0,
+    tonumber(ARGV[4]))
   return {1, until_ms - now}
 end
-if t and t > now then return {0, t - now} end
-write(KEYS[1], now, now + period, period, ARGV[3], reopens, tonumber(ARGV[4]))
-return {1, period}
+if open and t and t > now then return {0, t - now} end
+return {0, 0}
 ";
 
-/// ARGV: token. Returns 1 if it deleted the record.
+/// ARGV: token, cleanup. Returns {1} if it closed the circuit.
 const CLOSE: &str = r"
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+local rec = redis.call('HMGET', KEYS[1], 'token', 'state')
+if rec[2] == 'open' and rec[1] == ARGV[1] then
+  local now = now_ms()
+  redis.call('HSET', KEYS[1], 'state', 'closed', 'token', '', 'since', int(now))
+  redis.call('HDEL', KEYS[1], 'until', 'lease', 'reopens', 'period')
+  redis.call('PEXPIRE', KEYS[1], int(tonumber(ARGV[2])))
   return {1}
 end
 return {0}
 ";
 
-/// Returns {0} closed, {1, remaining} open, {2} expired.
+/// Returns {0} closed, {1, remaining} open, {2} expired, {3} missing.
 const READ: &str = r"
 local now = now_ms()
-local v = redis.call('HGET', KEYS[1], 'until')
-if not v then return {0} end
-local t = tonumber(v)
+local rec = redis.call('HMGET', KEYS[1], 'until', 'state')
+if rec[2] == 'closed' then return {0} end
+if not rec[1] and not rec[2] then return {3} end
+local t = tonumber(rec[1])
 if not t then return redis.error_reply('tower-breaker: unreadable record (until is not a number)') end
 if t > now then return {1, t - now} end
 return {2}
@@ -266,11 +289,13 @@ pub struct RedisOptions {
 
 /// A breaker name or key prefix the store refuses.
 ///
-/// Names (and prefixes) may hold ASCII letters and digits and
-/// `- _ . : / @ + = ~ ,`; a name has 1 to [`MAX_NAME_LEN`] bytes, a prefix
-/// at most [`MAX_PREFIX_LEN`]. Spaces, control characters, glob characters
-/// and `{}` (Redis Cluster hash tags) are refused, so every key is safe to
-/// type, scan and log.
+/// A breaker name may be any text of 1 to [`MAX_NAME_LEN`] bytes: it is
+/// percent-encoded into the key (see [`RedisStore::key`]), so route
+/// templates (`/users/{id}`), IPv6 hosts (`[::1]:8080`) and any Unicode
+/// share their circuits like any other name. A prefix is written as it is:
+/// it may hold ASCII letters and digits and `- _ . : / @ + = ~ ,`, at most
+/// [`MAX_PREFIX_LEN`] bytes. So every key is safe to type, scan and log,
+/// and holds no `{}` (Redis Cluster hash tags).
 ///
 /// # Example
 ///
@@ -399,17 +424,52 @@ impl RedisStore {
     }
 
     /// The Redis key of the breaker named `name`: the prefix followed by
-    /// the name.
+    /// the name, percent-encoded: ASCII letters, digits and
+    /// `- _ . : / @ + = ~ ,` stay as they are, every other byte (of the
+    /// name's UTF-8) becomes `%XX`. Distinct names give distinct keys, and
+    /// no key holds a space, a glob character or a Redis Cluster hash tag.
     ///
     /// # Errors
     ///
-    /// [`InvalidName`] if the name is empty, too long or holds a character
-    /// that is not allowed.
+    /// [`InvalidName`] if the name is empty or longer than
+    /// [`MAX_NAME_LEN`] bytes.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tower_breaker::BoxError> {
+    /// use tower_breaker::redis_store::{RedisOptions, RedisStore};
+    ///
+    /// let store = RedisStore::connect_lazy("redis://127.0.0.1:6379", RedisOptions::new())?;
+    /// assert_eq!(store.key("routes:/users/{id}")?, "tower-breaker:routes:/users/%7Bid%7D");
+    /// assert_eq!(store.key("hosts:[::1]:8080")?, "tower-breaker:hosts:%5B%3A%3A1%5D:8080");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn key(&self, name: &str) -> Result<String, InvalidName> {
-        check(name, "breaker name", 1, MAX_NAME_LEN)?;
+        let refuse = |reason: String| InvalidName {
+            what: "breaker name",
+            name: name.to_owned(),
+            reason,
+        };
+        if name.is_empty() {
+            return Err(refuse("it is empty".to_owned()));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(refuse(format!("it is longer than {MAX_NAME_LEN} bytes")));
+        }
         let mut key = String::with_capacity(self.options.prefix.len() + name.len());
         key.push_str(&self.options.prefix);
-        key.push_str(name);
+        for byte in name.bytes() {
+            let c = char::from(byte);
+            if byte.is_ascii() && allowed(c) {
+                key.push(c);
+            } else {
+                key.push('%');
+                key.push(char::from(HEX[usize::from(byte >> 4)]));
+                key.push(char::from(HEX[usize::from(byte & 0xF)]));
+            }
+        }
         Ok(key)
     }
 
@@ -479,11 +539,17 @@ impl Store for RedisStore {
         &'a self,
         name: &'a str,
         open_for: Duration,
+        lease: Duration,
     ) -> StoreFuture<'a, Election> {
         Box::pin(async move {
             let key = self.store_key(name)?;
             let token = self.token();
-            let args = [millis(open_for), token, millis(self.options.cleanup_after)];
+            let args = [
+                millis(open_for),
+                token,
+                millis(lease),
+                millis(self.options.cleanup_after),
+            ];
             match self.run(&self.scripts.elect, &key, &args).await?[..] {
                 [0] => Ok(Election::Closed),
                 [1, remaining] => Ok(Election::Lost {
@@ -501,8 +567,9 @@ impl Store for RedisStore {
     fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let key = self.store_key(name)?;
-            match self.run(&self.scripts.close, &key, &[token.get()]).await?[..] {
-                [deleted] => Ok(deleted == 1),
+            let args = [token.get(), millis(self.options.cleanup_after)];
+            match self.run(&self.scripts.close, &key, &args).await?[..] {
+                [closed] => Ok(closed == 1),
                 ref other => Err(unexpected("close", other)),
             }
         })
@@ -517,6 +584,7 @@ impl Store for RedisStore {
                     remaining: remaining_ms(remaining),
                 }),
                 [2] => Ok(Decision::Expired),
+                [3] => Ok(Decision::Missing),
                 ref other => Err(unexpected("read", other)),
             }
         })
@@ -572,6 +640,8 @@ impl Error for InvalidName {}
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}{body}"))
 }
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 fn allowed(c: char) -> bool {
     c.is_ascii_alphanumeric() || "-_.:/@+=~,".contains(c)
