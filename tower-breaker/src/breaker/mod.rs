@@ -177,8 +177,13 @@ impl Breaker {
     /// use tower_breaker::store::MemoryStore;
     /// use tower_breaker::{Breaker, BreakerConfig};
     ///
-    /// let config = BreakerConfig::new().store(Arc::new(MemoryStore::new()));
-    /// let breaker = Breaker::try_with_config("payments", config).unwrap();
+    /// let config = || BreakerConfig::new().store(Arc::new(MemoryStore::new()));
+    /// // Outside a tokio runtime, the store could never be reached.
+    /// assert!(Breaker::try_with_config("payments", config()).is_err());
+    ///
+    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let _guard = runtime.enter();
+    /// let breaker = Breaker::try_with_config("payments", config()).unwrap();
     /// # let _ = breaker;
     /// ```
     pub fn try_with_config(
