@@ -1,0 +1,288 @@
+//! The fleet's one-probe guarantee when things go wrong: the record is
+//! flushed while the circuit is open, the probe outlasts the open period,
+//! the prober's process is killed with SIGKILL mid-probe. Real
+//! `redis-server`s on free ports; real time, with bounds taken from the
+//! configured periods plus generous slack for a busy machine.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::redis_server::RedisServer;
+use support::*;
+use tokio::time::{sleep, Instant};
+use tower_breaker::redis_store::{RedisOptions, RedisStore};
+use tower_breaker::store::{Decision, Store};
+use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
+
+const REFRESH: Duration = Duration::from_millis(100);
+
+/// Each process of the fleet: its own connection, a 2-call window, and the
+/// given open period and probe lease (the half-open wait).
+async fn fleet(url: &str, name: &str, n: usize, open: Duration, lease: Duration) -> Vec<Breaker> {
+    let mut fleet = Vec::new();
+    for _ in 0..n {
+        let store = Arc::new(
+            RedisStore::connect(url, RedisOptions::new().timeout(ms(500)))
+                .await
+                .expect("connect"),
+        );
+        let b = Breaker::with_config(name, fleet_config(store, open, lease));
+        b.refresh().await.expect("first read");
+        fleet.push(b);
+    }
+    fleet
+}
+
+fn fleet_config(store: Arc<RedisStore>, open: Duration, lease: Duration) -> BreakerConfig {
+    config()
+        .count_window(2)
+        .minimum_calls(2)
+        .open_period(open)
+        .max_half_open_wait(lease)
+        .store(store)
+        .refresh_interval(REFRESH)
+}
+
+fn trip(b: &Breaker) {
+    while state(b) != State::Open {
+        b.try_acquire()
+            .expect("closed until it trips")
+            .record(Outcome::Failure);
+    }
+}
+
+async fn until_all_reject(fleet: &[Breaker], limit: Duration) {
+    let start = Instant::now();
+    while !fleet.iter().all(|b| match b.try_acquire() {
+        Ok(p) => {
+            p.record(Outcome::Ignored);
+            false
+        }
+        Err(_) => true,
+    }) {
+        assert!(start.elapsed() < limit, "every breaker rejects in time");
+        sleep(ms(5)).await;
+    }
+}
+
+/// Calls every breaker of `fleet` from `tasks` tasks every 3 ms until
+/// `stop`; every admitted call is kept (not completed) and returned.
+async fn hammer(fleet: &Arc<Vec<Breaker>>, tasks: usize, stop: Instant) -> Vec<Permit> {
+    hammer_after_first(fleet, tasks, stop, None).await
+}
+
+/// [`hammer`], stopping `after` the first admission if it comes before
+/// `stop`: long enough to see a second prober, shorter than a probe's
+/// lease.
+async fn hammer_after_first(
+    fleet: &Arc<Vec<Breaker>>,
+    tasks: usize,
+    stop: Instant,
+    after: Option<Duration>,
+) -> Vec<Permit> {
+    let held: Arc<Mutex<Vec<Permit>>> = Arc::default();
+    let first: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let (fleet, held, first) = (fleet.clone(), held.clone(), first.clone());
+            tokio::spawn(async move {
+                let b = &fleet[i % fleet.len()];
+                loop {
+                    let now = Instant::now();
+                    let end = match (*first.lock().unwrap(), after) {
+                        (Some(at), Some(after)) => stop.min(at + after),
+                        _ => stop,
+                    };
+                    if now >= end {
+                        break;
+                    }
+                    if let Ok(permit) = b.try_acquire() {
+                        first.lock().unwrap().get_or_insert(now);
+                        held.lock().unwrap().push(permit);
+                    }
+                    sleep(ms(3)).await;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    let mut held = held.lock().unwrap();
+    std::mem::take(&mut *held)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_record_never_closes_the_fleet_without_a_probe() {
+    let Some(server) =
+        RedisServer::start_or_skip("a_flushed_record_never_closes_the_fleet_without_a_probe")
+    else {
+        return;
+    };
+    let open = secs(2);
+    let fleet = Arc::new(fleet(&server.url(), "flushed", 5, open, secs(5)).await);
+    let tripped = Instant::now();
+    trip(&fleet[0]);
+    until_all_reject(&fleet[1..], REFRESH * 20).await;
+
+    let _: () = redis::cmd("FLUSHALL").query(&mut server.raw()).unwrap();
+    // Until the end of the period, nobody closes on the missing record...
+    let admitted = hammer(&fleet, 20, tripped + open - ms(200)).await;
+    assert!(admitted.is_empty(), "{} calls passed", admitted.len());
+    // ...and the openings were written again.
+    let store = RedisStore::connect(&server.url(), RedisOptions::new())
+        .await
+        .unwrap();
+    assert!(
+        matches!(store.read("flushed").await.unwrap(), Decision::Open { .. }),
+        "re-asserted"
+    );
+    // After it, exactly one probe (well before the next election's T).
+    let probes = hammer_after_first(&fleet, 20, tripped + open + secs(3), Some(ms(500))).await;
+    assert_eq!(probes.len(), 1, "one probe after the flush");
+    assert!(probes[0].is_probe());
+    println!(
+        "flushall: the fleet stayed open and re-asserted its record; one probe at {:?}",
+        tripped.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_slower_than_the_open_period_is_never_joined_by_a_second() {
+    let Some(server) = RedisServer::start_or_skip(
+        "a_probe_slower_than_the_open_period_is_never_joined_by_a_second",
+    ) else {
+        return;
+    };
+    let (open, lease) = (ms(300), secs(3));
+    // Opened by some process, for long enough that the whole fleet starts
+    // open (each breaker's first read adopts it).
+    let store = RedisStore::connect(&server.url(), RedisOptions::new())
+        .await
+        .unwrap();
+    let opened = Instant::now();
+    store.try_open("slow-probe", secs(2)).await.unwrap();
+    let fleet = Arc::new(fleet(&server.url(), "slow-probe", 5, open, lease).await);
+    assert!(opened.elapsed() < secs(2), "the fleet was built in time");
+    // Everyone calls until one probe is out...
+    let mut probes = hammer_after_first(&fleet, 20, opened + secs(5), Some(ms(500))).await;
+    assert_eq!(probes.len(), 1, "one probe");
+    let probe = probes.pop().unwrap();
+    assert!(probe.is_probe());
+    let probing = Instant::now();
+    // ...which takes five open periods (and two grown ones): nobody joins.
+    let joined = hammer(&fleet, 20, probing + open * 5).await;
+    assert!(
+        joined.is_empty(),
+        "{} more calls during the probe",
+        joined.len()
+    );
+    probe.record(Outcome::Success);
+    // Its success closes the fleet.
+    let start = Instant::now();
+    for b in fleet.iter() {
+        while b.try_acquire().map(|p| p.record(Outcome::Success)).is_err() {
+            assert!(start.elapsed() < secs(5), "the fleet closes");
+            sleep(ms(5)).await;
+        }
+    }
+    println!(
+        "slow probe: held {:?} (open period {open:?}), no second prober; fleet closed {:?} after its success",
+        probing.elapsed() - start.elapsed(),
+        start.elapsed()
+    );
+}
+
+const PROBER: &str = "TOWER_BREAKER_REDIS_PROBER";
+
+/// The prober's process of `the_prober_killed_mid_probe...`: takes the
+/// fleet's probe, says so, and hangs until it is killed. A no-op without
+/// `TOWER_BREAKER_REDIS_PROBER`.
+#[test]
+fn prober_process_role() {
+    let Ok(url) = std::env::var(PROBER) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = Arc::new(
+            RedisStore::connect(&url, RedisOptions::new().timeout(ms(500)))
+                .await
+                .unwrap(),
+        );
+        let b = Breaker::with_config("killed", fleet_config(store, ms(300), secs(2)));
+        b.refresh().await.unwrap();
+        loop {
+            if let Ok(permit) = b.try_acquire() {
+                assert!(permit.is_probe(), "the circuit is open");
+                println!("probing");
+                std::mem::forget(permit);
+                std::future::pending::<()>().await;
+            }
+            sleep(ms(2)).await;
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prober_killed_mid_probe_holds_the_fleet_for_its_lease_then_one_probes() {
+    let Some(server) = RedisServer::start_or_skip(
+        "the_prober_killed_mid_probe_holds_the_fleet_for_its_lease_then_one_probes",
+    ) else {
+        return;
+    };
+    let (open, lease) = (ms(300), secs(2));
+    // The circuit opens before the prober's process starts: it is the only
+    // caller when the period ends, so it wins the election.
+    let store = RedisStore::connect(&server.url(), RedisOptions::new())
+        .await
+        .unwrap();
+    store.try_open("killed", open).await.unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "prober_process_role",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(PROBER, server.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.contains("probing"))
+    })
+    .await
+    .unwrap();
+    assert!(line.is_some(), "the child took the probe");
+    let elected = Instant::now();
+    child.kill().unwrap(); // SIGKILL: no close, no re-open, nothing
+    child.wait().unwrap();
+
+    // The rest of the fleet: nobody probes while the dead prober's lease
+    // runs; then exactly one does.
+    let fleet = Arc::new(fleet(&server.url(), "killed", 5, open, lease).await);
+    let during = hammer(&fleet, 20, elected + lease - ms(300)).await;
+    assert!(during.is_empty(), "{} calls during the lease", during.len());
+    let after = hammer_after_first(&fleet, 20, elected + lease + secs(3), Some(ms(500))).await;
+    assert_eq!(after.len(), 1, "one probe once the lease is over");
+    assert!(after[0].is_probe());
+    println!(
+        "sigkill: the prober died {:?} after its election; one new probe once its {lease:?} lease ended",
+        elected.elapsed()
+    );
+}
