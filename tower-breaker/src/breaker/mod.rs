@@ -155,13 +155,13 @@ impl Breaker {
     }
 
     /// A breaker with the given configuration, refusing a name its store
-    /// cannot hold ([`Store::check_name`]; without a store every name is
+    /// cannot hold ([`Store::check_name`](crate::store::Store::check_name); without a store every name is
     /// fine), and refusing to share a store outside a tokio runtime (store
     /// calls run in spawned tasks).
     ///
     /// [`with_config`](Breaker::with_config) accepts such a name, logs a
     /// `circuit_store_invalid_name` error, and then every store call fails
-    /// (see [`StoreFailureMode`]); outside a runtime it logs a
+    /// (see [`StoreFailureMode`](crate::store::StoreFailureMode)); outside a runtime it logs a
     /// `circuit_store_no_runtime` error, and each store call made on a
     /// thread without a runtime counts as a store failure.
     ///
