@@ -168,14 +168,23 @@
 //! - The **server** flavour turns a rejection into an answer, so the
 //!   service keeps its inner error type and fits `axum::Router::layer`
 //!   (see [Using with axum](#using-with-axum)). It counts each request
-//!   once; an inner error counts as a failure. Default classifier:
-//!   [`DefaultClassifier`].
+//!   once; the classifier judges inner errors too, and the
+//!   [`DefaultClassifier`] ignores answers that a layer inside built when
+//!   it refused the request (a full HTTP bulkhead's 503). Default
+//!   classifier: [`DefaultClassifier`].
 //! - The **plain** flavour takes any request type and counts each call
 //!   once. Its responses need not be HTTP, so its default classifier is
 //!   [`ErrorsOnly`] (responses succeed, errors fail).
 //!
 //! [`BreakerLayer::http_answers`] and [`BreakerLayer::plain`] turn a client
 //! layer into the other two, keeping its breaker.
+//!
+//! Each flavour has a keyed twin, one breaker per key of the request (host,
+//! route, tenant) from a bounded [`BreakerRegistry`]:
+//! [`KeyedCircuitBreaker`] ([`KeyedBreakerLayer`]),
+//! [`KeyedHttpCircuitBreaker`] ([`KeyedHttpBreakerLayer`], per-route
+//! breakers on an axum router) and [`KeyedPlainCircuitBreaker`]
+//! ([`KeyedPlainBreakerLayer`]).
 //!
 //! # Readiness
 //!
@@ -444,9 +453,12 @@ pub use config::{
     DEFAULT_PERMITTED_PROBES, DEFAULT_REFRESH_INTERVAL, DEFAULT_REJECTION_EVENT_INTERVAL,
     DEFAULT_SLOW_CALL_RATE, DEFAULT_SUCCESSES_TO_CLOSE, DEFAULT_WINDOW_SIZE,
 };
+#[allow(deprecated)]
+pub use keyed::DEFAULT_IDLE_EVICTION;
 pub use keyed::{
-    BreakerRegistry, KeyedBreakerLayer, KeyedCircuitBreaker, DEFAULT_IDLE_EVICTION,
-    DEFAULT_MAX_KEYS,
+    BreakerRegistry, KeyedBreakerLayer, KeyedCircuitBreaker, KeyedHttpBreakerLayer,
+    KeyedHttpCircuitBreaker, KeyedPlainBreakerLayer, KeyedPlainCircuitBreaker, PerKey,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS,
 };
 pub use layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
 pub use service::{CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker};

@@ -410,7 +410,10 @@ where
 /// The admission of the flavours without the hook (server and plain): what
 /// counts the call if it may go, or why it may not.
 #[inline]
-fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, CircuitOpen> {
+pub(crate) fn admit<C: Clone>(
+    breaker: &Breaker,
+    classifier: &C,
+) -> Result<Tracker<C>, CircuitOpen> {
     match breaker.admit() {
         Ok(raw) => Ok(tracker(breaker, classifier, raw)),
         Err(rejection) => Err(breaker.open_error(rejection)),

@@ -1,23 +1,66 @@
-//! One breaker per key, in a bounded registry.
+//! One breaker per key, in a bounded registry: each key's circuit, the
+//! three flavours of the keyed layer, its classifier and its per-key
+//! attempt hooks.
 
 mod support;
 
-use support::*;
-use tower::{BoxError, Layer, Service, ServiceExt};
-use tower_breaker::{BreakerRegistry, KeyedBreakerLayer, Mode, State};
+use std::convert::Infallible;
+use std::time::Duration;
 
-fn by_host(req: &http::Request<String>) -> String {
+use http::{Request, Response, StatusCode};
+use support::*;
+use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_breaker::error::CircuitOpen;
+use tower_breaker::{
+    BreakerRegistry, Classify, KeyedBreakerLayer, KeyedHttpBreakerLayer, KeyedPlainBreakerLayer,
+    Mode, Outcome, State, DEFAULT_IDLE_TIMEOUT,
+};
+use tower_resilience_base::error::LocalRejection;
+
+fn by_host(req: &Request<String>) -> String {
     req.uri().host().unwrap_or("none").to_owned()
 }
 
-async fn get<S>(svc: &S, host: &str) -> Result<http::Response<String>, BoxError>
-where
-    S: Service<http::Request<String>, Response = http::Response<String>, Error = BoxError> + Clone,
-{
-    let req = http::Request::get(format!("http://{host}/"))
+fn to(host: &str) -> Request<String> {
+    Request::get(format!("http://{host}/"))
         .body(String::new())
-        .unwrap();
-    svc.clone().oneshot(req).await
+        .unwrap()
+}
+
+async fn get<S>(svc: &S, host: &str) -> Result<Response<String>, BoxError>
+where
+    S: Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone,
+{
+    svc.clone().oneshot(to(host)).await
+}
+
+/// Judges 503 a success (the dependency sheds load on purpose) and every
+/// other status like the default classifier.
+#[derive(Debug, Clone, Copy)]
+struct Lenient503;
+
+impl<B> Classify<Response<B>> for Lenient503 {
+    fn classify_response(&self, response: &Response<B>) -> Outcome {
+        if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+            Outcome::Success
+        } else {
+            tower_breaker::DefaultClassifier.classify_response(response)
+        }
+    }
+}
+
+/// A classifier with state (not zero-sized): only `status` fails.
+#[derive(Debug, Clone, Copy)]
+struct FailsOn(u16);
+
+impl<B> Classify<Response<B>> for FailsOn {
+    fn classify_response(&self, response: &Response<B>) -> Outcome {
+        if response.status().as_u16() == self.0 {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        }
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -27,10 +70,11 @@ async fn each_key_has_its_own_circuit() {
     let svc = KeyedBreakerLayer::new(registry.clone(), by_host).layer(answering(&calls, 503));
     get(&svc, "down.example").await.unwrap();
     get(&svc, "down.example").await.unwrap();
-    assert!(
-        get(&svc, "down.example").await.is_err(),
-        "open for this host"
-    );
+    let err = get(&svc, "down.example").await.unwrap_err();
+    let open = err
+        .downcast_ref::<CircuitOpen>()
+        .expect("open for this host");
+    assert_eq!(open.breaker(), "hosts:down.example");
     assert_eq!(
         get(&svc, "up.example").await.unwrap().status(),
         503,
@@ -39,36 +83,9 @@ async fn each_key_has_its_own_circuit() {
     let down = registry.find(&"down.example".to_owned()).unwrap();
     assert_eq!(down.snapshot().state, State::Open);
     assert_eq!(down.name(), "hosts:down.example");
-    assert_eq!(
-        registry
-            .find(&"up.example".to_owned())
-            .unwrap()
-            .snapshot()
-            .state,
-        State::Closed
-    );
+    let up = registry.find(&"up.example".to_owned()).unwrap();
+    assert_eq!(up.snapshot().state, State::Closed);
     assert_eq!(calls.calls(), 3);
-}
-
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn the_registry_is_bounded_and_evicts_idle_closed_breakers() {
-    let registry = BreakerRegistry::new("hosts", config())
-        .max_keys(3)
-        .idle_eviction(secs(60));
-    for i in 0..3 {
-        registry.get(&format!("h{i}"));
-    }
-    registry.get(&"h0".to_owned()).set_mode(Mode::ForcedOpen);
-    // Full, nothing idle yet: the overflow breaker.
-    assert_eq!(registry.get(&"h3".to_owned()).name(), "hosts:overflow");
-    assert_eq!(registry.len(), 3);
-    advance(secs(60)).await;
-    // h1 and h2 are idle and closed: evicted; h0 is not closed: kept.
-    let h3 = registry.get(&"h3".to_owned());
-    assert_eq!(h3.name(), "hosts:h3");
-    assert_eq!(registry.len(), 2);
-    assert!(registry.find(&"h0".to_owned()).is_some());
-    assert!(registry.find(&"h1".to_owned()).is_none());
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -78,4 +95,261 @@ async fn hostile_keys_cannot_grow_memory() {
         registry.get(&format!("/random/{i}"));
     }
     assert_eq!(registry.len(), 100);
+    assert_eq!(registry.breakers().len(), 100);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_layers_classifier_judges_each_keys_calls() {
+    let registry = BreakerRegistry::new("hosts", config().count_window(2).minimum_calls(2));
+    let calls = CallCounter::default();
+    let svc = KeyedBreakerLayer::new(registry.clone(), by_host)
+        .classifier(Lenient503)
+        .layer(answering(&calls, 503));
+    for _ in 0..5 {
+        assert_eq!(get(&svc, "shedding.example").await.unwrap().status(), 503);
+    }
+    let s = registry
+        .find(&"shedding.example".to_owned())
+        .unwrap()
+        .snapshot();
+    assert_eq!(s.state, State::Closed, "503 is a success here");
+    assert_eq!(s.totals.successful, 5);
+    assert_eq!(calls.calls(), 5);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn each_keys_hook_counts_every_attempt_with_the_layers_classifier() {
+    let registry = BreakerRegistry::new("hosts", config().count_window(20).minimum_calls(20));
+    let calls = CallCounter::default();
+    let lenient = ServiceBuilder::new()
+        .layer(KeyedBreakerLayer::new(registry.clone(), by_host).classifier(Lenient503))
+        .layer(retry())
+        .service(answering(&calls, 503));
+    get(&lenient, "a.example").await.unwrap();
+    assert_eq!(
+        calls.calls(),
+        3,
+        "the retry layer below made three attempts"
+    );
+    let a = registry.find(&"a.example".to_owned()).unwrap().snapshot();
+    assert_eq!(
+        (a.window.calls, a.window.failures),
+        (3, 0),
+        "three attempts, judged by the layer's classifier"
+    );
+
+    // The default classifier, on another key of the same registry.
+    let strict = ServiceBuilder::new()
+        .layer(KeyedBreakerLayer::new(registry.clone(), by_host))
+        .layer(retry())
+        .service(answering(&calls, 503));
+    get(&strict, "b.example").await.unwrap();
+    let b = registry.find(&"b.example".to_owned()).unwrap().snapshot();
+    assert_eq!((b.window.calls, b.window.failures), (3, 3));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn layers_sharing_a_registry_each_count_with_their_own_classifier() {
+    // Regression guard for the per-key hook cache: the key keeps the hook
+    // of the first layer's classifier; the other layers (another type, or
+    // the same type with other values) must still be judged by their own.
+    let registry = BreakerRegistry::new("hosts", config().count_window(50).minimum_calls(50));
+    let calls = CallCounter::default();
+    type ByHost = fn(&Request<String>) -> String;
+    let stack = |layer: KeyedBreakerLayer<String, ByHost, FailsOn>| {
+        ServiceBuilder::new()
+            .layer(layer)
+            .layer(retry())
+            .service(answering(&calls, 503))
+    };
+    let key: ByHost = by_host;
+    let on_503 = stack(KeyedBreakerLayer::new(registry.clone(), key).classifier(FailsOn(503)));
+    let on_500 = stack(KeyedBreakerLayer::new(registry.clone(), key).classifier(FailsOn(500)));
+    let default = ServiceBuilder::new()
+        .layer(KeyedBreakerLayer::new(registry.clone(), by_host).classifier(Lenient503))
+        .layer(retry())
+        .service(answering(&calls, 503));
+
+    get(&on_503, "shared.example").await.unwrap();
+    get(&on_500, "shared.example").await.unwrap();
+    get(&default, "shared.example").await.unwrap();
+    get(&on_503, "shared.example").await.unwrap();
+    let s = registry
+        .find(&"shared.example".to_owned())
+        .unwrap()
+        .snapshot();
+    assert_eq!(s.window.calls, 12, "four requests of three attempts each");
+    assert_eq!(
+        s.window.failures, 6,
+        "only the FailsOn(503) layer's attempts"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn without_the_hook_a_retried_call_counts_once() {
+    let registry = BreakerRegistry::new("hosts", config());
+    let calls = CallCounter::default();
+    let svc = ServiceBuilder::new()
+        .layer(KeyedBreakerLayer::new(registry.clone(), by_host).count_attempts(false))
+        .layer(retry())
+        .service(answering(&calls, 503));
+    get(&svc, "a.example").await.unwrap();
+    assert_eq!(calls.calls(), 3);
+    let s = registry.find(&"a.example".to_owned()).unwrap().snapshot();
+    assert_eq!(s.window.calls, 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_server_flavour_answers_503_for_an_open_key_and_keeps_the_inner_error_type() {
+    let registry = BreakerRegistry::new("routes", config());
+    let handled = CallCounter::default();
+    let counter = handled.clone();
+    let handler = service_fn(move |_req: Request<String>| {
+        counter.hit();
+        async { Ok::<_, Infallible>(Response::new(String::from("ok"))) }
+    });
+    let server = KeyedHttpBreakerLayer::new(registry.clone(), by_host).layer(handler);
+    registry
+        .get(&"closed.example".to_owned())
+        .set_mode(Mode::ForcedOpen);
+
+    let response: Response<String> = server.clone().oneshot(to("closed.example")).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["x-tower-no-retry"], "1");
+    assert!(response.headers().contains_key("retry-after"));
+    assert_eq!(handled.calls(), 0, "the handler was not called");
+
+    let grpc = Request::post("http://closed.example/pkg.Svc/Call")
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap();
+    let response = server.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["grpc-status"], "14");
+
+    let response = server.oneshot(to("open.example")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(handled.calls(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_server_flavour_asks_the_classifier_about_inner_errors() {
+    let registry = BreakerRegistry::new("routes", config());
+    let shed = service_fn(|_req: Request<String>| async {
+        Err::<Response<String>, _>(LocalRejection::new("shed"))
+    });
+    let broken = service_fn(|_req: Request<String>| async {
+        Err::<Response<String>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    });
+    let shed = KeyedHttpBreakerLayer::new(registry.clone(), by_host).layer(shed);
+    let broken = KeyedHttpBreakerLayer::new(registry.clone(), by_host).layer(broken);
+
+    let err: LocalRejection = shed.oneshot(to("shed.example")).await.unwrap_err();
+    let _ = err;
+    let err: std::io::Error = broken.oneshot(to("broken.example")).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+
+    let shed = registry
+        .find(&"shed.example".to_owned())
+        .unwrap()
+        .snapshot();
+    assert_eq!(
+        (shed.totals.ignored, shed.totals.failed),
+        (1, 0),
+        "a local rejection says nothing about the key"
+    );
+    let broken = registry
+        .find(&"broken.example".to_owned())
+        .unwrap()
+        .snapshot();
+    assert_eq!((broken.totals.ignored, broken.totals.failed), (0, 1));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn http_answers_keeps_the_registry_the_key_function_and_the_classifier() {
+    let registry = BreakerRegistry::new("hosts", config().count_window(2).minimum_calls(2));
+    let calls = CallCounter::default();
+    let counter = calls.clone();
+    let handler = service_fn(move |_req: Request<String>| {
+        counter.hit();
+        async {
+            let mut r = Response::new(String::new());
+            *r.status_mut() = StatusCode::IM_A_TEAPOT;
+            Ok::<_, Infallible>(r)
+        }
+    });
+    let layer = KeyedBreakerLayer::new(registry.clone(), by_host)
+        .classifier(FailsOn(418))
+        .http_answers();
+    let server = layer.layer(handler);
+    for _ in 0..2 {
+        let r = server.clone().oneshot(to("teapot.example")).await.unwrap();
+        assert_eq!(r.status(), 418);
+    }
+    let r = server.oneshot(to("teapot.example")).await.unwrap();
+    assert_eq!(r.status(), 503, "418 failed, by the classifier kept");
+    assert_eq!(calls.calls(), 2);
+    assert_eq!(
+        layer
+            .registry()
+            .find(&"teapot.example".to_owned())
+            .unwrap()
+            .snapshot()
+            .state,
+        State::Open
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_plain_flavour_keys_any_request_type() {
+    let registry = BreakerRegistry::new("tenant", config().count_window(2).minimum_calls(2));
+    let calls = CallCounter::default();
+    let counter = calls.clone();
+    let query = service_fn(move |tenant: u32| {
+        counter.hit();
+        async move {
+            if tenant == 13 {
+                Err::<u32, BoxError>("unlucky".into())
+            } else {
+                Ok(tenant)
+            }
+        }
+    });
+    let svc = KeyedPlainBreakerLayer::new(registry.clone(), |tenant: &u32| *tenant).layer(query);
+    assert!(svc.clone().oneshot(13).await.is_err());
+    assert!(svc.clone().oneshot(13).await.is_err());
+    let err = svc.clone().oneshot(13).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<CircuitOpen>().unwrap().breaker(),
+        "tenant:13"
+    );
+    assert_eq!(svc.clone().oneshot(7).await.unwrap(), 7);
+    assert_eq!(calls.calls(), 3);
+
+    // `plain()` from the client layer: the same registry, ErrorsOnly.
+    let plain = KeyedBreakerLayer::new(registry.clone(), |tenant: &u32| *tenant).plain();
+    let svc = plain.layer(service_fn(|t: u32| async move { Ok::<_, BoxError>(t) }));
+    assert!(svc.oneshot(13).await.unwrap_err().is::<CircuitOpen>());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_key_function_generic_over_the_body_is_inferred_from_the_service() {
+    fn by_authority<B>(req: &Request<B>) -> String {
+        req.uri().authority().map_or("", |a| a.as_str()).to_owned()
+    }
+    let registry = BreakerRegistry::new("hosts", config());
+    let calls = CallCounter::default();
+    let svc = KeyedBreakerLayer::new(registry.clone(), by_authority).layer(answering(&calls, 200));
+    get(&svc, "a.example").await.unwrap();
+    assert!(registry.find(&"a.example".to_owned()).is_some());
+}
+
+#[test]
+#[allow(deprecated)]
+fn the_old_names_still_work() {
+    assert_eq!(tower_breaker::DEFAULT_IDLE_EVICTION, DEFAULT_IDLE_TIMEOUT);
+    let registry = BreakerRegistry::<String>::new("hosts", config())
+        .idle_eviction(Duration::from_secs(5))
+        .max_keys(3);
+    assert!(format!("{registry:?}").contains("idle_timeout: 5s"));
 }
