@@ -105,7 +105,7 @@ impl<K, F> fmt::Debug for PerKey<K, F> {
 }
 
 /// Wraps HTTP client services in a [`KeyedCircuitBreaker`]: one
-/// [`Breaker`] per key of the request, from a [`BreakerRegistry`]; a
+/// [`Breaker`](crate::Breaker) per key of the request, from a [`BreakerRegistry`]; a
 /// [`Layer`].
 ///
 /// The keyed counterpart of [`BreakerLayer`](crate::BreakerLayer), with
@@ -164,7 +164,7 @@ pub struct KeyedBreakerLayer<K, F, C = DefaultClassifier> {
 }
 
 /// Wraps HTTP server services in a [`KeyedHttpCircuitBreaker`]: one
-/// [`Breaker`] per key of the request (a route, a tenant), from a
+/// [`Breaker`](crate::Breaker) per key of the request (a route, a tenant), from a
 /// [`BreakerRegistry`]; a [`Layer`] for `axum::Router::layer`.
 ///
 /// The keyed counterpart of [`HttpBreakerLayer`](crate::HttpBreakerLayer):
@@ -212,7 +212,7 @@ pub struct KeyedHttpBreakerLayer<K, F, C = DefaultClassifier> {
 }
 
 /// Wraps services of any request type in a [`KeyedPlainCircuitBreaker`]:
-/// one [`Breaker`] per key of the request, from a [`BreakerRegistry`]; a
+/// one [`Breaker`](crate::Breaker) per key of the request, from a [`BreakerRegistry`]; a
 /// [`Layer`].
 ///
 /// The keyed counterpart of [`PlainBreakerLayer`](crate::PlainBreakerLayer):
@@ -489,7 +489,7 @@ impl<S, K, F: Clone, C: Clone> Layer<S> for KeyedPlainBreakerLayer<K, F, C> {
     }
 }
 
-/// Middleware for HTTP clients that picks a [`Breaker`] per request key
+/// Middleware for HTTP clients that picks a [`Breaker`](crate::Breaker) per request key
 /// and works like [`CircuitBreaker`](crate::CircuitBreaker) with it; built
 /// by [`KeyedBreakerLayer`].
 ///
@@ -539,7 +539,7 @@ pub struct KeyedCircuitBreaker<S, P, C = DefaultClassifier> {
     layer_id: u64,
 }
 
-/// Middleware for HTTP servers that picks a [`Breaker`] per request key
+/// Middleware for HTTP servers that picks a [`Breaker`](crate::Breaker) per request key
 /// and works like [`HttpCircuitBreaker`](crate::HttpCircuitBreaker) with
 /// it; built by [`KeyedHttpBreakerLayer`].
 ///
@@ -588,7 +588,7 @@ pub struct KeyedHttpCircuitBreaker<S, P, C = DefaultClassifier> {
     classifier: C,
 }
 
-/// Middleware for services of any request type that picks a [`Breaker`]
+/// Middleware for services of any request type that picks a [`Breaker`](crate::Breaker)
 /// per request key and works like
 /// [`PlainCircuitBreaker`](crate::PlainCircuitBreaker) with it; built by
 /// [`KeyedPlainBreakerLayer`].

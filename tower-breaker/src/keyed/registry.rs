@@ -67,7 +67,7 @@ const FULL_EVENT_INTERVAL: Duration = Duration::from_secs(1);
 const NONE: usize = usize::MAX;
 
 /// A bounded map from keys to [`Breaker`]s, all built from one
-/// configuration; the registry of the keyed layers ([`KeyedBreakerLayer`]
+/// configuration; the registry of the keyed layers ([`KeyedBreakerLayer`](crate::KeyedBreakerLayer)
 /// and its flavours).
 ///
 /// Each key gets its own breaker, named `"{prefix}:{key}"`, the first time
