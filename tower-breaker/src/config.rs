@@ -37,6 +37,12 @@ pub const DEFAULT_MAX_HALF_OPEN_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_REJECTION_EVENT_INTERVAL: Duration = Duration::from_secs(1);
 /// The default interval between two reads of a shared store: 1 s.
 pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// The default least interval between two reports of outcomes to a shared
+/// store while failures arrive: 100 ms.
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+/// The default fleet-wide window of a breaker whose own window counts calls:
+/// the last 10 s, in 10 buckets of 1 s.
+pub const DEFAULT_FLEET_WINDOW: Duration = Duration::from_secs(10);
 
 /// Which outcomes the breaker judges: the last N calls, or the calls of the
 /// last N time buckets.
@@ -127,6 +133,8 @@ pub struct BreakerConfig {
     pub(crate) store: Option<Arc<dyn Store>>,
     pub(crate) refresh_interval: Duration,
     pub(crate) store_failure: StoreFailureMode,
+    pub(crate) fleet_window: bool,
+    pub(crate) flush_interval: Duration,
 }
 
 // === impl BreakerConfig ===
@@ -157,6 +165,8 @@ impl BreakerConfig {
             store: None,
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
             store_failure: StoreFailureMode::FailOpen,
+            fleet_window: true,
+            flush_interval: DEFAULT_FLUSH_INTERVAL,
         }
     }
 
@@ -329,6 +339,35 @@ impl BreakerConfig {
         self
     }
 
+    /// Whether the fleet shares its evidence as well as its decision (on by
+    /// default whenever a store is configured): each breaker reports the
+    /// outcomes it counted to the store, which keeps a time-bucketed window
+    /// of the whole fleet's calls, failures and slow calls and opens the
+    /// circuit for everyone when the fleet's rates cross this breaker's
+    /// thresholds after the fleet-wide `minimum_calls` (see
+    /// [`Store::report`](crate::store::Store::report)). A process's own
+    /// window keeps working beside it, as a local safety net.
+    ///
+    /// The fleet's window is the breaker's [time window](Self::time_window)
+    /// when it has one, else the last [`DEFAULT_FLEET_WINDOW`] in buckets
+    /// of one second. Reports replace the periodic read while there is
+    /// traffic (one store command per refresh interval), and come at most
+    /// every [`flush_interval`](Self::flush_interval) while failures
+    /// arrive; nothing is ever sent on the path of a call.
+    pub fn fleet_window(mut self, on: bool) -> Self {
+        self.fleet_window = on;
+        self
+    }
+
+    /// The least interval between two reports of outcomes while failures
+    /// arrive (default 100 ms; at least 1 ms): the fleet learns of a
+    /// failing dependency within about this long, at a cost of at most one
+    /// store command per interval per breaker.
+    pub fn flush_interval(mut self, interval: Duration) -> Self {
+        self.flush_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
     /// What to do while the store fails (default
     /// [`StoreFailureMode::FailOpen`]: keep the local decision and call
     /// the dependency). See [`StoreFailureMode`].
@@ -372,6 +411,8 @@ impl fmt::Debug for BreakerConfig {
             .field("listener", &DebugListener(&self.listener))
             .field("store", &self.store)
             .field("refresh_interval", &self.refresh_interval)
+            .field("fleet_window", &self.fleet_window)
+            .field("flush_interval", &self.flush_interval)
             .field("store_failure", &self.store_failure)
             .finish()
     }

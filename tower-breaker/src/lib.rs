@@ -332,11 +332,25 @@
 //!   forward; they all adopt the first writer's T.
 //! - **Half-open is an election**: when T has passed, exactly one caller
 //!   fleet-wide wins by moving T forward one (longer) open period; the
-//!   others keep failing fast until then. Its success deletes the record,
-//!   only if the record still holds its token; its failure re-opens for the
+//!   others keep failing fast until then, and past it while the winner's
+//!   lease (its whole probe, `max_half_open_wait`) runs. Its success marks
+//!   the record closed, only if the record still holds its token; a record
+//!   that vanished (a restart, a failover) is never taken for a close:
+//!   processes that know the circuit open keep it open and write it again.
+//!   Its failure re-opens (fenced by the same token) for the
 //!   next period of the growing schedule (`open_growth`, capped at
 //!   `max_open_period`, jittered by the prober), and the record counts the
 //!   re-opens so the next prober, in any process, grows from there.
+//! - **A fleet-wide window** ([`fleet_window`](BreakerConfig::fleet_window),
+//!   on by default): each breaker reports the outcomes it counted, batched,
+//!   and the store keeps a time-bucketed window of the whole fleet's calls;
+//!   its script opens the circuit for everyone when the fleet's rates cross
+//!   the thresholds after the fleet-wide `minimum_calls`. Reports replace
+//!   the periodic read while there is traffic, and come every
+//!   [`flush_interval`](BreakerConfig::flush_interval) (100 ms) while
+//!   failures arrive. 20 processes calling a failing dependency once a
+//!   second each open together after about 30 calls; each alone would not
+//!   trip for ten seconds.
 //! - **A per-process cache**: each breaker reads the record at most once
 //!   per [`refresh_interval`](BreakerConfig::refresh_interval) (default
 //!   1 s), in a spawned task, and folds the answer into its state word, so
@@ -356,13 +370,11 @@
 //!
 //! Trade-offs, chosen on purpose:
 //!
-//! - **Failure counting stays local.** Each process judges its own window
-//!   and trips on its own evidence; its trip opens the circuit for all. No
-//!   call pays a network round trip to count, and a process cannot be
-//!   tripped by counts it cannot see. The cost: a fleet of processes that
-//!   each see only a few calls may never fill a window while the fleet as
-//!   a whole fails a lot; give such processes a small window or a
-//!   consecutive-failures rule, or a time window.
+//! - **Counting is batched.** No call pays a network round trip to count:
+//!   each process judges its own window at once (a local trip opens the
+//!   circuit for all), and the fleet's window hears of failures within a
+//!   flush interval. A process that has not reported yet cannot be counted,
+//!   and outcomes of a report that fails are lost.
 //! - **The cache delays the news** by up to one refresh interval (plus a
 //!   read's round trip): after a trip, the other processes keep calling the
 //!   dependency for up to that long, and after a successful probe they keep
@@ -450,7 +462,7 @@ pub use classify::{classify_fn, Classify, DefaultClassifier, ErrorsOnly, Outcome
 pub use config::{
     BreakerConfig, WindowKind, DEFAULT_FAILURE_RATE, DEFAULT_JITTER, DEFAULT_MAX_HALF_OPEN_WAIT,
     DEFAULT_MAX_OPEN_PERIOD, DEFAULT_MINIMUM_CALLS, DEFAULT_OPEN_GROWTH, DEFAULT_OPEN_PERIOD,
-    DEFAULT_PERMITTED_PROBES, DEFAULT_REFRESH_INTERVAL, DEFAULT_REJECTION_EVENT_INTERVAL,
+    DEFAULT_FLEET_WINDOW, DEFAULT_FLUSH_INTERVAL, DEFAULT_PERMITTED_PROBES, DEFAULT_REFRESH_INTERVAL, DEFAULT_REJECTION_EVENT_INTERVAL,
     DEFAULT_SLOW_CALL_RATE, DEFAULT_SUCCESSES_TO_CLOSE, DEFAULT_WINDOW_SIZE,
 };
 #[allow(deprecated)]

@@ -189,6 +189,25 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         self.try_open(name, open_for)
     }
 
+    /// Adds this process's outcomes since its last report to the fleet's
+    /// window of `name`, opens the circuit (as [`try_open`](Store::try_open)
+    /// would, for `rule.open_for`) if the fleet's window now breaks `rule`,
+    /// and returns the decision, as [`read`](Store::read) does. The fleet's
+    /// window is `rule.buckets` buckets of `rule.bucket` of the store's
+    /// clock; it starts empty again when the circuit opens.
+    ///
+    /// The default implementation ignores the report and reads: a store
+    /// without it shares decisions, not evidence.
+    fn report<'a>(
+        &'a self,
+        name: &'a str,
+        report: Report,
+        rule: FleetRule,
+    ) -> StoreFuture<'a, Decision> {
+        let _ = (report, rule);
+        self.read(name)
+    }
+
     /// Checks that `name` can be stored (length, characters), so that a
     /// breaker built with a bad name is refused at construction by
     /// [`Breaker::try_with_config`](crate::Breaker::try_with_config) rather
@@ -264,6 +283,85 @@ pub enum Election {
     },
     /// The circuit is marked closed fleet-wide (a prober closed it).
     Closed,
+}
+
+/// Outcomes one breaker counted since its last [`Store::report`].
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::store::Report;
+///
+/// let report = Report { calls: 12, failures: 7, slow: 0 };
+/// assert!(!report.is_empty());
+/// assert!(Report::default().is_empty());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Report {
+    /// Calls whose outcome was counted.
+    pub calls: u64,
+    /// Of them, failures.
+    pub failures: u64,
+    /// Of them, slow successes.
+    pub slow: u64,
+}
+
+impl Report {
+    /// Whether there is nothing to report.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.calls == 0
+    }
+}
+
+/// When the fleet's window opens the circuit: the breaker's thresholds,
+/// applied to the whole fleet's outcomes by [`Store::report`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::store::FleetRule;
+///
+/// let rule = FleetRule {
+///     buckets: 10,
+///     bucket: Duration::from_secs(1),
+///     minimum_calls: 10,
+///     failure_rate_ppm: 500_000,
+///     slow_rate_ppm: 0,
+///     open_for: Duration::from_secs(5),
+/// };
+/// assert!(rule.breaks(10, 5, 0));
+/// assert!(!rule.breaks(9, 9, 0), "below the minimum");
+/// assert!(!rule.breaks(10, 4, 0));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetRule {
+    /// Buckets in the window.
+    pub buckets: u32,
+    /// The length of one bucket.
+    pub bucket: Duration,
+    /// The fleet's calls in the window before it is judged.
+    pub minimum_calls: u64,
+    /// Open when failures / calls reaches this, in millionths.
+    pub failure_rate_ppm: u64,
+    /// Open when slow / calls reaches this, in millionths (0: slow calls
+    /// are not judged).
+    pub slow_rate_ppm: u64,
+    /// How long the circuit opens for.
+    pub open_for: Duration,
+}
+
+impl FleetRule {
+    /// Whether a window of `calls` calls, `failures` failures and `slow`
+    /// slow calls breaks the rule.
+    #[must_use]
+    pub fn breaks(&self, calls: u64, failures: u64, slow: u64) -> bool {
+        calls > 0
+            && calls >= self.minimum_calls
+            && (failures * 1_000_000 >= self.failure_rate_ppm * calls
+                || (self.slow_rate_ppm > 0 && slow * 1_000_000 >= self.slow_rate_ppm * calls))
+    }
 }
 
 /// The result of [`Store::read`].
@@ -391,6 +489,9 @@ pub struct MemoryStore {
 
 struct Records {
     map: HashMap<String, Record>,
+    /// The fleet's windows: per name, one slot per bucket, each holding
+    /// the bucket's index and its calls, failures and slow calls.
+    windows: HashMap<String, Vec<[u64; 4]>>,
     /// When the next sweep of records long past their T is due.
     next_sweep: Instant,
 }
@@ -484,6 +585,7 @@ impl MemoryStore {
             base: now,
             records: Mutex::new(Records {
                 map: HashMap::new(),
+                windows: HashMap::new(),
                 next_sweep: now,
             }),
             tokens: AtomicU64::new(1),
@@ -554,14 +656,30 @@ impl MemoryStore {
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Record>, Instant) -> T) -> T {
+        self.with_all(|records, now| f(&mut records.map, now))
+    }
+
+    fn with_all<T>(&self, f: impl FnOnce(&mut Records, Instant) -> T) -> T {
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         if now >= records.next_sweep {
             let keep = self.cleanup_after;
             records.map.retain(|_, r| r.until.max(r.lease) + keep > now);
+            // A window whose newest bucket is older than the cleanup time
+            // holds nothing the fleet still judges.
+            let now_ms = self.ms(now);
+            let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+            records
+                .windows
+                .retain(|_, slots| slots.iter().any(|s| s[0] != u64::MAX && s[0].saturating_add(keep_ms) > now_ms));
             records.next_sweep = now + (keep / 4).max(Duration::from_secs(1));
         }
-        f(&mut records.map, now)
+        f(&mut records, now)
+    }
+
+    /// Milliseconds of the store's clock.
+    fn ms(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
     }
 
     fn token(&self) -> u64 {
@@ -588,7 +706,12 @@ impl fmt::Debug for MemoryStore {
 impl Store for MemoryStore {
     fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
         let token = self.token();
-        let result = self.with(|records, now| open_record(records, name, now, open_for, token));
+        let result = self.with_all(|records, now| {
+            // The window starts again from empty for the next closed
+            // period.
+            records.windows.remove(name);
+            open_record(&mut records.map, name, now, open_for, token)
+        });
         Box::pin(async move { Ok(result) })
     }
 
@@ -655,7 +778,7 @@ impl Store for MemoryStore {
     }
 
     fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
-        let result = self.with(|records, now| match records.get_mut(name) {
+        let result = self.with_all(|all, now| match all.map.get_mut(name) {
             Some(r) if r.open && r.token == token.get() => {
                 // The mark stays until the cleanup, like an opening.
                 *r = Record {
@@ -674,15 +797,66 @@ impl Store for MemoryStore {
     }
 
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
-        let result = self.with(|records, now| match records.get(name) {
-            None => Decision::Missing,
-            Some(r) if !r.open => Decision::Closed,
-            Some(r) if r.until > now => Decision::Open {
-                remaining: r.until - now,
-            },
-            Some(_) => Decision::Expired,
+        let result = self.with(|records, now| decision(records, name, now));
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn report<'a>(
+        &'a self,
+        name: &'a str,
+        report: Report,
+        rule: FleetRule,
+    ) -> StoreFuture<'a, Decision> {
+        let token = self.token();
+        let result = self.with_all(|records, now| {
+            // While the circuit is open, outcomes are not evidence for the
+            // next closed period (late reports of processes that had not
+            // heard yet).
+            if records.map.get(name).is_some_and(|r| r.open) {
+                return decision(&records.map, name, now);
+            }
+            let buckets = rule.buckets.max(1) as usize;
+            let bucket_ms = u64::try_from(rule.bucket.as_millis()).unwrap_or(u64::MAX).max(1);
+            let tick = self.ms(now) / bucket_ms;
+            let slots = records
+                .windows
+                .entry(name.to_owned())
+                .or_insert_with(|| vec![[u64::MAX, 0, 0, 0]; buckets]);
+            if slots.len() != buckets {
+                *slots = vec![[u64::MAX, 0, 0, 0]; buckets];
+            }
+            let slot = &mut slots[(tick % buckets as u64) as usize];
+            if slot[0] != tick {
+                *slot = [tick, 0, 0, 0];
+            }
+            slot[1] += report.calls;
+            slot[2] += report.failures;
+            slot[3] += report.slow;
+            let oldest = (tick + 1).saturating_sub(buckets as u64);
+            let [calls, failures, slow] = slots
+                .iter()
+                .filter(|s| s[0] != u64::MAX && s[0] >= oldest && s[0] <= tick)
+                .fold([0, 0, 0], |t, s| [t[0] + s[1], t[1] + s[2], t[2] + s[3]]);
+            if rule.breaks(calls, failures, slow) {
+                records.windows.remove(name);
+                let remaining = open_record(&mut records.map, name, now, rule.open_for, token);
+                return Decision::Open { remaining };
+            }
+            decision(&records.map, name, now)
         });
         Box::pin(async move { Ok(result) })
+    }
+}
+
+/// [`Store::read`] on the map.
+fn decision(records: &HashMap<String, Record>, name: &str, now: Instant) -> Decision {
+    match records.get(name) {
+        None => Decision::Missing,
+        Some(r) if !r.open => Decision::Closed,
+        Some(r) if r.until > now => Decision::Open {
+            remaining: r.until - now,
+        },
+        Some(_) => Decision::Expired,
     }
 }
 

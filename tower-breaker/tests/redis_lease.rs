@@ -286,3 +286,51 @@ async fn the_prober_killed_mid_probe_holds_the_fleet_for_its_lease_then_one_prob
         elected.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_slow_callers_open_together_from_the_fleets_window() {
+    let Some(server) =
+        RedisServer::start_or_skip("twenty_slow_callers_open_together_from_the_fleets_window")
+    else {
+        return;
+    };
+    // 20 processes (one connection each), default thresholds: a window of
+    // 20 calls, 10 at least. Each calls once a second, so alone none would
+    // trip for ten seconds.
+    let mut fleet = Vec::new();
+    for _ in 0..20 {
+        let store = Arc::new(
+            RedisStore::connect(&server.url(), RedisOptions::new().timeout(ms(500)))
+                .await
+                .unwrap(),
+        );
+        let b = Breaker::with_config("slow-callers", config().store(store));
+        b.refresh().await.unwrap();
+        fleet.push(b);
+    }
+    let start = Instant::now();
+    let mut calls = 0;
+    let mut first_open = None;
+    while !fleet.iter().all(|b| state(b) == State::Open) {
+        assert!(start.elapsed() < secs(8), "the fleet opens together");
+        for b in &fleet {
+            if let Ok(permit) = b.try_acquire() {
+                calls += 1;
+                permit.record(Outcome::Failure);
+            }
+            if first_open.is_none() && state(b) == State::Open {
+                first_open = Some(start.elapsed());
+            }
+            sleep(ms(50)).await;
+        }
+    }
+    let first_open = first_open.unwrap_or_default();
+    println!(
+        "fleet window: 20 processes x 1 call/s opened after {calls} calls to the dependency (minimum 10); \
+         first open at {first_open:?}, all open at {:?}",
+        start.elapsed()
+    );
+    // The fleet's 10th failure opens the record; every process learns at
+    // its next read, each after at most one more call.
+    assert!(calls <= 10 + 20 + 5, "{calls} calls");
+}

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use super::machine::Core;
 use super::{nanos, NANOS_PER_MS};
-use crate::config::BreakerConfig;
+use crate::config::{BreakerConfig, WindowKind, DEFAULT_FLEET_WINDOW};
 use crate::snapshot::Cause;
 use crate::state::{Word, CLOSED, ELECTING, OPEN};
 use crate::store::StoreFailureMode;
-use crate::store::{Decision, Election, ProbeToken, Store, StoreError};
+use crate::store::{Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError};
 
 /// A breaker's link to its shared store.
 pub(super) struct StoreLink {
@@ -35,6 +35,12 @@ pub(super) struct StoreLink {
     pub(super) fail_closed: bool,
     /// The writes not yet made, in the order the breaker asked for them.
     writes: Mutex<Writes>,
+    /// The fleet-wide window's rule, when the breaker shares its evidence.
+    fleet: Option<FleetRule>,
+    flush_ns: u64,
+    next_flush_ns: AtomicU64,
+    /// The totals (calls, failures, slow) already reported.
+    reported: Mutex<[u64; 3]>,
 }
 
 /// The queue of a breaker's writes: one task at a time drains it, so the
@@ -93,6 +99,10 @@ impl StoreLink {
             next_warning_ms: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
             writes: Mutex::new(Writes::default()),
+            fleet: config.fleet_window.then(|| fleet_rule(config)),
+            flush_ns: nanos(config.flush_interval).max(NANOS_PER_MS),
+            next_flush_ns: AtomicU64::new(0),
+            reported: Mutex::new([0; 3]),
             fail_closed: config.store_failure == StoreFailureMode::FailClosed,
         });
         if let Some(link) = &link {
@@ -130,12 +140,65 @@ impl Core {
         {
             return;
         }
+        self.sync(link, now);
+    }
+
+    /// Outcomes arrived with failures among them: report them to the fleet
+    /// now, unless a report went less than the flush interval ago.
+    pub(super) fn flush_failures(self: &Arc<Self>, now: u64) {
+        let Some(link) = &self.store else { return };
+        if link.fleet.is_none() {
+            return;
+        }
+        let next = link.next_flush_ns.load(Relaxed);
+        if now < next
+            || link
+                .next_flush_ns
+                .compare_exchange(next, now + link.flush_ns, Relaxed, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        // The report stands for the periodic read too.
+        link.next_refresh_ns
+            .store(now + link.refresh_ns.max(1), Relaxed);
+        self.sync(link, now);
+    }
+
+    /// Reports the outcomes counted since the last report, if there are
+    /// any and the fleet shares its evidence, or else reads; and adopts
+    /// what the store decided.
+    fn sync(self: &Arc<Self>, link: &StoreLink, now: u64) {
+        let report = link.fleet.and_then(|rule| {
+            let totals = self.totals();
+            let now_totals = [totals.calls(), totals.failed, totals.slow];
+            let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
+            let delta = Report {
+                calls: now_totals[0].saturating_sub(reported[0]),
+                failures: now_totals[1].saturating_sub(reported[1]),
+                slow: now_totals[2].saturating_sub(reported[2]),
+            };
+            *reported = now_totals;
+            (!delta.is_empty()).then_some((delta, rule))
+        });
+        if report.is_some() {
+            link.next_flush_ns.fetch_max(now + link.flush_ns, Relaxed);
+        }
         let this = Arc::clone(self);
         let spawned = spawn(async move {
             let core = &*this;
             let Some(link) = &core.store else { return };
             let asked = core.now_ns();
-            let result = link.store.read(&core.name).await;
+            let result = match report {
+                Some((report, rule)) => {
+                    let rule = FleetRule {
+                        open_for: Duration::from_nanos(core.open_period(0)),
+                        ..rule
+                    };
+                    link.store.report(&core.name, report, rule).await
+                }
+                None => link.store.read(&core.name).await,
+            };
             this.apply_read(&result, asked);
         });
         if !spawned {
@@ -528,6 +591,31 @@ where
             true
         }
         Err(_) => false,
+    }
+}
+
+/// The fleet's rule from a breaker's configuration: its thresholds, over
+/// its time window (or the default fleet window).
+fn fleet_rule(config: &BreakerConfig) -> FleetRule {
+    let (buckets, bucket) = match config.window {
+        WindowKind::Time { buckets, bucket } => (buckets, bucket),
+        WindowKind::Count { .. } => (
+            (DEFAULT_FLEET_WINDOW.as_secs() as usize).max(1),
+            Duration::from_secs(1),
+        ),
+    };
+    let ppm = |rate: f64| (rate * 1_000_000.0).round() as u64;
+    FleetRule {
+        buckets: u32::try_from(buckets).unwrap_or(u32::MAX).max(1),
+        bucket: bucket.max(Duration::from_millis(1)),
+        minimum_calls: u64::from(config.minimum_calls).max(1),
+        failure_rate_ppm: ppm(config.failure_rate),
+        slow_rate_ppm: if config.slow_call_duration.is_some() {
+            ppm(config.slow_call_rate)
+        } else {
+            0
+        },
+        open_for: config.open_period,
     }
 }
 

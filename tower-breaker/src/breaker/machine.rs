@@ -393,6 +393,11 @@ impl Core {
         if code == OK || !w.is_automatic() || w.state() != CLOSED {
             return;
         }
+        if core.store.is_some() {
+            // Failures are news for the fleet: report them soon.
+            let now = if now == 0 { core.now_ns() } else { now };
+            self.flush_failures(now);
+        }
         let counts = core.window.counts(gen, now);
         if let Some(cause) = core.trip_cause(counts, in_a_row) {
             let mut w = w;

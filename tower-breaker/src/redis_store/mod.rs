@@ -111,7 +111,9 @@ use redis::Script;
 
 mod connection;
 
-use crate::store::{Decision, Election, ProbeToken, Store, StoreError, StoreFuture};
+use crate::store::{
+    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture,
+};
 pub use connection::ConnectError;
 use connection::Connection;
 
@@ -138,6 +140,11 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function int(x) return string.format('%.0f', x) end
+local function clear_window(key)
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(field, 1, 1) == 'w' then redis.call('HDEL', key, field) end
+  end
+end
 local function write(key, now, until_ms, period, token, reopens, lease, cleanup)
   redis.call('HSET', key, 'state', 'open', 'until', int(until_ms), 'token', token,
     'reopens', int(reopens), 'period', int(period), 'since', int(now), 'lease', int(lease))
@@ -155,8 +162,67 @@ local t = tonumber(rec[1])
 if not closed and t and t > now then return {0, t - now} end
 local reopens = 0
 if not closed then reopens = tonumber(rec[2]) or 0 end
+clear_window(KEYS[1])
 write(KEYS[1], now, now + period, period, ARGV[2], reopens, 0, tonumber(ARGV[3]))
 return {1, period}
+";
+
+/// ARGV: calls, failures, slow, bucket ms, buckets, minimum calls, failure
+/// ppm, slow ppm (0: off), period, token, cleanup. Returns what **read**
+/// returns, after adding the report to the fleet's window and opening if
+/// the window breaks the rule.
+const REPORT: &str = r"
+local now = now_ms()
+local rec = redis.call('HMGET', KEYS[1], 'until', 'state', 'reopens')
+if rec[2] == 'open' then
+  local t = tonumber(rec[1])
+  if t and t > now then return {1, t - now} end
+  return {2}
+end
+local bucket_ms = tonumber(ARGV[4])
+local buckets = tonumber(ARGV[5])
+local tick = math.floor(now / bucket_ms)
+local field = 'w' .. int(tick % buckets)
+local c, f, s = 0, 0, 0
+local cur = redis.call('HGET', KEYS[1], field)
+if cur then
+  local i, cc, ff, ss = string.match(cur, '^(%d+):(%d+):(%d+):(%d+)$')
+  if tonumber(i) == tick then c, f, s = tonumber(cc), tonumber(ff), tonumber(ss) end
+end
+c = c + tonumber(ARGV[1])
+f = f + tonumber(ARGV[2])
+s = s + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], field, int(tick) .. ':' .. int(c) .. ':' .. int(f) .. ':' .. int(s))
+local calls, failures, slow = 0, 0, 0
+for slot = 0, buckets - 1 do
+  local v = redis.call('HGET', KEYS[1], 'w' .. int(slot))
+  if v then
+    local i, cc, ff, ss = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
+    i = tonumber(i)
+    if i and i <= tick and i > tick - buckets then
+      calls = calls + tonumber(cc)
+      failures = failures + tonumber(ff)
+      slow = slow + tonumber(ss)
+    end
+  end
+end
+local minimum = tonumber(ARGV[6])
+local fppm = tonumber(ARGV[7])
+local sppm = tonumber(ARGV[8])
+if calls > 0 and calls >= minimum and
+   (failures * 1000000 >= fppm * calls or (sppm > 0 and slow * 1000000 >= sppm * calls)) then
+  local period = tonumber(ARGV[9])
+  local reopens = 0
+  if rec[2] ~= 'closed' then reopens = tonumber(rec[3]) or 0 end
+  clear_window(KEYS[1])
+  write(KEYS[1], now, now + period, period, ARGV[10], reopens, 0, tonumber(ARGV[11]))
+  return {1, period}
+end
+local ttl = redis.call('PTTL', KEYS[1])
+local keep = buckets * bucket_ms + tonumber(ARGV[11])
+if ttl < keep then redis.call('PEXPIRE', KEYS[1], int(keep)) end
+if rec[2] == 'closed' then return {0} end
+return {3}
 ";
 
 /// ARGV: period, token, lease, cleanup. Returns {0} closed, {1, remaining}
@@ -322,6 +388,7 @@ struct Scripts {
     reopen: Script,
     close: Script,
     read: Script,
+    report: Script,
 }
 
 // === impl RedisOptions ===
@@ -417,6 +484,7 @@ impl RedisStore {
                 reopen: script(REOPEN),
                 close: script(CLOSE),
                 read: script(READ),
+                report: script(REPORT),
             },
             seed: RandomState::new(),
             tokens: AtomicU64::new(0),
@@ -578,15 +646,7 @@ impl Store for RedisStore {
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
         Box::pin(async move {
             let key = self.store_key(name)?;
-            match self.run(&self.scripts.read, &key, &[]).await?[..] {
-                [0] => Ok(Decision::Closed),
-                [1, remaining] => Ok(Decision::Open {
-                    remaining: remaining_ms(remaining),
-                }),
-                [2] => Ok(Decision::Expired),
-                [3] => Ok(Decision::Missing),
-                ref other => Err(unexpected("read", other)),
-            }
+            decision(&self.run(&self.scripts.read, &key, &[]).await?, "read")
         })
     }
 
@@ -608,6 +668,31 @@ impl Store for RedisStore {
                 [_, remaining] => Ok(remaining_ms(remaining)),
                 ref other => Err(unexpected("reopen", other)),
             }
+        })
+    }
+
+    fn report<'a>(
+        &'a self,
+        name: &'a str,
+        report: Report,
+        rule: FleetRule,
+    ) -> StoreFuture<'a, Decision> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            let args = [
+                report.calls,
+                report.failures,
+                report.slow,
+                millis(rule.bucket).max(1),
+                u64::from(rule.buckets.max(1)),
+                rule.minimum_calls,
+                rule.failure_rate_ppm,
+                rule.slow_rate_ppm,
+                millis(rule.open_for),
+                self.token(),
+                millis(self.options.cleanup_after),
+            ];
+            decision(&self.run(&self.scripts.report, &key, &args).await?, "report")
         })
     }
 
@@ -662,6 +747,19 @@ fn check(name: &str, what: &'static str, min: usize, max: usize) -> Result<(), I
     match name.chars().find(|c| !allowed(*c)) {
         Some(c) => Err(refuse(format!("{c:?} is not allowed"))),
         None => Ok(()),
+    }
+}
+
+/// The decision a **read** (or **report**) script returned.
+fn decision(reply: &[i64], script: &str) -> Result<Decision, StoreError> {
+    match *reply {
+        [0] => Ok(Decision::Closed),
+        [1, remaining] => Ok(Decision::Open {
+            remaining: remaining_ms(remaining),
+        }),
+        [2] => Ok(Decision::Expired),
+        [3] => Ok(Decision::Missing),
+        ref other => Err(unexpected(script, other)),
     }
 }
 

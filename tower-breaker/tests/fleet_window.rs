@@ -1,0 +1,226 @@
+//! The fleet shares its evidence: each breaker reports the outcomes it
+//! counted to the store, and the store's window opens the circuit for the
+//! whole fleet once the fleet's calls break the rule, even when no process
+//! sees enough calls to trip on its own.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+use tower_breaker::store::{Decision, FleetRule, MemoryStore, Report, Store};
+use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
+
+/// Lets spawned store tasks run.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn process(store: &Arc<MemoryStore>, fleet_window: bool) -> Breaker {
+    Breaker::with_config(
+        "payments",
+        BreakerConfig::new()
+            .jitter(0.0)
+            .store(store.clone())
+            .fleet_window(fleet_window),
+    )
+}
+
+/// 20 processes, each calling a failing dependency once a second (spread
+/// over the second): how many calls reach it before every process rejects.
+async fn calls_to_open(fleet_window: bool, limit: Duration) -> Option<usize> {
+    let store = Arc::new(MemoryStore::new());
+    let fleet: Vec<Breaker> = (0..20).map(|_| process(&store, fleet_window)).collect();
+    let start = tokio::time::Instant::now();
+    let mut calls = 0;
+    loop {
+        for b in &fleet {
+            if let Ok(permit) = b.try_acquire() {
+                calls += 1;
+                permit.record(Outcome::Failure);
+            }
+            settle().await;
+            tokio::time::advance(Duration::from_millis(50)).await;
+        }
+        if fleet.iter().all(|b| b.snapshot().state == State::Open) {
+            return Some(calls);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_fleet_of_slow_callers_opens_together_from_the_fleets_evidence() {
+    // Each process sees 1 call a second: alone, none reaches the minimum
+    // of 10 calls in its window before a minute has passed.
+    let alone = calls_to_open(false, Duration::from_secs(5)).await;
+    assert_eq!(
+        alone, None,
+        "without the fleet's window nobody trips in 5 s"
+    );
+    let together = calls_to_open(true, Duration::from_secs(5))
+        .await
+        .expect("the fleet opens");
+    println!(
+        "fleet window: 20 processes x 1 call/s open together after {together} calls (minimum 10)"
+    );
+    assert!(together <= 2 * 10 + 20, "{together} calls");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_store_opens_when_the_fleets_window_breaks_the_rule() {
+    let store = MemoryStore::new();
+    let rule = FleetRule {
+        buckets: 10,
+        bucket: secs(1),
+        minimum_calls: 10,
+        failure_rate_ppm: 500_000,
+        slow_rate_ppm: 0,
+        open_for: secs(5),
+    };
+    let report = |calls, failures| Report {
+        calls,
+        failures,
+        slow: 0,
+    };
+    // 9 calls, all failures: below the minimum.
+    assert_eq!(
+        store.report("x", report(9, 9), rule).await.unwrap(),
+        Decision::Missing
+    );
+    // The 10th call, 5 failures of 10 in all... still 9 + 1 = 10 calls with 9
+    // failures: opens.
+    assert_eq!(
+        store.report("x", report(1, 0), rule).await.unwrap(),
+        Decision::Open { remaining: secs(5) }
+    );
+    // While open, reports are not counted.
+    tokio::time::advance(secs(5)).await;
+    assert_eq!(
+        store.report("x", report(100, 100), rule).await.unwrap(),
+        Decision::Expired
+    );
+    // Buckets older than the window are forgotten.
+    let store = MemoryStore::new();
+    store.report("y", report(9, 9), rule).await.unwrap();
+    tokio::time::advance(secs(10)).await;
+    assert_eq!(
+        store.report("y", report(1, 1), rule).await.unwrap(),
+        Decision::Missing,
+        "the first 9 failures left the window"
+    );
+    // Healthy traffic never opens.
+    let store = MemoryStore::new();
+    for _ in 0..100 {
+        assert_eq!(
+            store.report("z", report(10, 4), rule).await.unwrap(),
+            Decision::Missing
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_closed_path_sends_at_most_one_report_per_flush_interval() {
+    let store = Arc::new(CountingStore::default());
+    let b = Breaker::with_config(
+        "busy",
+        BreakerConfig::new()
+            .store(store.clone())
+            .count_window(1000)
+            .minimum_calls(1000)
+            .flush_interval(ms(100)),
+    );
+    // 10 s of traffic at 1000 calls/s, 10% failures.
+    for i in 0..10_000u32 {
+        let p = b.try_acquire().unwrap();
+        p.record(if i % 10 == 0 {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        });
+        if i % 100 == 0 {
+            settle().await;
+        }
+        tokio::time::advance(ms(1)).await;
+    }
+    // The outcomes since the last report go with the next sync: the first
+    // call after the refresh interval (here dropped, so not counted).
+    tokio::time::advance(secs(1)).await;
+    drop(b.try_acquire());
+    settle().await;
+    let (reports, reads) = store.counts();
+    println!(
+        "store cost: {reports} reports and {reads} reads in 10 s at 1000 calls/s with failures"
+    );
+    assert!(reports + reads <= 10 * 10 + 2, "{reports} + {reads}");
+    assert!(
+        reports >= 90,
+        "failures are reported every interval: {reports}"
+    );
+    assert_eq!(store.reported(), 10_000, "every outcome reported once");
+}
+
+/// A MemoryStore that counts its calls and the outcomes reported to it.
+#[derive(Debug, Default)]
+struct CountingStore {
+    inner: MemoryStore,
+    reports: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl CountingStore {
+    fn counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.reports.load(SeqCst), self.reads.load(SeqCst))
+    }
+    fn reported(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Store for CountingStore {
+    fn try_open<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+    ) -> tower_breaker::store::StoreFuture<'a, Duration> {
+        self.inner.try_open(name, open_for)
+    }
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+        lease: Duration,
+    ) -> tower_breaker::store::StoreFuture<'a, tower_breaker::store::Election> {
+        self.inner.try_acquire_probe(name, open_for, lease)
+    }
+    fn close<'a>(
+        &'a self,
+        name: &'a str,
+        token: tower_breaker::store::ProbeToken,
+    ) -> tower_breaker::store::StoreFuture<'a, bool> {
+        self.inner.close(name, token)
+    }
+    fn read<'a>(&'a self, name: &'a str) -> tower_breaker::store::StoreFuture<'a, Decision> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.read(name)
+    }
+    fn report<'a>(
+        &'a self,
+        name: &'a str,
+        report: Report,
+        rule: FleetRule,
+    ) -> tower_breaker::store::StoreFuture<'a, Decision> {
+        self.reports
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.calls
+            .fetch_add(report.calls, std::sync::atomic::Ordering::SeqCst);
+        self.inner.report(name, report, rule)
+    }
+}
