@@ -85,7 +85,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -208,6 +208,18 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         self.read(name)
     }
 
+    /// Pushes the decisions of `name` to `watcher` as they change, from now
+    /// on: openings (with the time left) and closes, by any process. A push
+    /// shortens how late a breaker learns of the fleet's decisions; it never
+    /// replaces the periodic read, because pushes can be lost (a
+    /// subscriber that was disconnected, or too slow). The store keeps
+    /// only a weak reference: a watcher that is gone is forgotten.
+    ///
+    /// The default does nothing: the breakers learn at their next read.
+    fn watch(&self, name: &str, watcher: Weak<dyn Watcher>) {
+        let _ = (name, watcher);
+    }
+
     /// Checks that `name` can be stored (length, characters), so that a
     /// breaker built with a bad name is refused at construction by
     /// [`Breaker::try_with_config`](crate::Breaker::try_with_config) rather
@@ -283,6 +295,34 @@ pub enum Election {
     },
     /// The circuit is marked closed fleet-wide (a prober closed it).
     Closed,
+}
+
+/// What a store pushes decisions to ([`Store::watch`]): every breaker
+/// with a store is one.
+///
+/// # Example
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use tower_breaker::store::{Decision, Watcher};
+///
+/// #[derive(Default)]
+/// struct Last(Mutex<Option<Decision>>);
+///
+/// impl Watcher for Last {
+///     fn decided(self: Arc<Self>, decision: Decision) {
+///         *self.0.lock().unwrap() = Some(decision);
+///     }
+/// }
+///
+/// let last = Arc::new(Last::default());
+/// last.clone().decided(Decision::Closed);
+/// assert_eq!(*last.0.lock().unwrap(), Some(Decision::Closed));
+/// ```
+pub trait Watcher: Send + Sync + 'static {
+    /// The circuit's decision changed: `Open` with the time left, or
+    /// `Closed`. Called on the store's thread: keep it short.
+    fn decided(self: Arc<Self>, decision: Decision);
 }
 
 /// Outcomes one breaker counted since its last [`Store::report`].
@@ -483,6 +523,7 @@ pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
 pub struct MemoryStore {
     base: Instant,
     records: Mutex<Records>,
+    watchers: Mutex<HashMap<String, Vec<Weak<dyn Watcher>>>>,
     tokens: AtomicU64,
     cleanup_after: Duration,
 }
@@ -589,6 +630,7 @@ impl MemoryStore {
                 next_sweep: now,
             }),
             tokens: AtomicU64::new(1),
+            watchers: Mutex::new(HashMap::new()),
             cleanup_after: DEFAULT_CLEANUP_AFTER,
         }
     }
@@ -677,6 +719,21 @@ impl MemoryStore {
         f(&mut records, now)
     }
 
+    /// Pushes `decision` to the watchers of `name`, outside every lock.
+    fn notify(&self, name: &str, decision: Decision) {
+        let alive: Vec<Arc<dyn Watcher>> = {
+            let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(list) = watchers.get_mut(name) else {
+                return;
+            };
+            list.retain(|w| w.strong_count() > 0);
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        for watcher in alive {
+            watcher.decided(decision);
+        }
+    }
+
     /// Milliseconds of the store's clock.
     fn ms(&self, at: Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
@@ -712,6 +769,7 @@ impl Store for MemoryStore {
             records.windows.remove(name);
             open_record(&mut records.map, name, now, open_for, token)
         });
+        self.notify(name, Decision::Open { remaining: result });
         Box::pin(async move { Ok(result) })
     }
 
@@ -774,6 +832,9 @@ impl Store for MemoryStore {
             Some(r) if r.open && r.until > now => r.until - now,
             _ => Duration::ZERO,
         });
+        if !result.is_zero() {
+            self.notify(name, Decision::Open { remaining: result });
+        }
         Box::pin(async move { Ok(result) })
     }
 
@@ -793,12 +854,22 @@ impl Store for MemoryStore {
             }
             _ => false,
         });
+        if result {
+            self.notify(name, Decision::Closed);
+        }
         Box::pin(async move { Ok(result) })
     }
 
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
         let result = self.with(|records, now| decision(records, name, now));
         Box::pin(async move { Ok(result) })
+    }
+
+    fn watch(&self, name: &str, watcher: Weak<dyn Watcher>) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        let list = watchers.entry(name.to_owned()).or_default();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(watcher);
     }
 
     fn report<'a>(
@@ -813,7 +884,7 @@ impl Store for MemoryStore {
             // next closed period (late reports of processes that had not
             // heard yet).
             if records.map.get(name).is_some_and(|r| r.open) {
-                return decision(&records.map, name, now);
+                return Err(decision(&records.map, name, now));
             }
             let buckets = rule.buckets.max(1) as usize;
             let bucket_ms = u64::try_from(rule.bucket.as_millis()).unwrap_or(u64::MAX).max(1);
@@ -840,10 +911,17 @@ impl Store for MemoryStore {
             if rule.breaks(calls, failures, slow) {
                 records.windows.remove(name);
                 let remaining = open_record(&mut records.map, name, now, rule.open_for, token);
-                return Decision::Open { remaining };
+                return Ok((Decision::Open { remaining }, true));
             }
-            decision(&records.map, name, now)
+            Ok((decision(&records.map, name, now), false))
         });
+        let (result, opened) = match result {
+            Ok(pair) => pair,
+            Err(decision) => (decision, false),
+        };
+        if opened {
+            self.notify(name, result);
+        }
         Box::pin(async move { Ok(result) })
     }
 }

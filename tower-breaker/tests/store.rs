@@ -47,10 +47,67 @@ async fn poke(fleet: &[Breaker]) {
     settle().await;
 }
 
+/// A MemoryStore that pushes nothing: the breakers learn from their reads
+/// alone (as when pushes are lost).
+#[derive(Debug, Default)]
+struct NoPush(MemoryStore);
+
+impl Store for NoPush {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        self.0.try_open(name, open_for)
+    }
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+        lease: Duration,
+    ) -> StoreFuture<'a, Election> {
+        self.0.try_acquire_probe(name, open_for, lease)
+    }
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        self.0.close(name, token)
+    }
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        self.0.reopen(name, token, open_for)
+    }
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        self.0.read(name)
+    }
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn one_trips_and_all_reject_within_one_refresh_interval() {
+async fn one_trips_and_all_reject_at_once_by_push() {
     let store = Arc::new(MemoryStore::new());
     let fleet = fleet(&store, 5);
+    poke(&fleet).await;
+    record(&fleet[0], Outcome::Failure, 2);
+    settle().await;
+    for b in &fleet[1..] {
+        assert!(b.try_acquire().is_err(), "pushed: no wait for a read");
+        assert_eq!(state(b), State::Open);
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn without_pushes_one_trips_and_all_reject_within_one_refresh_interval() {
+    let store = Arc::new(NoPush::default());
+    let fleet: Vec<Breaker> = (0..5)
+        .map(|_| {
+            Breaker::with_config(
+                "shared",
+                config()
+                    .count_window(2)
+                    .minimum_calls(2)
+                    .store(store.clone())
+                    .refresh_interval(REFRESH),
+            )
+        })
+        .collect();
     poke(&fleet).await; // first reads: closed
     record(&fleet[0], Outcome::Failure, 2);
     assert_eq!(state(&fleet[0]), State::Open);

@@ -13,7 +13,9 @@ use crate::config::{BreakerConfig, WindowKind, DEFAULT_FLEET_WINDOW};
 use crate::snapshot::Cause;
 use crate::state::{Word, CLOSED, ELECTING, OPEN};
 use crate::store::StoreFailureMode;
-use crate::store::{Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError};
+use crate::store::{
+    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, Watcher,
+};
 
 /// A breaker's link to its shared store.
 pub(super) struct StoreLink {
@@ -127,8 +129,24 @@ impl StoreLink {
     }
 }
 
+impl Watcher for Core {
+    fn decided(self: Arc<Self>, decision: Decision) {
+        let asked = self.now_ns();
+        self.apply_read(&Ok(decision), asked);
+    }
+}
+
 impl Core {
     // --- the shared store ---
+
+    /// Asks the store to push this circuit's decisions as they change (a
+    /// store that cannot leaves the periodic read alone).
+    pub(super) fn watch(self: &Arc<Self>) {
+        if let Some(link) = &self.store {
+            let weak: std::sync::Weak<Core> = Arc::downgrade(self);
+            link.store.watch(&self.name, weak);
+        }
+    }
 
     pub(super) fn maybe_refresh(self: &Arc<Self>, link: &StoreLink, now: u64) {
         let next = link.next_refresh_ns.load(Relaxed);

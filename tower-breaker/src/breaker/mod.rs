@@ -206,6 +206,7 @@ impl Breaker {
     /// A breaker with the given configuration.
     pub fn with_config(name: impl Into<Arc<str>>, config: BreakerConfig) -> Self {
         let core = Arc::new(Core::new(name.into(), config));
+        core.watch();
         let shards = (0..STRIPES)
             .map(|_| {
                 Arc::new(Shard {
