@@ -1,0 +1,152 @@
+//! The fleet-wide window across separate OS processes: 20 processes, each
+//! calling a failing dependency at a low rate, open together from the
+//! fleet's evidence. Each process is this test binary run again with
+//! `TOWER_BREAKER_REDIS_FLEET` set; a private `redis-server` on a free port.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use support::redis_server::RedisServer;
+use support::*;
+use tokio::time::sleep;
+use tower_breaker::redis_store::{RedisOptions, RedisStore};
+use tower_breaker::{Breaker, Outcome, State};
+
+const MEMBER: &str = "TOWER_BREAKER_REDIS_FLEET";
+
+fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// One process of the fleet: from `start_ms` on, calls the dependency every
+/// `every_ms` through its breaker (default thresholds, its own window of
+/// 20 calls), until its breaker rejects; prints how many calls it made and
+/// when it first rejected. A no-op without `TOWER_BREAKER_REDIS_FLEET`.
+#[test]
+fn fleet_member_role() {
+    let Ok(spec) = std::env::var(MEMBER) else {
+        return;
+    };
+    let [url, start_ms, every_ms]: [&str; 3] = spec
+        .split(' ')
+        .collect::<Vec<_>>()
+        .try_into()
+        .expect("url start every");
+    let (start_ms, every_ms): (u128, u64) = (start_ms.parse().unwrap(), every_ms.parse().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = Arc::new(
+            RedisStore::connect(url, RedisOptions::new().timeout(ms(500)))
+                .await
+                .unwrap(),
+        );
+        let client = redis::Client::open(url).unwrap();
+        let mut dependency = redis::aio::ConnectionManager::new(client).await.unwrap();
+        let b = Breaker::with_config("fleet", config().store(store));
+        b.refresh().await.unwrap();
+        while unix_ms() < start_ms {
+            sleep(ms(1)).await;
+        }
+        let mut calls = 0;
+        let deadline = start_ms + 20_000;
+        let rejected_at = loop {
+            assert!(unix_ms() < deadline, "never opened");
+            match b.try_acquire() {
+                Ok(permit) => {
+                    calls += 1;
+                    // The dependency: counts calls fleet-wide, and fails.
+                    let _: i64 = redis::cmd("INCR")
+                        .arg("dependency-calls")
+                        .query_async(&mut dependency)
+                        .await
+                        .unwrap();
+                    permit.record(Outcome::Failure);
+                }
+                Err(_) => break unix_ms(),
+            }
+            // Wait for the next call, but notice an opening meanwhile.
+            for _ in 0..every_ms {
+                if state(&b) == State::Open {
+                    break;
+                }
+                sleep(ms(1)).await;
+            }
+        };
+        println!("member-result calls={calls} rejected_at={rejected_at}");
+    });
+}
+
+/// Runs `n` member processes calling every `every_ms` from a common start;
+/// returns the dependency's calls and each process's first rejection (ms
+/// since the start).
+async fn run_fleet(server: &RedisServer, n: usize, every_ms: u64) -> (i64, Vec<i64>) {
+    let start_ms = unix_ms() + 1500;
+    let exe = std::env::current_exe().unwrap();
+    // Spread over the interval, as independent callers are.
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            let start_ms = start_ms + (i as u128) * u128::from(every_ms) / n as u128;
+            Command::new(&exe)
+                .args([
+                    "fleet_member_role",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(MEMBER, format!("{} {start_ms} {every_ms}", server.url()))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut rejected = Vec::new();
+    for child in children {
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(out.status.success());
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let line = stdout
+            .lines()
+            .find_map(|l| l.split_once("member-result ").map(|(_, r)| r.to_owned()))
+            .unwrap_or_else(|| panic!("no result in {stdout:?}"));
+        let at: u128 = line.split_once("rejected_at=").unwrap().1.parse().unwrap();
+        rejected.push(at as i64 - start_ms as i64);
+    }
+    let calls: i64 = redis::cmd("GET")
+        .arg("dependency-calls")
+        .query(&mut server.raw())
+        .unwrap();
+    rejected.sort_unstable();
+    (calls, rejected)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_processes_at_one_call_a_second_open_together() {
+    let Some(server) =
+        RedisServer::start_or_skip("twenty_processes_at_one_call_a_second_open_together")
+    else {
+        return;
+    };
+    let (calls, rejected) = run_fleet(&server, 20, 1000).await;
+    let spread = rejected.last().unwrap() - rejected.first().unwrap();
+    println!(
+        "fleet processes: 20 x 1 call/s: {calls} calls to open the whole fleet (minimum 10); \
+         first rejection {} ms after the start, spread of the others {spread} ms",
+        rejected[0]
+    );
+    // Alone, each process would need 10 calls: 200 in all.
+    assert!(calls <= 2 * 10 + 20, "{calls} calls");
+}
