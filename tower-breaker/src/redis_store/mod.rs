@@ -164,6 +164,7 @@ local reopens = 0
 if not closed then reopens = tonumber(rec[2]) or 0 end
 clear_window(KEYS[1])
 write(KEYS[1], now, now + period, period, ARGV[2], reopens, 0, tonumber(ARGV[3]))
+redis.call('PUBLISH', KEYS[1], 'o:' .. int(period))
 return {1, period}
 ";
 
@@ -216,6 +217,7 @@ if calls > 0 and calls >= minimum and
   if rec[2] ~= 'closed' then reopens = tonumber(rec[3]) or 0 end
   clear_window(KEYS[1])
   write(KEYS[1], now, now + period, period, ARGV[10], reopens, 0, tonumber(ARGV[11]))
+  redis.call('PUBLISH', KEYS[1], 'o:' .. int(period))
   return {1, period}
 end
 local ttl = redis.call('PTTL', KEYS[1])
@@ -255,6 +257,7 @@ if open and rec[2] == ARGV[2] then
   if t and t > until_ms then until_ms = t end
   write(KEYS[1], now, until_ms, period, ARGV[3], (tonumber(rec[3]) or 0) + 1, 0,
     tonumber(ARGV[4]))
+  redis.call('PUBLISH', KEYS[1], 'o:' .. int(until_ms - now))
   return {1, until_ms - now}
 end
 if open and t and t > now then return {0, t - now} end
@@ -269,6 +272,7 @@ if rec[2] == 'open' and rec[1] == ARGV[1] then
   redis.call('HSET', KEYS[1], 'state', 'closed', 'token', '', 'since', int(now))
   redis.call('HDEL', KEYS[1], 'until', 'lease', 'reopens', 'period')
   redis.call('PEXPIRE', KEYS[1], int(tonumber(ARGV[2])))
+  redis.call('PUBLISH', KEYS[1], 'c')
   return {1}
 end
 return {0}
