@@ -798,3 +798,26 @@ async fn connect_fails_in_time_and_connect_lazy_fails_open() {
         sleep(ms(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_names_with_route_templates_and_ipv6_hosts_share_their_circuits() {
+    let Some(server) = RedisServer::start_or_skip(
+        "keyed_names_with_route_templates_and_ipv6_hosts_share_their_circuits",
+    ) else {
+        return;
+    };
+    for name in [
+        "routes:/users/{id}",
+        "hosts:[::1]:8080",
+        "tenants:café 100%",
+    ] {
+        let fleet = fleet(&server, name, 2).await;
+        trip(&fleet[0]);
+        until_all_reject(&fleet[1..], REFRESH * 20).await;
+        let store = store(&server).await;
+        assert!(
+            matches!(store.read(name).await.unwrap(), Decision::Open { .. }),
+            "{name}"
+        );
+    }
+}
