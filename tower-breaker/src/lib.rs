@@ -426,7 +426,9 @@
 //! | feature | default | what |
 //! |---|---|---|
 //! | `stack` | on | [`stack`]: the one-line client and server stacks, with `tower-deadline`, `tower-retry-budget` and `tower-bulkhead` in the recommended order |
-//! | `redis` | off | `redis_store::RedisStore`, a [`Store`](store::Store) in Redis through the `redis` crate (tokio, a reconnecting connection manager, Lua scripts); `rediss://` needs one of the `redis` crate's TLS features in your own `Cargo.toml` (see the `redis_store` module docs) |
+//! | `redis` | off | `redis_store::RedisStore`, a [`Store`](store::Store) in Redis through the `redis` crate (tokio, Lua scripts, pushes over pub/sub), on one node or through Sentinel, with ACL logins |
+//! | `redis-tls` | off | `rediss://` for the store: rustls with the `ring` crypto provider (no system OpenSSL), custom CAs and client certificates |
+//! | `redis-cluster` | off | the store on a Redis Cluster (`RedisTarget::cluster`) |
 //!
 //! The breaker cooperates with the other layers (counting every attempt of
 //! a retry layer below, ignoring local rejections) without any feature:

@@ -58,29 +58,33 @@
 //! Every call is bounded by [`RedisOptions::timeout`] (default 50 ms); a
 //! timeout, a connection error or a reply the store cannot read is a
 //! [`StoreError`], and the breaker fails open (or closed, as configured:
-//! [`StoreFailureMode`](crate::store::StoreFailureMode)). The
-//! [`ConnectionManager`] reconnects by itself, so sharing resumes when
-//! Redis comes back; scripts are sent again if a restarted server has
-//! forgotten them.
+//! [`StoreFailureMode`](crate::store::StoreFailureMode)). The connection
+//! reconnects by itself, so sharing resumes when Redis comes back; scripts
+//! are sent again if a restarted server has forgotten them.
 //!
-//! # TLS
+//! # Where Redis is, how to log in, TLS
 //!
-//! `rediss://` URLs need one of the `redis` crate's TLS features, which
-//! this crate does not turn on (either would make every build with
-//! `--all-features` depend on a system library or a crypto provider). Add
-//! the same `redis` major version to your own `Cargo.toml` with one of:
+//! [`RedisTarget`] says how to reach Redis: one node (or a managed
+//! primary endpoint, [`RedisTarget::node`]), a primary watched by Sentinel
+//! ([`RedisTarget::sentinel`], followed through failovers), or a cluster
+//! ([`RedisTarget::cluster`], feature `redis-cluster`; every script touches
+//! one key, so any slot layout works). [`RedisTarget::user`] logs in as an
+//! ACL user; with the feature `redis-tls` (rustls with the `ring` crypto
+//! provider: no system OpenSSL), `rediss://` targets trust the system roots
+//! or only the CA given to `RedisTarget::tls_ca_pem`. Build the store with
+//! [`RedisStore::connect_with`]. Neither the target's `Debug` nor any error
+//! or event shows a password. A least-privilege ACL for the store:
+//! `~tower-breaker:* &tower-breaker:* +@read +@write +@scripting +@pubsub
+//! +ping +time -@dangerous` (and `+role` through Sentinel), with your own
+//! prefix in place of `tower-breaker:`.
 //!
-//! - `tokio-native-tls-comp`: the platform's TLS (OpenSSL on Linux: the
-//!   build needs `pkg-config` and the OpenSSL headers, `libssl-dev` on
-//!   Debian);
-//! - `tokio-rustls-comp`: rustls, plus a rustls crypto provider: depend on
-//!   `rustls` with its `ring` or `aws_lc_rs` feature, or install a provider
-//!   with `rustls::crypto::CryptoProvider::install_default` before
-//!   connecting (the `redis` crate panics when it builds a TLS connection
-//!   with no provider).
+//! # Pushes
 //!
-//! Cargo unifies the features, and [`RedisStore::connect`] then accepts
-//! `rediss://` URLs.
+//! The scripts publish every opening and close on the circuit's key, and a
+//! store built from a target subscribes (one pub/sub connection per store,
+//! reconnecting by itself), so every breaker of the fleet learns of an
+//! opening within milliseconds; the periodic read stays as the bound for
+//! messages lost while the subscriber was disconnected.
 //!
 //! # Example
 //!
@@ -104,17 +108,20 @@ use std::error::Error;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::Script;
 
 mod connection;
+mod push;
 
 use crate::store::{
-    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture,
+    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Watcher,
 };
-pub use connection::ConnectError;
+use push::Push;
+pub use connection::{ConnectError, RedisTarget};
 use connection::Connection;
 
 /// The default key prefix: `"tower-breaker:"`.
@@ -299,9 +306,8 @@ return {2}
 /// # Clone
 ///
 /// Not `Clone`; share it as `Arc<RedisStore>` (what
-/// [`BreakerConfig::store`](crate::BreakerConfig::store) takes). The
-/// [`ConnectionManager`] inside is one multiplexed connection, used by
-/// every breaker of the process.
+/// [`BreakerConfig::store`](crate::BreakerConfig::store) takes). Its
+/// connection is multiplexed, used by every breaker of the process.
 ///
 /// # Example
 ///
@@ -332,6 +338,9 @@ pub struct RedisStore {
     scripts: Scripts,
     seed: RandomState,
     tokens: AtomicU64,
+    /// The subscriber of pushed decisions, when the store knows how to
+    /// open a pub/sub connection.
+    push: Option<Arc<Push>>,
 }
 
 /// The settings of a [`RedisStore`].
@@ -492,7 +501,15 @@ impl RedisStore {
             },
             seed: RandomState::new(),
             tokens: AtomicU64::new(0),
+            push: None,
         }
+    }
+
+    /// This store with pushes: `dial` opens the pub/sub connection its
+    /// subscriber listens on.
+    fn with_push(mut self, dial: push::Dial) -> Self {
+        self.push = Some(Arc::new(Push::new(dial)));
+        self
     }
 
     /// The Redis key of the breaker named `name`: the prefix followed by
@@ -698,6 +715,12 @@ impl Store for RedisStore {
             ];
             decision(&self.run(&self.scripts.report, &key, &args).await?, "report")
         })
+    }
+
+    fn watch(&self, name: &str, watcher: Weak<dyn Watcher>) {
+        if let (Some(push), Ok(key)) = (&self.push, self.key(name)) {
+            push.watch(key, watcher);
+        }
     }
 
     fn check_name(&self, name: &str) -> Result<(), StoreError> {

@@ -153,3 +153,7 @@ pub fn ok_infallible(
 
 #[cfg(feature = "redis")]
 pub mod redis_server;
+#[cfg(feature = "redis-tls")]
+pub mod redis_tls;
+#[cfg(feature = "redis")]
+pub mod redis_topology;
