@@ -95,14 +95,17 @@ async fn breakers_on_every_node_share_their_circuits_through_slot_moves_and_scri
     // One store knows every node, the other only the last: it learns the
     // rest from the cluster.
     let a_store = Arc::new(
-        RedisStore::connect_with(RedisTarget::cluster(&urls).unwrap(), RedisOptions::new())
-            .await
-            .expect("connect to the cluster"),
+        RedisStore::connect_with(
+            RedisTarget::cluster(&urls).unwrap(),
+            RedisOptions::new().timeout(Duration::from_millis(500)),
+        )
+        .await
+        .expect("connect to the cluster"),
     );
     let b_store = Arc::new(
         RedisStore::connect_with(
             RedisTarget::cluster([&urls[2]]).unwrap(),
-            RedisOptions::new(),
+            RedisOptions::new().timeout(Duration::from_millis(500)),
         )
         .await
         .expect("connect through one node"),

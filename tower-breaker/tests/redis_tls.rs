@@ -138,9 +138,12 @@ async fn a_fleet_over_tls_with_an_acl_user_shares_one_circuit() {
     let mut stores = Vec::new();
     for _ in 0..3 {
         let store = Arc::new(
-            RedisStore::connect_with(target(&server), RedisOptions::new())
-                .await
-                .unwrap_or_else(|e| panic!("connect: {}\n{}", chain(&e), server.log())),
+            RedisStore::connect_with(
+                target(&server),
+                RedisOptions::new().timeout(Duration::from_millis(500)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("connect: {}\n{}", chain(&e), server.log())),
         );
         let b = Breaker::with_config("tls-fleet", fleet_config(store.clone()));
         b.refresh().await.expect("first read");
@@ -317,9 +320,12 @@ async fn debug_output_and_errors_show_no_secret() {
         "{shown}"
     );
 
-    let store = RedisStore::connect_with(target.clone(), RedisOptions::new())
-        .await
-        .unwrap_or_else(|e| panic!("connect with the URL's login: {}", chain(&e)));
+    let store = RedisStore::connect_with(
+        target.clone(),
+        RedisOptions::new().timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connect with the URL's login: {}", chain(&e)));
     store.try_open("tls-debug", secs(5)).await.unwrap();
     let shown = format!("{store:?} {store:#?}");
     assert!(

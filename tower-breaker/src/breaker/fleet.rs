@@ -587,10 +587,19 @@ impl Core {
             return;
         }
         let failures = link.unwarned.swap(0, Relaxed) + 1;
+        // The whole chain: the cause (a refused login, an untrusted
+        // certificate) is usually in a source.
+        let mut cause = error.to_string();
+        let mut source = std::error::Error::source(error);
+        while let Some(e) = source {
+            cause.push_str(": ");
+            cause.push_str(&e.to_string());
+            source = e.source();
+        }
         tracing::warn!(
             breaker = %core.name,
             operation,
-            error = %error,
+            error = %cause,
             failures,
             "circuit_store_failed"
         );
