@@ -711,9 +711,11 @@ impl MemoryStore {
             // holds nothing the fleet still judges.
             let now_ms = self.ms(now);
             let keep_ms = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
-            records
-                .windows
-                .retain(|_, slots| slots.iter().any(|s| s[0] != u64::MAX && s[0].saturating_add(keep_ms) > now_ms));
+            records.windows.retain(|_, slots| {
+                slots
+                    .iter()
+                    .any(|s| s[0] != u64::MAX && s[0].saturating_add(keep_ms) > now_ms)
+            });
             records.next_sweep = now + (keep / 4).max(Duration::from_secs(1));
         }
         f(&mut records, now)
@@ -887,7 +889,9 @@ impl Store for MemoryStore {
                 return Err(decision(&records.map, name, now));
             }
             let buckets = rule.buckets.max(1) as usize;
-            let bucket_ms = u64::try_from(rule.bucket.as_millis()).unwrap_or(u64::MAX).max(1);
+            let bucket_ms = u64::try_from(rule.bucket.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1);
             let tick = self.ms(now) / bucket_ms;
             let slots = records
                 .windows

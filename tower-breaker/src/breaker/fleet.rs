@@ -13,9 +13,7 @@ use crate::config::{BreakerConfig, WindowKind, DEFAULT_FLEET_WINDOW};
 use crate::snapshot::Cause;
 use crate::state::{Word, CLOSED, ELECTING, OPEN};
 use crate::store::StoreFailureMode;
-use crate::store::{
-    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, Watcher,
-};
+use crate::store::{Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, Watcher};
 
 /// A breaker's link to its shared store.
 pub(super) struct StoreLink {

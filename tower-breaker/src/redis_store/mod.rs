@@ -120,9 +120,9 @@ mod push;
 use crate::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Watcher,
 };
-use push::Push;
-pub use connection::{ConnectError, RedisTarget};
 use connection::Connection;
+pub use connection::{ConnectError, RedisTarget};
+use push::Push;
 
 /// The default key prefix: `"tower-breaker:"`.
 pub const DEFAULT_PREFIX: &str = "tower-breaker:";
@@ -713,7 +713,10 @@ impl Store for RedisStore {
                 self.token(),
                 millis(self.options.cleanup_after),
             ];
-            decision(&self.run(&self.scripts.report, &key, &args).await?, "report")
+            decision(
+                &self.run(&self.scripts.report, &key, &args).await?,
+                "report",
+            )
         })
     }
 
