@@ -296,6 +296,15 @@
 //! stack the handlers use, is usually what you want
 //! ([`KeyedBreakerLayer`] gives one per host or route).
 //!
+//! # Fallbacks
+//!
+//! When a call fails or the circuit is open, the caller may still answer:
+//! [`FallbackLayer`], outermost in the stack, turns selected failures into
+//! an answer from a fixed value, a function, or the last good response for
+//! the same key, marks and counts it, and can run the fallback on a share
+//! of healthy calls to show it still works. See [`fallback`], including
+//! when not to use one.
+//!
 //! # Shared state (Redis)
 //!
 //! A breaker in each process's memory does little for a fleet of many
@@ -444,6 +453,7 @@ mod breaker;
 pub mod classify;
 mod config;
 pub mod error;
+pub mod fallback;
 pub mod future;
 mod hook;
 mod keyed;
@@ -468,6 +478,7 @@ pub use config::{
     DEFAULT_REJECTION_EVENT_INTERVAL, DEFAULT_SLOW_CALL_RATE, DEFAULT_SUCCESSES_TO_CLOSE,
     DEFAULT_WINDOW_SIZE,
 };
+pub use fallback::{Fallback, FallbackLayer, FallbackServed, FallbackService};
 #[allow(deprecated)]
 pub use keyed::DEFAULT_IDLE_EVICTION;
 pub use keyed::{
