@@ -388,7 +388,11 @@ pub(crate) fn clone_head(parts: &Parts) -> Parts {
 /// Marks a retry with its attempt number: `grpc-previous-rpc-attempts`
 /// (attempts before this one) on gRPC requests, the configured header
 /// (this attempt's number) on others.
-fn mark_attempt(headers: &mut HeaderMap, previous: u32, http_header: Option<&http::HeaderName>) {
+pub(crate) fn mark_attempt(
+    headers: &mut HeaderMap,
+    previous: u32,
+    http_header: Option<&http::HeaderName>,
+) {
     if is_grpc(headers) {
         headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(previous));
     } else if let Some(name) = http_header {

@@ -54,10 +54,10 @@ pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(10);
 /// ```
 #[must_use]
 pub struct RetryLayer<P = DefaultPolicy, M = Buffered> {
-    config: Config,
+    pub(crate) config: Config,
     budget: Arc<RetryBudget>,
     random: Arc<dyn RandomSource>,
-    policy: P,
+    pub(crate) policy: P,
     _mode: PhantomData<fn() -> M>,
 }
 

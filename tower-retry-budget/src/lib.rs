@@ -1,5 +1,7 @@
 //! Retries for tower services that cannot turn into a retry storm: full
 //! jitter, a 10% retry budget, deadline awareness and one tier of retries.
+//! Hedged requests, which answer slowness from the same budget, are in
+//! [`hedge`].
 //!
 //! # Example
 //!
@@ -317,6 +319,7 @@ mod budget;
 mod decide;
 pub mod error;
 pub mod future;
+pub mod hedge;
 mod known;
 mod layer;
 mod outcome;
@@ -328,6 +331,7 @@ use http::HeaderName;
 pub use backoff::Backoff;
 pub use body::{Buffered, CloneBody};
 pub use budget::{Counters, RetryBudget, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW};
+pub use hedge::{Hedge, HedgeLayer};
 pub use layer::{
     RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,
 };
