@@ -345,13 +345,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        match admit(&self.breaker, &self.classifier) {
-            Ok(tracker) => AnswerFuture::called(self.inner.call(request), tracker),
-            Err(open) => {
-                let grpc = is_grpc(request.headers());
-                AnswerFuture::answered(Answer::circuit_open(&open).into_response(grpc))
-            }
-        }
+        call_http(&self.breaker, &self.classifier, &mut self.inner, request)
     }
 }
 
@@ -398,22 +392,58 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
-        match admit(&self.breaker, &self.classifier) {
-            Ok(tracker) => ResponseFuture::called(self.inner.call(request), tracker),
-            Err(open) => ResponseFuture::rejected(open),
+        call_plain(&self.breaker, &self.classifier, &mut self.inner, request)
+    }
+}
+
+// === the calls, shared by the flavours and the keyed services ===
+
+/// The call of the server flavour: answers at once while open, else calls
+/// and counts the outcome.
+#[inline]
+pub(crate) fn call_http<S, C, B, ResB>(
+    breaker: &Breaker,
+    classifier: &C,
+    inner: &mut S,
+    request: Request<B>,
+) -> AnswerFuture<S::Future, C, ResB>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    ResB: Default,
+    C: Clone,
+{
+    match admit(breaker, classifier) {
+        Ok(tracker) => AnswerFuture::called(inner.call(request), tracker),
+        Err(open) => {
+            let grpc = is_grpc(request.headers());
+            AnswerFuture::answered(Answer::circuit_open(&open).into_response(grpc))
         }
     }
 }
 
-// === the calls, shared by the flavours and the keyed service ===
+/// The call of the plain flavour: fails at once while open, else calls
+/// and counts the outcome.
+#[inline]
+pub(crate) fn call_plain<S, C, Req>(
+    breaker: &Breaker,
+    classifier: &C,
+    inner: &mut S,
+    request: Req,
+) -> ResponseFuture<S::Future, C>
+where
+    S: Service<Req>,
+    C: Clone,
+{
+    match admit(breaker, classifier) {
+        Ok(tracker) => ResponseFuture::called(inner.call(request), tracker),
+        Err(open) => ResponseFuture::rejected(open),
+    }
+}
 
 /// The admission of the flavours without the hook (server and plain): what
 /// counts the call if it may go, or why it may not.
 #[inline]
-pub(crate) fn admit<C: Clone>(
-    breaker: &Breaker,
-    classifier: &C,
-) -> Result<Tracker<C>, CircuitOpen> {
+fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, CircuitOpen> {
     match breaker.admit() {
         Ok(raw) => Ok(tracker(breaker, classifier, raw)),
         Err(rejection) => Err(breaker.open_error(rejection)),

@@ -15,13 +15,11 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower_layer::Layer;
-use tower_resilience_base::grpc::is_grpc;
-use tower_resilience_base::Answer;
 use tower_service::Service;
 
 use crate::classify::{Classify, DefaultClassifier, ErrorsOnly};
 use crate::future::{AnswerFuture, ResponseFuture};
-use crate::service::{admit, call_client};
+use crate::service::{call_client, call_http, call_plain};
 use crate::BoxError;
 /// A key function bound to a [`BreakerRegistry`]: how the keyed services
 /// pick the breaker of each request.
@@ -800,13 +798,7 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let handle = self.keys.handle(&request);
-        match admit(&handle.breaker, &self.classifier) {
-            Ok(tracker) => AnswerFuture::called(self.inner.call(request), tracker),
-            Err(open) => {
-                let grpc = is_grpc(request.headers());
-                AnswerFuture::answered(Answer::circuit_open(&open).into_response(grpc))
-            }
-        }
+        call_http(&handle.breaker, &self.classifier, &mut self.inner, request)
     }
 }
 
@@ -865,9 +857,6 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let handle = self.keys.handle(&request);
-        match admit(&handle.breaker, &self.classifier) {
-            Ok(tracker) => ResponseFuture::called(self.inner.call(request), tracker),
-            Err(open) => ResponseFuture::rejected(open),
-        }
+        call_plain(&handle.breaker, &self.classifier, &mut self.inner, request)
     }
 }
