@@ -47,39 +47,6 @@ async fn poke(fleet: &[Breaker]) {
     settle().await;
 }
 
-/// A MemoryStore that pushes nothing: the breakers learn from their reads
-/// alone (as when pushes are lost).
-#[derive(Debug, Default)]
-struct NoPush(MemoryStore);
-
-impl Store for NoPush {
-    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
-        self.0.try_open(name, open_for)
-    }
-    fn try_acquire_probe<'a>(
-        &'a self,
-        name: &'a str,
-        open_for: Duration,
-        lease: Duration,
-    ) -> StoreFuture<'a, Election> {
-        self.0.try_acquire_probe(name, open_for, lease)
-    }
-    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
-        self.0.close(name, token)
-    }
-    fn reopen<'a>(
-        &'a self,
-        name: &'a str,
-        token: ProbeToken,
-        open_for: Duration,
-    ) -> StoreFuture<'a, Duration> {
-        self.0.reopen(name, token, open_for)
-    }
-    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
-        self.0.read(name)
-    }
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn one_trips_and_all_reject_at_once_by_push() {
     let store = Arc::new(MemoryStore::new());
@@ -95,7 +62,7 @@ async fn one_trips_and_all_reject_at_once_by_push() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn without_pushes_one_trips_and_all_reject_within_one_refresh_interval() {
-    let store = Arc::new(NoPush::default());
+    let store = Arc::new(Faulty::default());
     let fleet: Vec<Breaker> = (0..5)
         .map(|_| {
             Breaker::with_config(
@@ -188,6 +155,65 @@ async fn a_failed_probe_keeps_the_fleet_open_for_the_longer_period() {
     match store.read("shared").await.unwrap() {
         Decision::Open { remaining } => assert!(remaining > secs(9), "{remaining:?}"),
         other => panic!("still open, got {other:?}"),
+    }
+}
+
+/// A [`MemoryStore`] with faults: no pushes (the breakers learn from their
+/// reads alone, as when pushes are lost), a `close` that answers late, and
+/// elections that fail a number of times before they work.
+#[derive(Debug)]
+struct Faulty {
+    inner: MemoryStore,
+    close_delay: Duration,
+    failing_elections: std::sync::atomic::AtomicU32,
+}
+
+impl Default for Faulty {
+    fn default() -> Self {
+        Self {
+            inner: MemoryStore::new(),
+            close_delay: Duration::ZERO,
+            failing_elections: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+}
+
+impl Store for Faulty {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        self.inner.try_open(name, open_for)
+    }
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+        lease: Duration,
+    ) -> StoreFuture<'a, Election> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let failing = self
+            .failing_elections
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Box::pin(async { Err(StoreError::new("timed out")) });
+        }
+        self.inner.try_acquire_probe(name, open_for, lease)
+    }
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            tokio::time::sleep(self.close_delay).await;
+            self.inner.close(name, token).await
+        })
+    }
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        self.inner.reopen(name, token, open_for)
+    }
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        self.inner.read(name)
     }
 }
 
@@ -445,45 +471,12 @@ async fn a_stale_prober_cannot_reopen_a_circuit_the_fleet_closed() {
     assert_eq!(store.read("svc").await.unwrap(), Decision::Closed);
 }
 
-/// A store whose `close` answers late: the writes after it must still
-/// reach the store after it.
-#[derive(Debug)]
-struct SlowClose(MemoryStore);
-
-impl Store for SlowClose {
-    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
-        self.0.try_open(name, open_for)
-    }
-    fn try_acquire_probe<'a>(
-        &'a self,
-        name: &'a str,
-        open_for: Duration,
-        lease: Duration,
-    ) -> StoreFuture<'a, Election> {
-        self.0.try_acquire_probe(name, open_for, lease)
-    }
-    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
-        Box::pin(async move {
-            tokio::time::sleep(ms(50)).await;
-            self.0.close(name, token).await
-        })
-    }
-    fn reopen<'a>(
-        &'a self,
-        name: &'a str,
-        token: ProbeToken,
-        open_for: Duration,
-    ) -> StoreFuture<'a, Duration> {
-        self.0.reopen(name, token, open_for)
-    }
-    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
-        self.0.read(name)
-    }
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_close_and_a_later_open_reach_the_store_in_order() {
-    let store = Arc::new(SlowClose(MemoryStore::new()));
+    let store = Arc::new(Faulty {
+        close_delay: ms(50),
+        ..Faulty::default()
+    });
     let b = Breaker::with_config(
         "ordered",
         config()
@@ -519,49 +512,12 @@ fn a_breaker_with_a_store_outside_a_runtime_is_refused_by_try_with_config() {
     assert!(Breaker::try_with_config("plain", config()).is_ok());
 }
 
-/// A store whose elections fail `n` times, then work.
-#[derive(Debug)]
-struct FlakyElections(MemoryStore, std::sync::atomic::AtomicU32);
-
-impl Store for FlakyElections {
-    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
-        self.0.try_open(name, open_for)
-    }
-    fn try_acquire_probe<'a>(
-        &'a self,
-        name: &'a str,
-        open_for: Duration,
-        lease: Duration,
-    ) -> StoreFuture<'a, Election> {
-        let left = self.1.load(std::sync::atomic::Ordering::SeqCst);
-        if left > 0 {
-            self.1.store(left - 1, std::sync::atomic::Ordering::SeqCst);
-            return Box::pin(async { Err(StoreError::new("timed out")) });
-        }
-        self.0.try_acquire_probe(name, open_for, lease)
-    }
-    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
-        self.0.close(name, token)
-    }
-    fn reopen<'a>(
-        &'a self,
-        name: &'a str,
-        token: ProbeToken,
-        open_for: Duration,
-    ) -> StoreFuture<'a, Duration> {
-        self.0.reopen(name, token, open_for)
-    }
-    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
-        self.0.read(name)
-    }
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn one_failed_election_does_not_let_the_process_probe_on_its_own() {
-    let store = Arc::new(FlakyElections(
-        MemoryStore::new(),
-        std::sync::atomic::AtomicU32::new(1),
-    ));
+    let store = Arc::new(Faulty {
+        failing_elections: std::sync::atomic::AtomicU32::new(1),
+        ..Faulty::default()
+    });
     let b = Breaker::with_config(
         "flaky",
         config()
