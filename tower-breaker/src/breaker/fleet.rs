@@ -23,10 +23,9 @@ pub(super) struct StoreLink {
     pub(super) token: Mutex<Option<ProbeToken>>,
     /// The store is known to hold the current opening.
     pub(super) shared_open: AtomicBool,
-    /// The last store call failed (cleared by the next one that works).
-    pub(super) down: AtomicBool,
     /// When the store started failing (nanoseconds since the breaker's
-    /// base, plus one; 0 while it works).
+    /// base, plus one), or 0 while it works: the last store call failed
+    /// unless 0 (cleared by the next one that works).
     pub(super) down_since: AtomicU64,
     /// When the next `circuit_store_failed` warning may be emitted (ms).
     pub(super) next_warning_ms: AtomicU64,
@@ -94,7 +93,6 @@ impl StoreLink {
             next_refresh_ns: AtomicU64::new(0),
             token: Mutex::new(None),
             shared_open: AtomicBool::new(false),
-            down: AtomicBool::new(false),
             down_since: AtomicU64::new(0),
             next_warning_ms: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
@@ -543,15 +541,13 @@ impl Core {
     pub(super) fn store_blocks(&self) -> bool {
         self.store
             .as_ref()
-            .is_some_and(|link| link.fail_closed && link.down.load(Relaxed))
+            .is_some_and(|link| link.fail_closed && link.down_since.load(Relaxed) != 0)
     }
 
     /// A store call worked: the store is up.
     pub(super) fn store_ok(&self) {
         if let Some(link) = &self.store {
-            if link.down.load(Relaxed) {
-                link.down.store(false, Relaxed);
-                link.down_since.store(0, Relaxed);
+            if link.down_since.load(Relaxed) != 0 && link.down_since.swap(0, Relaxed) != 0 {
                 tracing::info!(breaker = %self.name, "circuit_store_recovered");
             }
         }
@@ -560,17 +556,18 @@ impl Core {
     /// Keeps the local decision (or, failing closed, rejects until the
     /// store answers) and raises the alarm: a `circuit_store_failed`
     /// warning at the first failure after the store worked, then at most
-    /// once per second per breaker, saying how many failures it stands for (every one is counted in
+    /// once per second per breaker, saying how many failures it stands for
+    /// (every one is counted in
     /// [`Totals::store_errors`](crate::Totals::store_errors)).
     pub(super) fn store_failed(self: &Arc<Self>, operation: &'static str, error: &StoreError) {
         let core = &**self;
         core.store_errors.fetch_add(1, Relaxed);
         let Some(link) = &core.store else { return };
         let now = core.now_ns();
-        let was_up = !link.down.swap(true, Relaxed);
-        let _ = link
+        let was_up = link
             .down_since
-            .compare_exchange(0, now + 1, Relaxed, Relaxed);
+            .compare_exchange(0, now + 1, Relaxed, Relaxed)
+            .is_ok();
         // The first failure after the store worked is always told; more
         // failures at most once per interval.
         let now_ms = now / NANOS_PER_MS;
