@@ -305,7 +305,7 @@
 //! of healthy calls to show it still works. See [`fallback`], including
 //! when not to use one.
 //!
-//! # Shared state (Redis)
+//! # Shared state (Redis, DynamoDB)
 //!
 //! A breaker in each process's memory does little for a fleet of many
 //! short-lived processes: each must burn its own failures before it stops
@@ -438,6 +438,7 @@
 //! | `redis` | off | `redis_store::RedisStore`, a [`Store`](store::Store) in Redis through the `redis` crate (tokio, Lua scripts, pushes over pub/sub), on one node or through Sentinel, with ACL logins |
 //! | `redis-tls` | off | `rediss://` for the store: rustls with the `ring` crypto provider (no system OpenSSL), custom CAs and client certificates |
 //! | `redis-cluster` | off | the store on a Redis Cluster (`RedisTarget::cluster`) |
+//! | `dynamodb` | off | `dynamodb_store::DynamoDbStore`, a [`Store`](store::Store) in a DynamoDB table through the official `aws-sdk-dynamodb` client (conditional writes, a fenced prober election, a TTL for cleanup, a documented clock-skew bound) |
 //!
 //! The breaker cooperates with the other layers (counting every attempt of
 //! a retry layer below, ignoring local rejections) without any feature:
@@ -452,6 +453,9 @@
 mod breaker;
 pub mod classify;
 mod config;
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub mod dynamodb_store;
 pub mod error;
 pub mod fallback;
 pub mod future;
@@ -459,6 +463,7 @@ mod hook;
 mod keyed;
 mod layer;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis_store;
 mod service;
 mod snapshot;

@@ -477,6 +477,33 @@ pub struct StoreError {
 /// with the clock, never by whether the record exists.
 pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
 
+/// Tokens that no other call of any process is likely to draw: a random
+/// per-store seed hashed with a counter. The shared stores use them for
+/// their versions and probe tokens.
+#[cfg(any(feature = "redis", feature = "dynamodb"))]
+#[derive(Debug)]
+pub(crate) struct Tokens {
+    seed: std::collections::hash_map::RandomState,
+    next: AtomicU64,
+}
+
+#[cfg(any(feature = "redis", feature = "dynamodb"))]
+impl Tokens {
+    pub(crate) fn new() -> Self {
+        Self {
+            seed: std::collections::hash_map::RandomState::new(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn draw(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = self.seed.build_hasher();
+        hasher.write_u64(self.next.fetch_add(1, Relaxed));
+        hasher.finish()
+    }
+}
+
 /// A process-local [`Store`]: a mutex-guarded map from breaker name to its
 /// record, with times from [`tokio::time::Instant`].
 ///

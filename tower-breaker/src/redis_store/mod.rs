@@ -103,11 +103,8 @@
 //! # }
 //! ```
 
-use std::collections::hash_map::RandomState;
 use std::error::Error;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -118,7 +115,8 @@ mod connection;
 mod push;
 
 use crate::store::{
-    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Watcher,
+    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
+    Watcher,
 };
 use connection::Connection;
 pub use connection::{ConnectError, RedisTarget};
@@ -336,8 +334,7 @@ pub struct RedisStore {
     conn: Connection,
     options: RedisOptions,
     scripts: Scripts,
-    seed: RandomState,
-    tokens: AtomicU64,
+    tokens: Tokens,
     /// The subscriber of pushed decisions, when the store knows how to
     /// open a pub/sub connection.
     push: Option<Arc<Push>>,
@@ -499,8 +496,7 @@ impl RedisStore {
                 read: script(READ),
                 report: script(REPORT),
             },
-            seed: RandomState::new(),
-            tokens: AtomicU64::new(0),
+            tokens: Tokens::new(),
             push: None,
         }
     }
@@ -569,9 +565,7 @@ impl RedisStore {
 
     /// A token no other call of any process is likely to draw.
     fn token(&self) -> u64 {
-        let mut hasher = self.seed.build_hasher();
-        hasher.write_u64(self.tokens.fetch_add(1, Relaxed));
-        hasher.finish()
+        self.tokens.draw()
     }
 
     fn store_key(&self, name: &str) -> Result<String, StoreError> {

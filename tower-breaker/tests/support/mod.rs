@@ -151,6 +151,8 @@ pub fn ok_infallible(
     service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) })
 }
 
+#[cfg(feature = "dynamodb")]
+pub mod moto_server;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 #[cfg(feature = "redis-tls")]

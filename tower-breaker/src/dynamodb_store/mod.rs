@@ -1,0 +1,1020 @@
+//! [`DynamoDbStore`]: the shared decision of a fleet's breakers in a
+//! DynamoDB table (feature `dynamodb`), for fleets of short-lived processes
+//! (AWS Lambda functions, say) that have DynamoDB at hand and no Redis.
+//!
+//! # The table
+//!
+//! One table (default name [`DEFAULT_TABLE`]) with a string partition key
+//! `pk` and no sort key; its time-to-live attribute is `expires_at`.
+//! [`DynamoDbStore::create_table`] creates it (on-demand billing) and turns
+//! the TTL on, when asked: for tests and first runs, never implicitly. With
+//! the AWS CLI:
+//!
+//! ```text
+//! aws dynamodb create-table --table-name tower-breaker \
+//!     --attribute-definitions AttributeName=pk,AttributeType=S \
+//!     --key-schema AttributeName=pk,KeyType=HASH --billing-mode PAY_PER_REQUEST
+//! aws dynamodb update-time-to-live --table-name tower-breaker \
+//!     --time-to-live-specification Enabled=true,AttributeName=expires_at
+//! ```
+//!
+//! The store needs `dynamodb:GetItem`, `dynamodb:PutItem` and
+//! `dynamodb:UpdateItem` on the table (and `CreateTable`,
+//! `DescribeTable`, `UpdateTimeToLive` only for `create_table`).
+//!
+//! # The item
+//!
+//! One item per breaker, at `pk` = prefix + name (default prefix empty):
+//!
+//! | attribute | what |
+//! |---|---|
+//! | `state` | `open`, or `closed` once a prober closed the circuit |
+//! | `until_ms` | T, milliseconds since the epoch, by the writer's clock |
+//! | `period_ms` | the length of the current opening |
+//! | `ver` | a random version, new at every state write; the elected prober's token while it probes |
+//! | `reopens` | failed probes in a row since the circuit last closed |
+//! | `lease_until_ms`, `lease_ms` | the elected prober's lease: its end (writer's clock; 0: no prober) and its length |
+//! | `since_ms` | when the item was last written, writer's clock |
+//! | `expires_at` | the TTL, seconds since the epoch: some time ([`DynamoDbOptions::cleanup_after`]) after T, the lease or the close |
+//! | `w{i}t`, `w{i}c`, `w{i}f`, `w{i}s` | slot `i` of the fleet's window: its tick, calls, failures, slow calls |
+//!
+//! # Writes
+//!
+//! Every change of state is a strongly consistent read, a decision taken
+//! from the item (the same rules as the Redis store's scripts), and a
+//! `PutItem` conditioned on the item being unchanged: `ver = :seen` (or
+//! `attribute_not_exists(pk)` when there was no item, or
+//! `attribute_not_exists(ver)` on an item that holds only a window). A
+//! writer that loses the race reads again and decides again. So:
+//!
+//! - **open** ([`Store::try_open`]): writes T only if the circuit is not
+//!   open or its T has passed; concurrent openers never push T forward,
+//!   the others adopt the first writer's T.
+//! - **elect** ([`Store::try_acquire_probe`]): exactly one winner per
+//!   version, whatever the clocks say, because the winner's write changes
+//!   the version every other contender is conditioned on. It moves T
+//!   forward one period and holds a lease for its probe.
+//! - **close** and **reopen** ([`Store::close`], [`Store::reopen`]):
+//!   fenced by the winner's token (the version its election wrote): a
+//!   stale prober cannot close or re-open a circuit the fleet re-opened or
+//!   re-elected since.
+//! - **report** ([`Store::report`]): one `UpdateItem` that `ADD`s this
+//!   process's counts to the slot of the current tick, on condition that
+//!   the circuit is not open and the slot holds this tick (else a second
+//!   one resets the slot to this tick, on condition that it held an older
+//!   one). The new item comes back with the write, so the fleet's rates are
+//!   judged without another read; when they break the rule, an **open**
+//!   follows. Windows longer than 20 buckets are kept in 20 longer ones.
+//!
+//! # Clocks
+//!
+//! DynamoDB has no server clock: every time in the item is the writer's,
+//! every comparison uses the reader's ([`DynamoDbOptions::clock`], the
+//! system clock by default). The store tolerates clocks that disagree by
+//! up to [`DynamoDbOptions::max_clock_skew`] (default 1 s; EC2 and Lambda
+//! hosts keep within milliseconds through the Amazon Time Sync Service):
+//!
+//! - **One prober, whatever the skew.** The election is a compare-and-set
+//!   on the version, so two processes never both win the same election.
+//! - **A prober's lease is respected.** A contender takes the fleet's
+//!   probe over from an elected prober only when the lease is over by its
+//!   own clock *plus* the tolerated skew, or when it has itself seen the
+//!   same version, unchanged, for the lease's whole length (the approach of
+//!   the AWS Labs DynamoDB lock client: only clock *rates* must agree).
+//!   Within the bound, a slow prober is never joined by a second one.
+//! - **Open periods.** A reader whose clock runs ahead by δ sees T δ
+//!   early, so its process may ask for the probe δ early; one whose clock
+//!   runs behind never waits more than the opening's own period.
+//!
+//! Beyond the bound, a contender whose clock runs ahead by more than the
+//! skew can elect a second prober while a slow first one is still within
+//! its lease (only if the first probe takes nearly its whole lease); and a
+//! process whose clock is behind the fleet's by more than the fleet's
+//! window has its reports refused with an error (the `circuit_store_failed`
+//! alarm), so it keeps deciding alone.
+//!
+//! # Cost
+//!
+//! Items stay under 1 KB: a write costs one write capacity unit, a
+//! (strongly consistent) read one read capacity unit. On the closed path
+//! there is no request; each breaker reads or reports once per
+//! [`refresh_interval`](crate::BreakerConfig::refresh_interval) (60 requests
+//! a minute per breaker and process by default), and reports at most every
+//! [`flush_interval`](crate::BreakerConfig::flush_interval) while failures
+//! arrive. On-demand tables bill per request: for large fleets, raise both.
+//! [`DynamoDbStore::usage`] counts requests and the capacity the service
+//! reported.
+//!
+//! DynamoDB has no pushes the store could use cheaply (Streams need a
+//! consumer): a breaker learns of another process's decision at its next
+//! read, within one refresh interval.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use tower_breaker::dynamodb_store::{DynamoDbOptions, DynamoDbStore};
+//! use tower_breaker::{Breaker, BreakerConfig};
+//!
+//! # async fn run(sdk_config: &aws_sdk_dynamodb::Config) -> Result<(), tower_breaker::BoxError> {
+//! // In a Lambda function: `aws_config::load_from_env().await` gives the config.
+//! let client = aws_sdk_dynamodb::Client::from_conf(sdk_config.clone());
+//! let store = DynamoDbStore::new(client, DynamoDbOptions::new().table("circuits"))?;
+//! let config = BreakerConfig::new().store(Arc::new(store));
+//! let breaker = Breaker::try_with_config("payments", config)?;
+//! breaker.refresh().await?; // learn the fleet's circuit before serving
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
+    ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    TableStatus, TimeToLiveSpecification,
+};
+use aws_sdk_dynamodb::Client;
+
+mod record;
+
+use crate::store::{
+    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
+};
+use record::{decide, expiry_secs, millis, slot_attr, Item, Phase, Record, Slots};
+
+/// The default table name: `"tower-breaker"`.
+pub const DEFAULT_TABLE: &str = "tower-breaker";
+/// The default bound of one store call (a read and, when it decides to
+/// write, a conditional write): 200 ms.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
+/// The default clock skew the store tolerates between processes: 1 s.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
+/// The default time an item is kept after its T: 10 minutes.
+pub const DEFAULT_CLEANUP_AFTER: Duration = crate::store::DEFAULT_CLEANUP_AFTER;
+/// The longest breaker name: 200 bytes.
+pub const MAX_NAME_LEN: usize = 200;
+/// The longest key prefix: 64 bytes.
+pub const MAX_PREFIX_LEN: usize = 64;
+
+/// How often a store call reads and decides again after losing a race of
+/// conditional writes before it gives up with an error.
+const MAX_TRIES: usize = 8;
+
+/// A [`Store`] in a DynamoDB table: the breakers of every process that
+/// uses the same table, prefix and breaker name share one circuit.
+///
+/// See the [module docs](self) for the table, the item, the conditional
+/// writes and the clock rules.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_breaker::dynamodb_store::{DynamoDbOptions, DynamoDbStore};
+/// use tower_breaker::store::{Decision, Store};
+///
+/// # async fn run(client: aws_sdk_dynamodb::Client) -> Result<(), tower_breaker::BoxError> {
+/// let store = DynamoDbStore::new(
+///     client,
+///     DynamoDbOptions::new().table("circuits").prefix("shop:").timeout(Duration::from_millis(100)),
+/// )?;
+/// store.create_table().await?; // first run only
+/// assert_eq!(store.key("payments")?, "shop:payments");
+///
+/// store.try_open("payments", Duration::from_secs(5)).await?;
+/// assert!(matches!(store.read("payments").await?, Decision::Open { .. }));
+/// # Ok(())
+/// # }
+/// ```
+pub struct DynamoDbStore {
+    client: Client,
+    options: DynamoDbOptions,
+    tokens: Tokens,
+    /// Per key, the elected prober's version this process saw last and
+    /// when it first saw it (its own clock): the lock client's rule.
+    seen: Mutex<HashMap<String, (u64, u64)>>,
+    usage: Counters,
+}
+
+/// The settings of a [`DynamoDbStore`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::dynamodb_store::DynamoDbOptions;
+///
+/// let options = DynamoDbOptions::new()
+///     .table("circuits")
+///     .prefix("checkout:")
+///     .timeout(Duration::from_millis(100))
+///     .max_clock_skew(Duration::from_millis(250));
+/// assert!(options.check().is_ok());
+/// assert!(DynamoDbOptions::new().table("a b").check().is_err());
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct DynamoDbOptions {
+    table: String,
+    prefix: String,
+    timeout: Duration,
+    cleanup_after: Duration,
+    max_clock_skew: Duration,
+    clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
+}
+
+/// What a [`DynamoDbStore`] has asked of DynamoDB so far: requests, and
+/// the capacity units the service reported for them (DynamoDB bills
+/// on-demand tables per request unit).
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::dynamodb_store::Usage;
+///
+/// let usage = Usage::default();
+/// assert_eq!(usage.reads + usage.writes, 0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Usage {
+    /// `GetItem` requests.
+    pub reads: u64,
+    /// `PutItem` and `UpdateItem` requests, including conditional writes
+    /// whose condition failed (they are billed too).
+    pub writes: u64,
+    /// Read capacity units the service reported.
+    pub read_units: f64,
+    /// Write capacity units the service reported.
+    pub write_units: f64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    /// Capacity units in thousandths.
+    read_units: AtomicU64,
+    write_units: AtomicU64,
+}
+
+/// What a decision asks of the item.
+enum Step<T> {
+    /// Nothing to write: the answer.
+    Done(T),
+    /// Write this record (conditioned on the item being as read), then
+    /// answer.
+    Write(Record, T),
+}
+
+/// What to do after a report's conditional update was refused.
+enum Refused {
+    Decided(Decision),
+    Add,
+    Reset,
+    Behind,
+}
+
+// === impl DynamoDbOptions ===
+
+impl DynamoDbOptions {
+    /// Every default: table [`DEFAULT_TABLE`], no prefix, timeout
+    /// [`DEFAULT_TIMEOUT`], cleanup after [`DEFAULT_CLEANUP_AFTER`], skew
+    /// [`DEFAULT_MAX_CLOCK_SKEW`], the system clock.
+    pub fn new() -> Self {
+        Self {
+            table: DEFAULT_TABLE.to_owned(),
+            prefix: String::new(),
+            timeout: DEFAULT_TIMEOUT,
+            cleanup_after: DEFAULT_CLEANUP_AFTER,
+            max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
+            clock: Arc::new(SystemTime::now),
+        }
+    }
+
+    /// The table (default [`DEFAULT_TABLE`]).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// The prefix of every partition key (default none): the key of a
+    /// breaker is the prefix followed by its name. Give each environment
+    /// sharing a table its own.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest wait for one store call (default 200 ms; at least
+    /// 1 ms), its read and its conditional write together, the SDK's own
+    /// retries included. Past it the call fails and the breaker keeps its
+    /// local decision.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long an item is kept after its T, its lease or its close
+    /// (default 10 minutes): the TTL attribute. Cleanup only: every read
+    /// compares T with the clock, and an item past its TTL (which DynamoDB
+    /// may still return for days) reads as missing.
+    pub fn cleanup_after(mut self, after: Duration) -> Self {
+        self.cleanup_after = after;
+        self
+    }
+
+    /// The clock skew between processes the store tolerates (default 1 s):
+    /// a contender waits this long past the end of an elected prober's
+    /// lease, by its own clock, before it takes the probe over (see the
+    /// [module docs](self#clocks)).
+    pub fn max_clock_skew(mut self, skew: Duration) -> Self {
+        self.max_clock_skew = skew;
+        self
+    }
+
+    /// The wall clock the store writes and compares its times with
+    /// (default [`SystemTime::now`]). For tests of skewed clocks.
+    pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Checks the table name and the prefix.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] saying what is wrong: a table name of 3 to 255
+    /// letters, digits, `_`, `-` and `.`; a prefix of at most
+    /// [`MAX_PREFIX_LEN`] bytes.
+    pub fn check(&self) -> Result<(), StoreError> {
+        let table_ok = (3..=255).contains(&self.table.len())
+            && self
+                .table
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        if !table_ok {
+            return Err(StoreError::new(format!(
+                "invalid dynamodb table name {:?}: 3 to 255 letters, digits, '_', '-' or '.'",
+                self.table
+            )));
+        }
+        if self.prefix.len() > MAX_PREFIX_LEN {
+            return Err(StoreError::new(format!(
+                "invalid key prefix {:?} for the dynamodb circuit store: it is longer than {MAX_PREFIX_LEN} bytes",
+                self.prefix
+            )));
+        }
+        Ok(())
+    }
+
+    fn now_ms(&self) -> u64 {
+        (self.clock)()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 4))
+    }
+}
+
+impl Default for DynamoDbOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for DynamoDbOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DynamoDbOptions")
+            .field("table", &self.table)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("cleanup_after", &self.cleanup_after)
+            .field("max_clock_skew", &self.max_clock_skew)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl DynamoDbStore ===
+
+impl DynamoDbStore {
+    /// A store on `client` (built from your AWS configuration).
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the options are refused
+    /// ([`DynamoDbOptions::check`]).
+    pub fn new(client: Client, options: DynamoDbOptions) -> Result<Self, StoreError> {
+        options.check()?;
+        Ok(Self {
+            client,
+            options,
+            tokens: Tokens::new(),
+            seen: Mutex::new(HashMap::new()),
+            usage: Counters::default(),
+        })
+    }
+
+    /// The partition key of the breaker named `name`: the prefix followed
+    /// by the name.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the name is empty or longer than
+    /// [`MAX_NAME_LEN`] bytes.
+    pub fn key(&self, name: &str) -> Result<String, StoreError> {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return Err(StoreError::new(format!(
+                "invalid breaker name {name:?} for the dynamodb circuit store: 1 to {MAX_NAME_LEN} bytes"
+            )));
+        }
+        Ok(format!("{}{name}", self.options.prefix))
+    }
+
+    /// The options the store was built with.
+    pub fn options(&self) -> &DynamoDbOptions {
+        &self.options
+    }
+
+    /// The requests made so far and the capacity the service reported.
+    pub fn usage(&self) -> Usage {
+        let units = |a: &AtomicU64| a.load(Relaxed) as f64 / 1000.0;
+        Usage {
+            reads: self.usage.reads.load(Relaxed),
+            writes: self.usage.writes.load(Relaxed),
+            read_units: units(&self.usage.read_units),
+            write_units: units(&self.usage.write_units),
+        }
+    }
+
+    /// Creates the table (partition key `pk`, on-demand billing) if it
+    /// does not exist, waits until it is active (at most 60 s), and turns
+    /// its TTL on `expires_at` on. For tests and first runs; the store
+    /// never calls it by itself.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if a request fails (for a reason other than the
+    /// table or its TTL existing already) or the table is not active in
+    /// time.
+    pub async fn create_table(&self) -> Result<(), StoreError> {
+        let table = &self.options.table;
+        let created = self
+            .client
+            .create_table()
+            .table_name(table)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(record::PK)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .map_err(|e| StoreError::with_source("table definition", e))?,
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(record::PK)
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .map_err(|e| StoreError::with_source("table definition", e))?,
+            )
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await;
+        if let Err(e) = created {
+            if !e
+                .as_service_error()
+                .is_some_and(|e| e.is_resource_in_use_exception())
+            {
+                return Err(self.sdk_error("create the table", e));
+            }
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let described = self
+                .client
+                .describe_table()
+                .table_name(table)
+                .send()
+                .await
+                .map_err(|e| self.sdk_error("describe the table", e))?;
+            let status = described.table().and_then(|t| t.table_status());
+            if status == Some(&TableStatus::Active) {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::new(format!(
+                    "table {table:?} is not active after 60 s (status {status:?})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let ttl = TimeToLiveSpecification::builder()
+            .enabled(true)
+            .attribute_name(record::EXPIRES)
+            .build()
+            .map_err(|e| StoreError::with_source("ttl definition", e))?;
+        match self
+            .client
+            .update_time_to_live()
+            .table_name(table)
+            .time_to_live_specification(ttl)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            // DynamoDB refuses to enable a TTL that is enabled already.
+            Err(e) if e.message().is_some_and(|m| m.contains("already enabled")) => Ok(()),
+            Err(e) => Err(self.sdk_error("turn the table's TTL on", e)),
+        }
+    }
+
+    /// A failed request: the service's error code and message (or the
+    /// SDK's error chain when the request got no answer), and the table.
+    fn sdk_error<E>(&self, what: &str, e: E) -> StoreError
+    where
+        E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+    {
+        let detail = match (e.code(), e.message()) {
+            (Some(code), Some(message)) => format!("{code}: {message}"),
+            (Some(code), None) => code.to_owned(),
+            _ => DisplayErrorContext(&e).to_string(),
+        };
+        let hint = if e.code() == Some("ResourceNotFoundException") {
+            " (create the table: see `DynamoDbStore::create_table`)"
+        } else {
+            ""
+        };
+        StoreError::with_source(
+            format!(
+                "dynamodb table {:?}: could not {what}: {detail}{hint}",
+                self.options.table
+            ),
+            e,
+        )
+    }
+
+    /// Runs `op` bounded by the timeout.
+    async fn bounded<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.options.timeout, op).await {
+            Ok(result) => result,
+            Err(elapsed) => Err(StoreError::with_source(
+                format!("no answer from dynamodb within {:?}", self.options.timeout),
+                elapsed,
+            )),
+        }
+    }
+
+    /// Reads the item, decides with `step` and writes what it asks for,
+    /// conditioned on the item being as read; reads and decides again
+    /// when another writer came first.
+    async fn transact<T>(
+        &self,
+        name: &str,
+        mut step: impl FnMut(&str, Option<&Record>, u64) -> Result<Step<T>, StoreError>,
+    ) -> Result<T, StoreError> {
+        let key = self.key(name)?;
+        self.bounded(async {
+            for _ in 0..MAX_TRIES {
+                let seen = self.get(&key).await?.as_ref().map(Record::decode);
+                let now = self.options.now_ms();
+                match step(&key, seen.as_ref(), now)? {
+                    Step::Done(answer) => return Ok(answer),
+                    Step::Write(record, answer) => {
+                        if self.put(&key, &record, now, seen.as_ref()).await? {
+                            return Ok(answer);
+                        }
+                    }
+                }
+            }
+            Err(StoreError::new(format!(
+                "dynamodb item {key:?} changed under {MAX_TRIES} conditional writes in a row"
+            )))
+        })
+        .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Item>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.options.table)
+            .key(record::PK, AttributeValue::S(key.to_owned()))
+            .consistent_read(true)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        self.usage.reads.fetch_add(1, Relaxed);
+        let out = out.map_err(|e| self.sdk_error("read the circuit", e))?;
+        add_units(&self.usage.read_units, out.consumed_capacity());
+        Ok(out.item)
+    }
+
+    /// Puts `record` if the item is still as `seen`. Returns whether it
+    /// wrote.
+    async fn put(
+        &self,
+        key: &str,
+        record: &Record,
+        now: u64,
+        seen: Option<&Record>,
+    ) -> Result<bool, StoreError> {
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.options.table)
+            .set_item(Some(record.encode(
+                key,
+                now,
+                millis(self.options.cleanup_after),
+            )))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        let put = match seen.map(|r| r.version) {
+            None => put
+                .condition_expression("attribute_not_exists(#pk)")
+                .expression_attribute_names("#pk", record::PK),
+            Some(None) => put
+                .condition_expression("attribute_not_exists(#ver)")
+                .expression_attribute_names("#ver", record::VERSION),
+            Some(Some(version)) => put
+                .condition_expression("#ver = :ver")
+                .expression_attribute_names("#ver", record::VERSION)
+                .expression_attribute_values(":ver", AttributeValue::N(version.to_string())),
+        };
+        let out = put.send().await;
+        self.usage.writes.fetch_add(1, Relaxed);
+        match out {
+            Ok(out) => {
+                add_units(&self.usage.write_units, out.consumed_capacity());
+                Ok(true)
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(self.sdk_error("write the circuit", e)),
+        }
+    }
+
+    /// The decision of **open**, shared by `try_open` and `report`.
+    async fn open(&self, name: &str, open_for: Duration) -> Result<Duration, StoreError> {
+        let period = millis(open_for);
+        self.transact(name, |_, seen, now| {
+            let seen = seen.filter(|r| !r.ttl_passed(now));
+            if let Some(r) = seen.filter(|r| r.open_ahead(now)) {
+                return Ok(Step::Done(ms(r.remaining(now))));
+            }
+            let reopens = match seen {
+                Some(r) if r.phase == Phase::Open => r.reopens,
+                _ => 0,
+            };
+            let record = Record::open(now, now + period, period, reopens, None, self.tokens.draw());
+            Ok(Step::Write(record, open_for))
+        })
+        .await
+    }
+
+    /// How long this process has seen the item at `key` hold the version
+    /// of `r`, by its own clock (zero at first sight): the AWS Labs lock
+    /// client's rule, which needs clock rates, not clocks, to agree.
+    fn watched(&self, key: &str, r: &Record, now: u64) -> u64 {
+        let version = r.version.unwrap_or(0);
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        match seen.get(key) {
+            Some(&(v, first)) if v == version => now.saturating_sub(first),
+            _ => {
+                // Forget circuits not looked at for an hour, so the map
+                // holds only the circuits this process saw open lately.
+                if seen.len() >= 1024 {
+                    seen.retain(|_, (_, first)| now.saturating_sub(*first) < 3_600_000);
+                }
+                seen.insert(key.to_owned(), (version, now));
+                0
+            }
+        }
+    }
+
+    /// How long the opening of `r` still holds by this process's view:
+    /// until T by its clock, but no longer than the opening's period after
+    /// it first saw the opening (a clock behind the writer's does not
+    /// stretch it). Zero: over.
+    fn open_left(&self, key: &str, r: &Record, now: u64) -> u64 {
+        let by_clock = r.until.saturating_sub(now);
+        if by_clock == 0 || r.period == 0 {
+            return by_clock;
+        }
+        by_clock.min(r.period.saturating_sub(self.watched(key, r, now)))
+    }
+
+    /// The decision `record` gives this process at `now`: [`decide`], with
+    /// the opening watched, so that a clock behind the writer's cannot
+    /// stretch it.
+    fn view(&self, key: &str, record: Option<&Record>, now: u64) -> Result<Decision, StoreError> {
+        Ok(match (decide(record, now)?, record) {
+            (Decision::Open { .. }, Some(r)) => match self.open_left(key, r, now) {
+                0 => Decision::Expired,
+                left => Decision::Open {
+                    remaining: ms(left),
+                },
+            },
+            (decision, _) => decision,
+        })
+    }
+
+    /// How long the elected prober of `r` still holds its lease: until its
+    /// end by the writer's clock plus the tolerated skew, or until this
+    /// process has seen the same version for the lease's whole length,
+    /// whichever comes first. Zero: no lease, or over.
+    fn lease_left(&self, key: &str, r: &Record, now: u64) -> u64 {
+        if r.lease_until == 0 {
+            return 0;
+        }
+        let by_clock = (r.lease_until + millis(self.options.max_clock_skew)).saturating_sub(now);
+        by_clock.min(r.lease_len.saturating_sub(self.watched(key, r, now)))
+    }
+
+    /// One conditional update of the report's slot: `reset` writes this
+    /// tick's counts over an older slot, else they are added to it.
+    async fn add(
+        &self,
+        key: &str,
+        (slot, tick, exp): (u64, u64, u64),
+        report: Report,
+        reset: bool,
+        now: u64,
+    ) -> Result<Result<Item, Refused>, StoreError> {
+        let n = |v: u64| AttributeValue::N(v.to_string());
+        let (update, condition) = if reset {
+            (
+                "SET #t = :tick, #c = :c, #f = :f, #s = :s, #exp = :exp",
+                "(attribute_not_exists(#st) OR #st <> :open OR #exp < :nows) AND (attribute_not_exists(#t) OR #t < :tick)",
+            )
+        } else {
+            (
+                "ADD #c :c, #f :f, #s :s SET #exp = :exp",
+                "(attribute_not_exists(#st) OR #st <> :open OR #exp < :nows) AND #t = :tick",
+            )
+        };
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.options.table)
+            .key(record::PK, AttributeValue::S(key.to_owned()))
+            .update_expression(update)
+            .condition_expression(condition)
+            .expression_attribute_names("#st", record::STATE)
+            .expression_attribute_names("#exp", record::EXPIRES)
+            .expression_attribute_names("#t", slot_attr(slot, 't'))
+            .expression_attribute_names("#c", slot_attr(slot, 'c'))
+            .expression_attribute_names("#f", slot_attr(slot, 'f'))
+            .expression_attribute_names("#s", slot_attr(slot, 's'))
+            .expression_attribute_values(":open", AttributeValue::S("open".to_owned()))
+            .expression_attribute_values(":nows", n(now / 1000))
+            .expression_attribute_values(":tick", n(tick))
+            .expression_attribute_values(":c", n(report.calls))
+            .expression_attribute_values(":f", n(report.failures))
+            .expression_attribute_values(":s", n(report.slow))
+            .expression_attribute_values(":exp", n(exp))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        self.usage.writes.fetch_add(1, Relaxed);
+        let refused = match out {
+            Ok(out) => {
+                add_units(&self.usage.write_units, out.consumed_capacity());
+                return Ok(Ok(out.attributes.unwrap_or_default()));
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                match e.into_service_error() {
+                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item,
+                    _ => None,
+                }
+            }
+            Err(e) => return Err(self.sdk_error("report to the circuit", e)),
+        };
+        // Emulators may leave the old item out of the refusal: read it.
+        let old = match refused {
+            Some(item) => Some(item),
+            None => self.get(key).await?,
+        };
+        let old = old.unwrap_or_default();
+        let r = Record::decode(&old);
+        if r.phase == Phase::Open && !r.ttl_passed(now) {
+            return Ok(Err(Refused::Decided(self.view(key, Some(&r), now)?)));
+        }
+        let held = old
+            .get(&slot_attr(slot, 't'))
+            .and_then(|v| v.as_n().ok())
+            .and_then(|t| t.parse::<u64>().ok());
+        Ok(Err(match held {
+            Some(t) if t > tick => Refused::Behind,
+            Some(t) if t == tick => Refused::Add,
+            _ => Refused::Reset,
+        }))
+    }
+
+    async fn report_inner(
+        &self,
+        name: &str,
+        report: Report,
+        rule: FleetRule,
+    ) -> Result<Decision, StoreError> {
+        let key = self.key(name)?;
+        let slots = Slots::of(&rule);
+        let mut reset = false;
+        for _ in 0..MAX_TRIES {
+            let now = self.options.now_ms();
+            let (tick, slot) = slots.at(now);
+            let exp = expiry_secs(now + slots.window_ms(), millis(self.options.cleanup_after));
+            let item = match self
+                .add(&key, (slot, tick, exp), report, reset, now)
+                .await?
+            {
+                Ok(item) => item,
+                Err(Refused::Decided(decision)) => return Ok(decision),
+                Err(Refused::Add) => {
+                    reset = false;
+                    continue;
+                }
+                Err(Refused::Reset) => {
+                    reset = true;
+                    continue;
+                }
+                Err(Refused::Behind) => return Err(behind(name, slots)),
+            };
+            if slots.newest(&item) >= tick + slots.count {
+                // Written to a slot the others have left behind (and will
+                // reset): nobody counts it.
+                return Err(behind(name, slots));
+            }
+            let (calls, failures, slow) = slots.sum(&item, tick);
+            if rule.breaks(calls, failures, slow) {
+                let remaining = self.open(name, rule.open_for).await?;
+                return Ok(Decision::Open { remaining });
+            }
+            return self.view(&key, Some(&Record::decode(&item)), now);
+        }
+        Err(StoreError::new(format!(
+            "dynamodb item {key:?}: the window's slot changed under {MAX_TRIES} updates in a row"
+        )))
+    }
+}
+
+impl fmt::Debug for DynamoDbStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DynamoDbStore")
+            .field("options", &self.options)
+            .field("usage", &self.usage())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for DynamoDbStore {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        Box::pin(self.open(name, open_for))
+    }
+
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+        lease: Duration,
+    ) -> StoreFuture<'a, Election> {
+        Box::pin(async move {
+            let (period, lease) = (millis(open_for), millis(lease));
+            self.transact(name, |key, seen, now| {
+                let seen = seen.filter(|r| !r.ttl_passed(now));
+                let mut reopens = 0;
+                let mut last_period = 0;
+                if let Some(r) = seen.filter(|r| !r.unreadable) {
+                    match r.phase {
+                        Phase::Closed => return Ok(Step::Done(Election::Closed)),
+                        Phase::Open => {
+                            let left = self
+                                .open_left(key, r, now)
+                                .max(self.lease_left(key, r, now));
+                            if left > 0 {
+                                return Ok(Step::Done(Election::Lost {
+                                    remaining: ms(left),
+                                }));
+                            }
+                            reopens = r.reopens;
+                            last_period = r.period;
+                        }
+                        Phase::None => {}
+                    }
+                }
+                let period = period.max(last_period);
+                let token = self.tokens.draw();
+                let record = Record::open(now, now + period, period, reopens, Some(lease), token);
+                Ok(Step::Write(
+                    record,
+                    Election::Won(ProbeToken::new(token).with_reopens(reopens)),
+                ))
+            })
+            .await
+        })
+    }
+
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            self.transact(name, |_, seen, _| {
+                Ok(match seen {
+                    Some(r) if r.phase == Phase::Open && r.version == Some(token.get()) => {
+                        Step::Write(Record::closed(self.tokens.draw()), true)
+                    }
+                    _ => Step::Done(false),
+                })
+            })
+            .await
+        })
+    }
+
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        Box::pin(async move {
+            let key = self.key(name)?;
+            self.bounded(async {
+                let record = self.get(&key).await?.as_ref().map(Record::decode);
+                self.view(&key, record.as_ref(), self.options.now_ms())
+            })
+            .await
+        })
+    }
+
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        Box::pin(async move {
+            let period = millis(open_for);
+            self.transact(name, |_, seen, now| {
+                Ok(match seen {
+                    Some(r) if r.phase == Phase::Open && r.version == Some(token.get()) => {
+                        let until = (now + period).max(r.until);
+                        let record = Record::open(
+                            now,
+                            until,
+                            period,
+                            r.reopens.saturating_add(1),
+                            None,
+                            self.tokens.draw(),
+                        );
+                        Step::Write(record, ms(until - now))
+                    }
+                    Some(r) if r.open_ahead(now) && !r.ttl_passed(now) => {
+                        Step::Done(ms(r.remaining(now)))
+                    }
+                    _ => Step::Done(Duration::ZERO),
+                })
+            })
+            .await
+        })
+    }
+
+    fn report<'a>(
+        &'a self,
+        name: &'a str,
+        report: Report,
+        rule: FleetRule,
+    ) -> StoreFuture<'a, Decision> {
+        Box::pin(self.bounded(self.report_inner(name, report, rule)))
+    }
+
+    fn check_name(&self, name: &str) -> Result<(), StoreError> {
+        self.key(name).map(drop)
+    }
+}
+
+/// The report of a process whose clock is behind the fleet's window.
+fn behind(name: &str, slots: Slots) -> StoreError {
+    StoreError::new(format!(
+        "report refused: this process's clock is behind the fleet's window of {name:?} by more than the window ({} ms); check the clocks",
+        slots.window_ms()
+    ))
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+fn add_units(counter: &AtomicU64, consumed: Option<&ConsumedCapacity>) {
+    if let Some(units) = consumed.and_then(ConsumedCapacity::capacity_units) {
+        counter.fetch_add((units * 1000.0).round() as u64, Relaxed);
+    }
+}

@@ -1,0 +1,413 @@
+//! The circuit's item, decoded, and the decisions taken from it. Pure
+//! functions of the item and the writer's clock, so the semantics are
+//! tested without a server; `mod.rs` does the conditional writes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::store::{Decision, FleetRule, StoreError};
+
+/// An item as DynamoDB returns it.
+pub(super) type Item = HashMap<String, AttributeValue>;
+
+// Attribute names (the item's schema, documented in the module docs).
+pub(super) const PK: &str = "pk";
+pub(super) const STATE: &str = "state";
+pub(super) const UNTIL: &str = "until_ms";
+pub(super) const SINCE: &str = "since_ms";
+pub(super) const PERIOD: &str = "period_ms";
+pub(super) const VERSION: &str = "ver";
+pub(super) const REOPENS: &str = "reopens";
+pub(super) const LEASE: &str = "lease_until_ms";
+pub(super) const LEASE_LEN: &str = "lease_ms";
+pub(super) const EXPIRES: &str = "expires_at";
+
+const OPEN: &str = "open";
+pub(super) const CLOSED: &str = "closed";
+
+/// The most buckets the fleet's window keeps in one item: a longer window
+/// is kept in fewer, longer buckets (see [`Slots`]), so the item stays
+/// well under 1 KB (one write capacity unit per write).
+pub(super) const MAX_SLOTS: u32 = 20;
+
+/// What the item says, with its numbers read. A number that cannot be
+/// read is `None` and makes the record `unreadable`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Record {
+    /// The version of the last state write (the elected prober's token
+    /// while it probes); `None` on an item that only holds a window.
+    pub(super) version: Option<u64>,
+    pub(super) phase: Phase,
+    pub(super) until: u64,
+    pub(super) period: u64,
+    pub(super) reopens: u32,
+    /// When the elected prober's lease ends, writer's clock (0: none).
+    pub(super) lease_until: u64,
+    /// The lease's length, for a contender that measures it itself.
+    pub(super) lease_len: u64,
+    /// The TTL attribute, seconds since the epoch (0: none).
+    pub(super) expires_at: u64,
+    /// A field the store writes could not be read.
+    pub(super) unreadable: bool,
+}
+
+/// The `state` attribute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// No state: no opening since the item was created (a window only).
+    #[default]
+    None,
+    Open,
+    Closed,
+}
+
+/// The fleet's window layout in the item: `count` slots of `len_ms` each,
+/// slot `i` in attributes `w{i}t` (its tick), `w{i}c`, `w{i}f`, `w{i}s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slots {
+    pub(super) count: u64,
+    pub(super) len_ms: u64,
+}
+
+impl Slots {
+    /// The rule's window in at most [`MAX_SLOTS`] buckets: `buckets`
+    /// buckets of `bucket` are merged `k` at a time when there are more.
+    pub(super) fn of(rule: &FleetRule) -> Self {
+        let buckets = u64::from(rule.buckets.max(1));
+        let merge = buckets.div_ceil(u64::from(MAX_SLOTS));
+        Self {
+            count: buckets.div_ceil(merge),
+            len_ms: millis(rule.bucket).max(1) * merge,
+        }
+    }
+
+    /// The tick of `now` and the slot it falls in.
+    pub(super) fn at(&self, now: u64) -> (u64, u64) {
+        let tick = now / self.len_ms;
+        (tick, tick % self.count)
+    }
+
+    /// The whole window's length.
+    pub(super) fn window_ms(&self) -> u64 {
+        self.count * self.len_ms
+    }
+
+    /// The newest tick any slot of `item` holds (0: none).
+    pub(super) fn newest(&self, item: &Item) -> u64 {
+        (0..self.count)
+            .filter_map(|slot| number(item, &slot_attr(slot, 't')).ok().flatten())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Sums the slots of `item` whose tick is in the window ending at
+    /// `tick`: (calls, failures, slow).
+    pub(super) fn sum(&self, item: &Item, tick: u64) -> (u64, u64, u64) {
+        let mut sums = (0, 0, 0);
+        for slot in 0..self.count {
+            let field = |kind: char| number(item, &slot_attr(slot, kind)).ok().flatten();
+            let Some(t) = field('t') else { continue };
+            if t > tick || t + self.count <= tick {
+                continue;
+            }
+            sums.0 += field('c').unwrap_or(0);
+            sums.1 += field('f').unwrap_or(0);
+            sums.2 += field('s').unwrap_or(0);
+        }
+        sums
+    }
+}
+
+/// The attribute of slot `slot`: `kind` is `t`, `c`, `f` or `s`.
+pub(super) fn slot_attr(slot: u64, kind: char) -> String {
+    format!("w{slot}{kind}")
+}
+
+impl Record {
+    /// Reads an item; unreadable numbers make it `unreadable`.
+    pub(super) fn decode(item: &Item) -> Self {
+        let mut unreadable = false;
+        let mut num = |name: &str| match number(item, name) {
+            Ok(n) => n,
+            Err(()) => {
+                unreadable = true;
+                None
+            }
+        };
+        let version = num(VERSION);
+        let until = num(UNTIL);
+        let period = num(PERIOD).unwrap_or(0);
+        let reopens = num(REOPENS).unwrap_or(0);
+        let lease_until = num(LEASE).unwrap_or(0);
+        let lease_len = num(LEASE_LEN).unwrap_or(0);
+        let expires_at = num(EXPIRES).unwrap_or(0);
+        let phase = match item.get(STATE).map(AttributeValue::as_s) {
+            None => Phase::None,
+            Some(Ok(s)) if s == OPEN => Phase::Open,
+            Some(Ok(s)) if s == CLOSED => Phase::Closed,
+            Some(_) => {
+                unreadable = true;
+                Phase::None
+            }
+        };
+        if phase == Phase::Open && until.is_none() {
+            unreadable = true;
+        }
+        Self {
+            version,
+            phase,
+            until: until.unwrap_or(0),
+            period,
+            reopens: u32::try_from(reopens).unwrap_or(u32::MAX),
+            lease_until,
+            lease_len,
+            expires_at,
+            unreadable,
+        }
+    }
+
+    /// Whether the table's TTL has passed: DynamoDB deletes such items
+    /// only eventually and still returns them, so they read as missing.
+    pub(super) fn ttl_passed(&self, now: u64) -> bool {
+        self.expires_at != 0 && self.expires_at.saturating_mul(1000) <= now
+    }
+
+    /// Whether it holds an opening whose T is still ahead.
+    pub(super) fn open_ahead(&self, now: u64) -> bool {
+        self.phase == Phase::Open && !self.unreadable && self.until > now
+    }
+
+    /// The time left until T, as this process's clock sees it, never more
+    /// than the opening's own length: a reader whose clock runs behind the
+    /// writer's does not stay open longer than one period.
+    pub(super) fn remaining(&self, now: u64) -> u64 {
+        let left = self.until.saturating_sub(now);
+        if self.period > 0 {
+            left.min(self.period)
+        } else {
+            left
+        }
+    }
+
+    /// An opening: `until`, `period`, `reopens`, the prober's lease
+    /// (`lease_until` 0: none), version `version`.
+    pub(super) fn open(
+        now: u64,
+        until: u64,
+        period: u64,
+        reopens: u32,
+        lease: Option<u64>,
+        version: u64,
+    ) -> Self {
+        let lease_len = lease.unwrap_or(0);
+        Self {
+            version: Some(version),
+            phase: Phase::Open,
+            until,
+            period,
+            reopens,
+            lease_until: if lease_len > 0 { now + lease_len } else { 0 },
+            lease_len,
+            expires_at: 0,
+            unreadable: false,
+        }
+    }
+
+    /// The closed mark.
+    pub(super) fn closed(version: u64) -> Self {
+        Self {
+            version: Some(version),
+            phase: Phase::Closed,
+            ..Self::default()
+        }
+    }
+
+    /// The item to put for this record, written at `now`, kept
+    /// `cleanup_ms` past its T and lease (or past `now` when closed).
+    pub(super) fn encode(&self, key: &str, now: u64, cleanup_ms: u64) -> Item {
+        let n = |v: u64| AttributeValue::N(v.to_string());
+        let mut item = Item::new();
+        item.insert(PK.to_owned(), AttributeValue::S(key.to_owned()));
+        if let Some(v) = self.version {
+            item.insert(VERSION.to_owned(), n(v));
+        }
+        item.insert(SINCE.to_owned(), n(now));
+        let end = match self.phase {
+            Phase::Open => {
+                item.insert(STATE.to_owned(), AttributeValue::S(OPEN.to_owned()));
+                item.insert(UNTIL.to_owned(), n(self.until));
+                item.insert(PERIOD.to_owned(), n(self.period));
+                item.insert(REOPENS.to_owned(), n(u64::from(self.reopens)));
+                item.insert(LEASE.to_owned(), n(self.lease_until));
+                item.insert(LEASE_LEN.to_owned(), n(self.lease_len));
+                self.until.max(self.lease_until)
+            }
+            Phase::Closed => {
+                item.insert(STATE.to_owned(), AttributeValue::S(CLOSED.to_owned()));
+                now
+            }
+            Phase::None => now,
+        };
+        item.insert(EXPIRES.to_owned(), n(expiry_secs(end, cleanup_ms)));
+        item
+    }
+}
+
+/// The decision an item (or its absence) gives at `now`.
+pub(super) fn decide(record: Option<&Record>, now: u64) -> Result<Decision, StoreError> {
+    let Some(r) = record.filter(|r| !r.ttl_passed(now)) else {
+        return Ok(Decision::Missing);
+    };
+    if r.unreadable {
+        return Err(StoreError::new(
+            "unreadable circuit record in dynamodb (a number or the state cannot be read)",
+        ));
+    }
+    Ok(match r.phase {
+        Phase::None => Decision::Missing,
+        Phase::Closed => Decision::Closed,
+        Phase::Open if r.until > now => Decision::Open {
+            remaining: Duration::from_millis(r.remaining(now)),
+        },
+        Phase::Open => Decision::Expired,
+    })
+}
+
+/// The TTL attribute for a record that ends at `end_ms`: seconds since the
+/// epoch, rounded up.
+pub(super) fn expiry_secs(end_ms: u64, cleanup_ms: u64) -> u64 {
+    (end_ms + cleanup_ms).div_ceil(1000)
+}
+
+/// A number attribute: `Ok(None)` when absent, `Err` when not a number.
+fn number(item: &Item, name: &str) -> Result<Option<u64>, ()> {
+    match item.get(name) {
+        None => Ok(None),
+        Some(AttributeValue::N(n)) => n.parse().map(Some).map_err(drop),
+        Some(_) => Err(()),
+    }
+}
+
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(buckets: u32, bucket_ms: u64) -> FleetRule {
+        FleetRule {
+            buckets,
+            bucket: Duration::from_millis(bucket_ms),
+            minimum_calls: 1,
+            failure_rate_ppm: 500_000,
+            slow_rate_ppm: 0,
+            open_for: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn long_windows_merge_buckets_into_at_most_twenty_slots() {
+        assert_eq!(
+            Slots::of(&rule(10, 1000)),
+            Slots {
+                count: 10,
+                len_ms: 1000
+            }
+        );
+        assert_eq!(
+            Slots::of(&rule(60, 1000)),
+            Slots {
+                count: 20,
+                len_ms: 3000
+            }
+        );
+        assert_eq!(
+            Slots::of(&rule(21, 500)),
+            Slots {
+                count: 11,
+                len_ms: 1000
+            }
+        );
+        assert_eq!(
+            Slots::of(&rule(0, 0)),
+            Slots {
+                count: 1,
+                len_ms: 1
+            }
+        );
+    }
+
+    #[test]
+    fn an_open_record_round_trips_and_decides() {
+        let r = Record::open(1_000, 6_000, 5_000, 2, Some(30_000), 42);
+        let item = r.encode("p:x", 1_000, 600_000);
+        assert_eq!(expiry_secs(31_000, 600_000), 631);
+        let back = Record::decode(&item);
+        assert_eq!(back.version, Some(42));
+        assert_eq!(back.phase, Phase::Open);
+        assert_eq!((back.until, back.period, back.reopens), (6_000, 5_000, 2));
+        assert_eq!((back.lease_until, back.lease_len), (31_000, 30_000));
+        assert_eq!(back.expires_at, 631);
+        assert!(!back.unreadable);
+        assert_eq!(
+            decide(Some(&back), 2_000).unwrap(),
+            Decision::Open {
+                remaining: Duration::from_secs(4)
+            }
+        );
+        assert_eq!(decide(Some(&back), 6_000).unwrap(), Decision::Expired);
+        // Past the TTL the item is as good as deleted.
+        assert_eq!(decide(Some(&back), 631_000).unwrap(), Decision::Missing);
+        assert_eq!(decide(None, 0).unwrap(), Decision::Missing);
+    }
+
+    #[test]
+    fn a_reader_whose_clock_runs_behind_waits_at_most_one_period() {
+        let r = Record::open(10_000, 15_000, 5_000, 0, None, 1);
+        // 3 s behind the writer: T looks 8 s away, but the opening is 5 s.
+        assert_eq!(r.remaining(7_000), 5_000);
+        assert_eq!(r.remaining(12_000), 3_000);
+    }
+
+    #[test]
+    fn garbage_is_unreadable_not_a_decision() {
+        let mut item = Record::open(0, 5_000, 5_000, 0, None, 1).encode("k", 0, 1000);
+        item.insert(UNTIL.to_owned(), AttributeValue::S("soon".to_owned()));
+        let r = Record::decode(&item);
+        assert!(r.unreadable);
+        assert!(decide(Some(&r), 1).is_err());
+        let mut item = Record::closed(1).encode("k", 0, 1000);
+        item.insert(STATE.to_owned(), AttributeValue::S("ajar".to_owned()));
+        assert!(Record::decode(&item).unreadable);
+    }
+
+    #[test]
+    fn the_window_sums_only_the_slots_of_its_ticks() {
+        let slots = Slots {
+            count: 3,
+            len_ms: 1000,
+        };
+        let mut item = Item::new();
+        let mut put = |slot: u64, t: u64, c: u64, f: u64| {
+            let n = |v: u64| AttributeValue::N(v.to_string());
+            item.insert(slot_attr(slot, 't'), n(t));
+            item.insert(slot_attr(slot, 'c'), n(c));
+            item.insert(slot_attr(slot, 'f'), n(f));
+        };
+        put(0, 9, 5, 5); // tick 9: in the window ending at 10 (9, 10, 8)
+        put(1, 10, 4, 1); // tick 10
+        put(2, 5, 100, 100); // tick 5: too old
+        assert_eq!(slots.sum(&item, 10), (9, 6, 0));
+        assert_eq!(slots.sum(&item, 11), (9, 6, 0));
+        assert_eq!(slots.sum(&item, 12), (4, 1, 0));
+        // A slot from a clock ahead of this one is not counted yet.
+        assert_eq!(slots.sum(&item, 8), (0, 0, 0));
+        assert_eq!(slots.newest(&item), 10);
+        assert_eq!(slots.newest(&Item::new()), 0);
+        assert_eq!(slots.at(10_500), (10, 1));
+    }
+}

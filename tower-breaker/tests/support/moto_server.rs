@@ -1,0 +1,139 @@
+//! A private DynamoDB-compatible server per test (moto's server mode,
+//! `moto_server`, from PyPI), on a free port of 127.0.0.1, killed on drop,
+//! so that tests can kill and restart it (never anything but loopback).
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::Client;
+use tower_breaker::dynamodb_store::{DynamoDbOptions, DynamoDbStore};
+
+/// A `moto_server` child process.
+#[derive(Debug)]
+pub struct MotoServer {
+    child: Option<Child>,
+    port: u16,
+}
+
+impl MotoServer {
+    /// Starts one, or, when `moto_server` is not installed, says so on the
+    /// real stderr and returns `None` so that the test returns early. With
+    /// `TOWER_REQUIRE_SERVERS` set (as `.ci/run` does), a missing server
+    /// fails the test instead.
+    pub fn start_or_skip(test: &str) -> Option<Self> {
+        let found = Command::new("moto_server")
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if found {
+            return Some(Self::start());
+        }
+        assert!(
+            std::env::var_os("TOWER_REQUIRE_SERVERS").is_none(),
+            "moto_server not found and TOWER_REQUIRE_SERVERS is set: `{test}` must run"
+        );
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "skipped: moto_server not found (`pip install 'moto[server]'` to run the DynamoDB store tests): {test}"
+        );
+        None
+    }
+
+    /// Starts one on a free port and waits until it accepts connections.
+    pub fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut server = Self { child: None, port };
+        server.restart();
+        server
+    }
+
+    /// The server's process id (to stop and continue it).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it (SIGKILL). Its tables are gone with it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it (again) on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server must be installed (`.ci/run` installs it)");
+        self.child = Some(child);
+        for _ in 0..1000 {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("moto_server on port {} did not start", self.port);
+    }
+
+    /// An SDK client for it: plain HTTP to loopback, test credentials.
+    pub fn client(&self) -> Client {
+        client_for(&self.url())
+    }
+
+    /// A store on a fresh table named `table`, created here, with
+    /// `options` (whose table is replaced).
+    pub async fn store(&self, table: &str, options: DynamoDbOptions) -> DynamoDbStore {
+        let store = DynamoDbStore::new(self.client(), options.table(table)).unwrap();
+        store.create_table().await.expect("create the test table");
+        store
+    }
+}
+
+impl Drop for MotoServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An SDK client for the server at `url`.
+pub fn client_for(url: &str) -> Client {
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
+        .endpoint_url(url)
+        .http_client(aws_smithy_http_client::Builder::new().build_http())
+        .build();
+    Client::from_conf(config)
+}
+
+/// Options with a generous timeout (the test server is a Python process
+/// on a shared 2-core machine) and a wall clock shifted by `skew_ms`.
+pub fn options(skew_ms: i64) -> DynamoDbOptions {
+    DynamoDbOptions::new()
+        .timeout(Duration::from_secs(5))
+        .clock(move || {
+            let now = SystemTime::now();
+            if skew_ms >= 0 {
+                now + Duration::from_millis(skew_ms as u64)
+            } else {
+                now - Duration::from_millis(skew_ms.unsigned_abs())
+            }
+        })
+}
