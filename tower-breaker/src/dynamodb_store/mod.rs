@@ -36,7 +36,7 @@
 //! | `lease_until_ms`, `lease_ms` | the elected prober's lease: its end (writer's clock; 0: no prober) and its length |
 //! | `since_ms` | when the item was last written, writer's clock |
 //! | `expires_at` | the TTL, seconds since the epoch: some time ([`DynamoDbOptions::cleanup_after`]) after T, the lease or the close |
-//! | `w{i}t`, `w{i}c`, `w{i}f`, `w{i}s` | slot `i` of the fleet's window: its tick, calls, failures, slow calls |
+//! | `w{tick}` | a bucket of the fleet's window: calls + failures x 10^12 + slow calls x 10^24, for the bucket starting at tick x the bucket's length (since the epoch) |
 //!
 //! # Writes
 //!
@@ -59,12 +59,15 @@
 //!   stale prober cannot close or re-open a circuit the fleet re-opened or
 //!   re-elected since.
 //! - **report** ([`Store::report`]): one `UpdateItem` that `ADD`s this
-//!   process's counts to the slot of the current tick, on condition that
-//!   the circuit is not open and the slot holds this tick (else a second
-//!   one resets the slot to this tick, on condition that it held an older
-//!   one). The new item comes back with the write, so the fleet's rates are
-//!   judged without another read; when they break the rule, an **open**
-//!   follows. Windows longer than 20 buckets are kept in 20 longer ones.
+//!   process's counts, packed into one number, to the attribute of the
+//!   current bucket (creating it when it is the bucket's first report), on
+//!   the one condition that the circuit is not open. The new item comes
+//!   back with the write, so the fleet's rates are judged without another
+//!   read; when they break the rule, an **open** follows. Buckets older
+//!   than the window are removed by the next report, and an **open**
+//!   rewrites the item without them. Windows longer than 20 buckets are
+//!   kept in 20 longer ones. The SDK's retries are off for this write: a
+//!   lost answer must not count a report twice.
 //!
 //! # Clocks
 //!
@@ -134,7 +137,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
@@ -148,7 +152,7 @@ mod record;
 use crate::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
 };
-use record::{decide, expiry_secs, millis, slot_attr, Item, Phase, Record, Slots};
+use record::{bucket_attr, decide, expiry_secs, millis, pack, Item, Phase, Record, Window};
 
 /// The default table name: `"tower-breaker"`.
 pub const DEFAULT_TABLE: &str = "tower-breaker";
@@ -167,6 +171,9 @@ pub const MAX_PREFIX_LEN: usize = 64;
 /// How often a store call reads and decides again after losing a race of
 /// conditional writes before it gives up with an error.
 const MAX_TRIES: usize = 8;
+
+/// The most stale buckets one report removes (more go with the next).
+const MAX_REMOVED: usize = 16;
 
 /// A [`Store`] in a DynamoDB table: the breakers of every process that
 /// uses the same table, prefix and breaker name share one circuit.
@@ -201,6 +208,9 @@ pub struct DynamoDbStore {
     /// Per key, the elected prober's version this process saw last and
     /// when it first saw it (its own clock): the lock client's rule.
     seen: Mutex<HashMap<String, (u64, u64)>>,
+    /// Per key, the buckets older than the window that the last report
+    /// found in the item: the next report removes them.
+    stale: Mutex<HashMap<String, Vec<u64>>>,
     usage: Counters,
 }
 
@@ -254,6 +264,9 @@ pub struct Usage {
     pub read_units: f64,
     /// Write capacity units the service reported.
     pub write_units: f64,
+    /// Of the writes, those refused because another process had written
+    /// first (their condition failed): contention, retried by the store.
+    pub refused: u64,
 }
 
 #[derive(Debug, Default)]
@@ -263,6 +276,7 @@ struct Counters {
     /// Capacity units in thousandths.
     read_units: AtomicU64,
     write_units: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// What a decision asks of the item.
@@ -272,14 +286,6 @@ enum Step<T> {
     /// Write this record (conditioned on the item being as read), then
     /// answer.
     Write(Record, T),
-}
-
-/// What to do after a report's conditional update was refused.
-enum Refused {
-    Decided(Decision),
-    Add,
-    Reset,
-    Behind,
 }
 
 // === impl DynamoDbOptions ===
@@ -416,6 +422,7 @@ impl DynamoDbStore {
             options,
             tokens: Tokens::new(),
             seen: Mutex::new(HashMap::new()),
+            stale: Mutex::new(HashMap::new()),
             usage: Counters::default(),
         })
     }
@@ -449,6 +456,7 @@ impl DynamoDbStore {
             writes: self.usage.writes.load(Relaxed),
             read_units: units(&self.usage.read_units),
             write_units: units(&self.usage.write_units),
+            refused: self.usage.refused.load(Relaxed),
         }
     }
 
@@ -542,7 +550,17 @@ impl DynamoDbStore {
         let detail = match (e.code(), e.message()) {
             (Some(code), Some(message)) => format!("{code}: {message}"),
             (Some(code), None) => code.to_owned(),
-            _ => DisplayErrorContext(&e).to_string(),
+            _ => {
+                // The error's chain of causes, without the SDK's debug dump.
+                let mut text = e.to_string();
+                let mut cause = e.source();
+                while let Some(c) = cause {
+                    text.push_str(": ");
+                    text.push_str(&c.to_string());
+                    cause = c.source();
+                }
+                text
+            }
         };
         let hint = if e.code() == Some("ResourceNotFoundException") {
             " (create the table: see `DynamoDbStore::create_table`)"
@@ -659,6 +677,7 @@ impl DynamoDbStore {
                 if e.as_service_error()
                     .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
             {
+                self.usage.refused.fetch_add(1, Relaxed);
                 Ok(false)
             }
             Err(e) => Err(self.sdk_error("write the circuit", e)),
@@ -742,55 +761,54 @@ impl DynamoDbStore {
         by_clock.min(r.lease_len.saturating_sub(self.watched(key, r, now)))
     }
 
-    /// One conditional update of the report's slot: `reset` writes this
-    /// tick's counts over an older slot, else they are added to it.
+    /// Adds `report` to the bucket of `tick` (and removes the buckets
+    /// `stale`), unless the circuit is open: one `UpdateItem`. Returns the
+    /// item after the write, or, when the circuit was open, the decision.
     async fn add(
         &self,
         key: &str,
-        (slot, tick, exp): (u64, u64, u64),
         report: Report,
-        reset: bool,
+        (tick, expires): (u64, u64),
+        stale: &[u64],
         now: u64,
-    ) -> Result<Result<Item, Refused>, StoreError> {
-        let n = |v: u64| AttributeValue::N(v.to_string());
-        let (update, condition) = if reset {
-            (
-                "SET #t = :tick, #c = :c, #f = :f, #s = :s, #exp = :exp",
-                "(attribute_not_exists(#st) OR #st <> :open OR #exp < :nows) AND (attribute_not_exists(#t) OR #t < :tick)",
-            )
-        } else {
-            (
-                "ADD #c :c, #f :f, #s :s SET #exp = :exp",
-                "(attribute_not_exists(#st) OR #st <> :open OR #exp < :nows) AND #t = :tick",
-            )
-        };
-        let out = self
+    ) -> Result<Result<Item, Decision>, StoreError> {
+        let n = |v: String| AttributeValue::N(v);
+        let mut update = "ADD #w :v SET #exp = :exp".to_owned();
+        let mut request = self
             .client
             .update_item()
             .table_name(&self.options.table)
             .key(record::PK, AttributeValue::S(key.to_owned()))
-            .update_expression(update)
-            .condition_expression(condition)
+            .condition_expression("attribute_not_exists(#st) OR #st <> :open OR #exp < :nows")
             .expression_attribute_names("#st", record::STATE)
             .expression_attribute_names("#exp", record::EXPIRES)
-            .expression_attribute_names("#t", slot_attr(slot, 't'))
-            .expression_attribute_names("#c", slot_attr(slot, 'c'))
-            .expression_attribute_names("#f", slot_attr(slot, 'f'))
-            .expression_attribute_names("#s", slot_attr(slot, 's'))
+            .expression_attribute_names("#w", bucket_attr(tick))
             .expression_attribute_values(":open", AttributeValue::S("open".to_owned()))
-            .expression_attribute_values(":nows", n(now / 1000))
-            .expression_attribute_values(":tick", n(tick))
-            .expression_attribute_values(":c", n(report.calls))
-            .expression_attribute_values(":f", n(report.failures))
-            .expression_attribute_values(":s", n(report.slow))
-            .expression_attribute_values(":exp", n(exp))
+            .expression_attribute_values(":nows", n((now / 1000).to_string()))
+            .expression_attribute_values(":exp", n(expires.to_string()))
+            .expression_attribute_values(":v", n(pack(report.calls, report.failures, report.slow)));
+        for (i, t) in stale.iter().enumerate() {
+            update.push_str(if i == 0 { " REMOVE " } else { ", " });
+            update.push_str(&format!("#s{i}"));
+            request = request.expression_attribute_names(format!("#s{i}"), bucket_attr(*t));
+        }
+        let out = request
+            .update_expression(update)
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            // An `ADD` is not idempotent: a retry of a request that was
+            // applied but whose answer was lost would count the report
+            // twice. Without the SDK's retries a report can be lost, never
+            // doubled; the breaker counts the error and goes on.
+            .customize()
+            .config_override(
+                aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled()),
+            )
             .send()
             .await;
         self.usage.writes.fetch_add(1, Relaxed);
-        let refused = match out {
+        let old = match out {
             Ok(out) => {
                 add_units(&self.usage.write_units, out.consumed_capacity());
                 return Ok(Ok(out.attributes.unwrap_or_default()));
@@ -799,6 +817,7 @@ impl DynamoDbStore {
                 if e.as_service_error()
                     .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
             {
+                self.usage.refused.fetch_add(1, Relaxed);
                 match e.into_service_error() {
                     UpdateItemError::ConditionalCheckFailedException(failed) => failed.item,
                     _ => None,
@@ -806,25 +825,14 @@ impl DynamoDbStore {
             }
             Err(e) => return Err(self.sdk_error("report to the circuit", e)),
         };
-        // Emulators may leave the old item out of the refusal: read it.
-        let old = match refused {
+        // The circuit is open. Emulators may leave the old item out of the
+        // refusal: read it then.
+        let old = match old {
             Some(item) => Some(item),
             None => self.get(key).await?,
         };
-        let old = old.unwrap_or_default();
-        let r = Record::decode(&old);
-        if r.phase == Phase::Open && !r.ttl_passed(now) {
-            return Ok(Err(Refused::Decided(self.view(key, Some(&r), now)?)));
-        }
-        let held = old
-            .get(&slot_attr(slot, 't'))
-            .and_then(|v| v.as_n().ok())
-            .and_then(|t| t.parse::<u64>().ok());
-        Ok(Err(match held {
-            Some(t) if t > tick => Refused::Behind,
-            Some(t) if t == tick => Refused::Add,
-            _ => Refused::Reset,
-        }))
+        let record = old.as_ref().map(Record::decode);
+        Ok(Err(self.view(key, record.as_ref(), now)?))
     }
 
     async fn report_inner(
@@ -834,43 +842,42 @@ impl DynamoDbStore {
         rule: FleetRule,
     ) -> Result<Decision, StoreError> {
         let key = self.key(name)?;
-        let slots = Slots::of(&rule);
-        let mut reset = false;
-        for _ in 0..MAX_TRIES {
-            let now = self.options.now_ms();
-            let (tick, slot) = slots.at(now);
-            let exp = expiry_secs(now + slots.window_ms(), millis(self.options.cleanup_after));
-            let item = match self
-                .add(&key, (slot, tick, exp), report, reset, now)
-                .await?
-            {
-                Ok(item) => item,
-                Err(Refused::Decided(decision)) => return Ok(decision),
-                Err(Refused::Add) => {
-                    reset = false;
-                    continue;
-                }
-                Err(Refused::Reset) => {
-                    reset = true;
-                    continue;
-                }
-                Err(Refused::Behind) => return Err(behind(name, slots)),
-            };
-            if slots.newest(&item) >= tick + slots.count {
-                // Written to a slot the others have left behind (and will
-                // reset): nobody counts it.
-                return Err(behind(name, slots));
-            }
-            let (calls, failures, slow) = slots.sum(&item, tick);
-            if rule.breaks(calls, failures, slow) {
-                let remaining = self.open(name, rule.open_for).await?;
-                return Ok(Decision::Open { remaining });
-            }
-            return self.view(&key, Some(&Record::decode(&item)), now);
+        let window = Window::of(&rule);
+        let now = self.options.now_ms();
+        let tick = window.tick(now);
+        let expires = expiry_secs(now + window.window_ms(), millis(self.options.cleanup_after));
+        let stale = self
+            .stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key)
+            .unwrap_or_default();
+        let item = match self.add(&key, report, (tick, expires), &stale, now).await? {
+            Ok(item) => item,
+            Err(decision) => return Ok(decision),
+        };
+        let mut counts = window.counts(&item, tick);
+        if !counts.stale.is_empty() {
+            counts.stale.truncate(MAX_REMOVED);
+            self.stale
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), counts.stale);
         }
-        Err(StoreError::new(format!(
-            "dynamodb item {key:?}: the window's slot changed under {MAX_TRIES} updates in a row"
-        )))
+        if counts.newest >= tick + window.buckets {
+            // Counted in a bucket the others have left behind (and will
+            // remove): nobody counts it.
+            return Err(StoreError::new(format!(
+                "report refused: this process's clock is behind the fleet's window of {name:?} by more than the window ({} ms); check the clocks",
+                window.window_ms()
+            )));
+        }
+        let (calls, failures, slow) = counts.sums;
+        if rule.breaks(calls, failures, slow) {
+            let remaining = self.open(name, rule.open_for).await?;
+            return Ok(Decision::Open { remaining });
+        }
+        self.view(&key, Some(&Record::decode(&item)), now)
     }
 }
 
@@ -999,14 +1006,6 @@ impl Store for DynamoDbStore {
     fn check_name(&self, name: &str) -> Result<(), StoreError> {
         self.key(name).map(drop)
     }
-}
-
-/// The report of a process whose clock is behind the fleet's window.
-fn behind(name: &str, slots: Slots) -> StoreError {
-    StoreError::new(format!(
-        "report refused: this process's clock is behind the fleet's window of {name:?} by more than the window ({} ms); check the clocks",
-        slots.window_ms()
-    ))
 }
 
 fn ms(v: u64) -> Duration {

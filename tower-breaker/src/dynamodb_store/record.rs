@@ -27,11 +27,6 @@ pub(super) const EXPIRES: &str = "expires_at";
 const OPEN: &str = "open";
 pub(super) const CLOSED: &str = "closed";
 
-/// The most buckets the fleet's window keeps in one item: a longer window
-/// is kept in fewer, longer buckets (see [`Slots`]), so the item stays
-/// well under 1 KB (one write capacity unit per write).
-pub(super) const MAX_SLOTS: u32 = 20;
-
 /// What the item says, with its numbers read. A number that cannot be
 /// read is `None` and makes the record `unreadable`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,66 +58,95 @@ pub(super) enum Phase {
     Closed,
 }
 
-/// The fleet's window layout in the item: `count` slots of `len_ms` each,
-/// slot `i` in attributes `w{i}t` (its tick), `w{i}c`, `w{i}f`, `w{i}s`.
+/// The most buckets the fleet's window keeps in one item: a longer window
+/// is kept in fewer, longer buckets (see [`Window`]), so the item stays
+/// under 1 KB (one write capacity unit per write).
+pub(super) const MAX_BUCKETS: u32 = 20;
+
+/// What one unit of failures and of slow calls weighs in a packed bucket:
+/// a bucket is one number, calls + failures x 10^12 + slow x 10^24, so one
+/// `ADD` counts all three at once (DynamoDB numbers hold 38 digits).
+const PACK: u128 = 1_000_000_000_000;
+
+/// The fleet's window in the item: one number attribute per bucket of
+/// time, named `w` and the bucket's tick (its start over its length), with
+/// the packed counts. A report `ADD`s to its tick's attribute, which needs
+/// no condition and creates the attribute when it is the tick's first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Slots {
-    pub(super) count: u64,
+pub(super) struct Window {
+    pub(super) buckets: u64,
     pub(super) len_ms: u64,
 }
 
-impl Slots {
-    /// The rule's window in at most [`MAX_SLOTS`] buckets: `buckets`
+/// The window's counts as the item holds them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Counts {
+    /// Calls, failures and slow calls in the window ending at the tick.
+    pub(super) sums: (u64, u64, u64),
+    /// The newest tick of any bucket (0: none).
+    pub(super) newest: u64,
+    /// Buckets older than the window: removed by the next report.
+    pub(super) stale: Vec<u64>,
+}
+
+impl Window {
+    /// The rule's window in at most [`MAX_BUCKETS`] buckets: `buckets`
     /// buckets of `bucket` are merged `k` at a time when there are more.
     pub(super) fn of(rule: &FleetRule) -> Self {
         let buckets = u64::from(rule.buckets.max(1));
-        let merge = buckets.div_ceil(u64::from(MAX_SLOTS));
+        let merge = buckets.div_ceil(u64::from(MAX_BUCKETS));
         Self {
-            count: buckets.div_ceil(merge),
+            buckets: buckets.div_ceil(merge),
             len_ms: millis(rule.bucket).max(1) * merge,
         }
     }
 
-    /// The tick of `now` and the slot it falls in.
-    pub(super) fn at(&self, now: u64) -> (u64, u64) {
-        let tick = now / self.len_ms;
-        (tick, tick % self.count)
+    /// The tick of `now`.
+    pub(super) fn tick(&self, now: u64) -> u64 {
+        now / self.len_ms
     }
 
     /// The whole window's length.
     pub(super) fn window_ms(&self) -> u64 {
-        self.count * self.len_ms
+        self.buckets * self.len_ms
     }
 
-    /// The newest tick any slot of `item` holds (0: none).
-    pub(super) fn newest(&self, item: &Item) -> u64 {
-        (0..self.count)
-            .filter_map(|slot| number(item, &slot_attr(slot, 't')).ok().flatten())
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Sums the slots of `item` whose tick is in the window ending at
-    /// `tick`: (calls, failures, slow).
-    pub(super) fn sum(&self, item: &Item, tick: u64) -> (u64, u64, u64) {
-        let mut sums = (0, 0, 0);
-        for slot in 0..self.count {
-            let field = |kind: char| number(item, &slot_attr(slot, kind)).ok().flatten();
-            let Some(t) = field('t') else { continue };
-            if t > tick || t + self.count <= tick {
+    /// Reads the buckets of `item` for the window ending at `tick`.
+    pub(super) fn counts(&self, item: &Item, tick: u64) -> Counts {
+        let mut counts = Counts::default();
+        for (name, value) in item {
+            let Some(t) = name.strip_prefix('w').and_then(|t| t.parse::<u64>().ok()) else {
+                continue;
+            };
+            counts.newest = counts.newest.max(t);
+            if t + self.buckets <= tick {
+                counts.stale.push(t);
                 continue;
             }
-            sums.0 += field('c').unwrap_or(0);
-            sums.1 += field('f').unwrap_or(0);
-            sums.2 += field('s').unwrap_or(0);
+            if t > tick {
+                continue; // from a clock ahead of this one
+            }
+            let Some(packed) = value.as_n().ok().and_then(|n| n.parse::<u128>().ok()) else {
+                continue;
+            };
+            let part = |shift: u32| u64::try_from(packed / PACK.pow(shift) % PACK).unwrap_or(0);
+            counts.sums.0 += part(0);
+            counts.sums.1 += part(1);
+            counts.sums.2 += part(2);
         }
-        sums
+        counts
     }
 }
 
-/// The attribute of slot `slot`: `kind` is `t`, `c`, `f` or `s`.
-pub(super) fn slot_attr(slot: u64, kind: char) -> String {
-    format!("w{slot}{kind}")
+/// The attribute of the bucket of `tick`.
+pub(super) fn bucket_attr(tick: u64) -> String {
+    format!("w{tick}")
+}
+
+/// A report's counts as one number to `ADD` (each below 10^12).
+pub(super) fn pack(calls: u64, failures: u64, slow: u64) -> String {
+    let cap = |n: u64| u128::from(n).min(PACK - 1);
+    (cap(calls) + cap(failures) * PACK + cap(slow) * PACK * PACK).to_string()
 }
 
 impl Record {
@@ -310,35 +334,12 @@ mod tests {
     }
 
     #[test]
-    fn long_windows_merge_buckets_into_at_most_twenty_slots() {
-        assert_eq!(
-            Slots::of(&rule(10, 1000)),
-            Slots {
-                count: 10,
-                len_ms: 1000
-            }
-        );
-        assert_eq!(
-            Slots::of(&rule(60, 1000)),
-            Slots {
-                count: 20,
-                len_ms: 3000
-            }
-        );
-        assert_eq!(
-            Slots::of(&rule(21, 500)),
-            Slots {
-                count: 11,
-                len_ms: 1000
-            }
-        );
-        assert_eq!(
-            Slots::of(&rule(0, 0)),
-            Slots {
-                count: 1,
-                len_ms: 1
-            }
-        );
+    fn long_windows_merge_buckets_into_at_most_twenty() {
+        let w = |buckets, len_ms| Window { buckets, len_ms };
+        assert_eq!(Window::of(&rule(10, 1000)), w(10, 1000));
+        assert_eq!(Window::of(&rule(60, 1000)), w(20, 3000));
+        assert_eq!(Window::of(&rule(21, 500)), w(11, 1000));
+        assert_eq!(Window::of(&rule(0, 0)), w(1, 1));
     }
 
     #[test]
@@ -386,28 +387,41 @@ mod tests {
     }
 
     #[test]
-    fn the_window_sums_only_the_slots_of_its_ticks() {
-        let slots = Slots {
-            count: 3,
+    fn the_window_sums_only_the_buckets_of_its_ticks() {
+        let window = Window {
+            buckets: 3,
             len_ms: 1000,
         };
         let mut item = Item::new();
-        let mut put = |slot: u64, t: u64, c: u64, f: u64| {
-            let n = |v: u64| AttributeValue::N(v.to_string());
-            item.insert(slot_attr(slot, 't'), n(t));
-            item.insert(slot_attr(slot, 'c'), n(c));
-            item.insert(slot_attr(slot, 'f'), n(f));
+        let mut put = |t: u64, c: u64, f: u64, s: u64| {
+            item.insert(bucket_attr(t), AttributeValue::N(pack(c, f, s)));
         };
-        put(0, 9, 5, 5); // tick 9: in the window ending at 10 (9, 10, 8)
-        put(1, 10, 4, 1); // tick 10
-        put(2, 5, 100, 100); // tick 5: too old
-        assert_eq!(slots.sum(&item, 10), (9, 6, 0));
-        assert_eq!(slots.sum(&item, 11), (9, 6, 0));
-        assert_eq!(slots.sum(&item, 12), (4, 1, 0));
-        // A slot from a clock ahead of this one is not counted yet.
-        assert_eq!(slots.sum(&item, 8), (0, 0, 0));
-        assert_eq!(slots.newest(&item), 10);
-        assert_eq!(slots.newest(&Item::new()), 0);
-        assert_eq!(slots.at(10_500), (10, 1));
+        put(9, 5, 5, 0); // in the window ending at 10: ticks 8, 9, 10
+        put(10, 4, 1, 3);
+        put(5, 100, 100, 0); // too old: stale
+        put(12, 7, 7, 7); // from a clock ahead
+        item.insert("w11x".to_owned(), AttributeValue::N("1".to_owned()));
+        item.insert(EXPIRES.to_owned(), AttributeValue::N("1".to_owned()));
+        let counts = window.counts(&item, 10);
+        assert_eq!(counts.sums, (9, 6, 3));
+        assert_eq!(counts.newest, 12);
+        assert_eq!(counts.stale, vec![5]);
+        assert_eq!(window.counts(&item, 12).sums, (11, 8, 10));
+        assert_eq!(window.counts(&item, 8).sums, (0, 0, 0));
+        assert_eq!(window.tick(10_500), 10);
+    }
+
+    #[test]
+    fn packed_counts_add_up_and_saturate_per_part() {
+        let sum = pack(3, 2, 1).parse::<u128>().unwrap() + pack(4, 4, 0).parse::<u128>().unwrap();
+        let mut item = Item::new();
+        item.insert(bucket_attr(1), AttributeValue::N(sum.to_string()));
+        let window = Window {
+            buckets: 1,
+            len_ms: 1,
+        };
+        assert_eq!(window.counts(&item, 1).sums, (7, 6, 1));
+        assert_eq!(pack(u64::MAX, 0, 0), (PACK - 1).to_string());
+        assert!(pack(PACK as u64, PACK as u64, PACK as u64).len() <= 38);
     }
 }

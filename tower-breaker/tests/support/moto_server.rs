@@ -73,10 +73,17 @@ impl MotoServer {
     }
 
     /// Starts it (again) on the same port, empty.
+    ///
+    /// `moto_server` serves each request in a thread of its own and does
+    /// not lock items, so two conditional writes racing on one item can
+    /// both pass their condition: unlike DynamoDB, which serializes the
+    /// writes of an item. It runs here with one thread (moto's own `main`
+    /// with werkzeug's `threaded` turned off), so its conditional writes
+    /// are atomic, as DynamoDB's are.
     pub fn restart(&mut self) {
         self.kill();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
+        let child = Command::new(interpreter())
+            .args(["-c", SINGLE_THREADED, &self.port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -111,6 +118,33 @@ impl Drop for MotoServer {
     }
 }
 
+/// moto's server, with requests served one at a time.
+const SINGLE_THREADED: &str = "
+import sys
+import moto.server as server
+run_simple = server.run_simple
+def one_thread(*args, **kwargs):
+    kwargs['threaded'] = False
+    return run_simple(*args, **kwargs)
+server.run_simple = one_thread
+server.main(['-H', '127.0.0.1', '-p', sys.argv[1]])
+";
+
+/// The Python that has moto: the one named by the `moto_server` script's
+/// first line, or `python3` (when the script is a shim, as pyenv's are).
+fn interpreter() -> String {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("moto_server"))
+        .find(|p| p.is_file())
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| {
+            let first = text.lines().next()?.strip_prefix("#!")?.trim().to_owned();
+            (first.contains("python") && !first.contains(' ')).then_some(first)
+        })
+        .unwrap_or_else(|| "python3".to_owned())
+}
+
 /// An SDK client for the server at `url`.
 pub fn client_for(url: &str) -> Client {
     let config = aws_sdk_dynamodb::Config::builder()
@@ -119,6 +153,17 @@ pub fn client_for(url: &str) -> Client {
         .credentials_provider(Credentials::new("test", "test", None, None, "tests"))
         .endpoint_url(url)
         .http_client(aws_smithy_http_client::Builder::new().build_http())
+        // What the tests check is the store's atomicity, not latency: a
+        // Python server on a busy 2-core machine may take seconds to accept
+        // a thousand connections at once.
+        .stalled_stream_protection(
+            aws_sdk_dynamodb::config::StalledStreamProtectionConfig::disabled(),
+        )
+        .timeout_config(
+            aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(30))
+                .build(),
+        )
         .build();
     Client::from_conf(config)
 }
