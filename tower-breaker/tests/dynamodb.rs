@@ -1059,3 +1059,104 @@ async fn a_slow_probe_stays_alone_across_os_processes_whose_clocks_disagree() {
     assert!(admitted >= 1, "without the margin a second probe starts");
     println!("skewed processes (1.4 s apart): 0 calls joined the probe with a 1.5 s margin, {admitted} without");
 }
+
+// --- lost answers ---
+
+/// A proxy in front of the server that forwards every request and relays
+/// its answer, except that it drops the answer of the first request whose
+/// `X-Amz-Target` ends with `drop_target`: the server applied it, the
+/// client hears nothing (its connection closes).
+async fn lossy_proxy(upstream: String, drop_target: &'static str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let dropped = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            let (upstream, dropped) = (upstream.clone(), dropped.clone());
+            tokio::spawn(async move {
+                // One request per connection: read its head and body.
+                let mut request = Vec::new();
+                let mut buf = [0u8; 8192];
+                let head_end = loop {
+                    let n = client.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                    if let Some(i) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&request[..head_end]).to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                while request.len() < head_end + length {
+                    let n = client.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                }
+                let target = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("x-amz-target:"))
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned();
+                let addr = upstream.trim_start_matches("http://");
+                let mut server = tokio::net::TcpStream::connect(addr).await.unwrap();
+                // Ask the server to close after its answer, so the answer
+                // is read to its end.
+                let request = String::from_utf8_lossy(&request)
+                    .replacen("\r\n", "\r\nConnection: close\r\n", 1)
+                    .into_bytes();
+                server.write_all(&request).await.unwrap();
+                let mut answer = Vec::new();
+                server.read_to_end(&mut answer).await.unwrap();
+                if target.ends_with(&drop_target.to_lowercase()) && dropped.fetch_add(1, SeqCst) == 0 {
+                    return; // applied upstream; the client hears nothing
+                }
+                let _ = client.write_all(&answer).await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_won_whose_answer_was_lost_is_still_won() {
+    let Some(server) =
+        MotoServer::start_or_skip("an_election_won_whose_answer_was_lost_is_still_won")
+    else {
+        return;
+    };
+    process(&server, 0)
+        .await
+        .try_open("lost", ms(1_000))
+        .await
+        .unwrap();
+    let proxy = lossy_proxy(server.url(), ".PutItem").await;
+    // Through the proxy, T passed: the election's PutItem lands, its answer
+    // is lost, the SDK sends it again, and that copy's condition fails
+    // (the item holds the first copy's version).
+    let store = DynamoDbStore::new(client_for(&proxy), options(2_000).table(TABLE)).unwrap();
+    let election = store
+        .try_acquire_probe("lost", ms(1_000), secs(30))
+        .await
+        .unwrap();
+    let Election::Won(token) = election else {
+        panic!("the write landed: the election is won, not lost behind its own lease: {election:?}")
+    };
+    assert!(
+        store.usage().refused >= 1,
+        "the retried copy was refused: {:?}",
+        store.usage()
+    );
+    assert!(store.close("lost", token).await.unwrap());
+}

@@ -600,8 +600,17 @@ impl DynamoDbStore {
     ) -> Result<T, StoreError> {
         let key = self.key(name)?;
         self.bounded(async {
+            // A write whose condition failed may have landed all the same:
+            // the SDK retried it after its answer was lost, and the retry
+            // found the item already changed, by itself. Its version tells.
+            let mut refused: Option<(Option<u64>, T)> = None;
             for _ in 0..MAX_TRIES {
                 let seen = self.get(&key).await?.as_ref().map(Record::decode);
+                if let Some((version, answer)) = refused.take() {
+                    if version.is_some() && seen.as_ref().map(|r| r.version) == Some(version) {
+                        return Ok(answer);
+                    }
+                }
                 let now = self.options.now_ms();
                 match step(&key, seen.as_ref(), now)? {
                     Step::Done(answer) => return Ok(answer),
@@ -609,6 +618,7 @@ impl DynamoDbStore {
                         if self.put(&key, &record, now, seen.as_ref()).await? {
                             return Ok(answer);
                         }
+                        refused = Some((record.version, answer));
                     }
                 }
             }
