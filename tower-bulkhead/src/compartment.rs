@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::BulkheadFull;
+use crate::metrics::CompartmentMetrics;
 
 /// The least time between two rejection events of one compartment.
 const LOG_INTERVAL_MS: u64 = 1_000;
@@ -44,6 +45,8 @@ pub struct Compartment {
     last_log_ms: AtomicU64,
     suppressed: AtomicU64,
     epoch: Instant,
+    /// The `metrics` handles (nothing without the feature).
+    metrics: CompartmentMetrics,
 }
 
 /// One occupied slot of a [`Compartment`]; dropping it frees the slot and
@@ -122,10 +125,18 @@ pub struct CompartmentHandle {
 
 impl Compartment {
     pub(crate) fn new(name: Arc<str>, limit: usize) -> Self {
-        Self::with_epoch(name, limit, Instant::now())
+        let metrics = CompartmentMetrics::new(&name);
+        Self::with_epoch(name, limit, Instant::now(), metrics)
     }
 
-    pub(crate) fn with_epoch(name: Arc<str>, limit: usize, epoch: Instant) -> Self {
+    /// A compartment recording into `metrics` (for a keyed bulkhead, the
+    /// handles of the layer's name, shared by every key).
+    pub(crate) fn with_epoch(
+        name: Arc<str>,
+        limit: usize,
+        epoch: Instant,
+        metrics: CompartmentMetrics,
+    ) -> Self {
         Self {
             in_flight: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
@@ -137,6 +148,7 @@ impl Compartment {
             last_log_ms: AtomicU64::new(NEVER),
             suppressed: AtomicU64::new(0),
             epoch,
+            metrics,
         }
     }
 
@@ -181,7 +193,10 @@ impl Compartment {
                 Ordering::SeqCst,
                 Ordering::SeqCst,
             ) {
-                Ok(_) => return true,
+                Ok(_) => {
+                    self.metrics.taken();
+                    return true;
+                }
                 Err(actual) => current = actual,
             }
         }
@@ -212,6 +227,7 @@ impl Compartment {
     #[inline]
     fn release(&self) {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.metrics.released();
         if self.waiters.load(Ordering::SeqCst) > 0 {
             self.notify.notify_one();
         }
@@ -221,6 +237,7 @@ impl Compartment {
     #[cold]
     pub(crate) fn reject(&self, waited: Option<Duration>) -> BulkheadFull {
         self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.metrics.rejected();
         self.log_rejection(waited);
         BulkheadFull::new(self.name.clone(), self.limit, waited)
     }

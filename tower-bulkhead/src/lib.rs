@@ -250,19 +250,29 @@
 //!
 //! # Feature flags
 //!
-//! This crate has no optional features.
+//! | feature | default | what |
+//! |---|---|---|
+//! | `metrics` | off | `metrics`: calls in flight and rejections per compartment through the [`metrics`](https://docs.rs/metrics) facade, labelled with the compartment's name; the full list of names is in `docs/metrics.md` at the repository's root |
 //!
 //! # Minimum supported Rust version
 //!
 //! The MSRV is the `rust-version` in `Cargo.toml`, the stable toolchain this
 //! crate is built and tested with; raising it is not a breaking change but
 //! is noted in the changelog.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
 mod compartment;
 pub mod error;
 pub mod future;
 mod layer;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics_off;
+#[cfg(not(feature = "metrics"))]
+use metrics_off as metrics;
 pub mod partition;
 pub mod release;
 mod service;
@@ -281,3 +291,9 @@ pub use tower_resilience_base::BoxError;
 /// gRPC answers: the rejection is local overload, and retrying it would
 /// only add load where there is too much already.
 pub use tower_resilience_base::NO_RETRY_HEADER;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+#[derive(Debug)]
+pub struct ReadmeDoctests;

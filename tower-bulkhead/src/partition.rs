@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::compartment::{millis_since, Compartment, CompartmentHandle, Stats};
+use crate::metrics::CompartmentMetrics;
 
 /// The default bound on live keyed compartments: 1024.
 pub const DEFAULT_MAX_KEYS: usize = 1024;
@@ -62,6 +63,9 @@ pub struct PerKey<F, Q> {
 /// The live compartments of a keyed bulkhead, bounded in number.
 pub(crate) struct Registry<Q> {
     config: KeyedConfig,
+    /// The handles every key's compartment records into: the layer's name,
+    /// never the key, labels them.
+    metrics: CompartmentMetrics,
     epoch: Instant,
     fallback: Arc<Compartment>,
     state: Mutex<RegistryState<Q>>,
@@ -212,11 +216,13 @@ impl<Q: Hash + Eq> Registry<Q> {
         let epoch = Instant::now();
         let fallback_name: Arc<str> = format!("{}/fallback", config.name).into();
         let fallback = Arc::new(Compartment::with_epoch(
-            fallback_name,
+            fallback_name.clone(),
             config.fallback_limit,
             epoch,
+            CompartmentMetrics::new(&fallback_name),
         ));
         Self {
+            metrics: CompartmentMetrics::new(&config.name),
             epoch,
             fallback,
             state: Mutex::new(RegistryState {
@@ -259,7 +265,12 @@ impl<Q: Hash + Eq> Registry<Q> {
             return self.fallback.clone();
         }
         let name: Arc<str> = format!("{}[{key:?}]", self.config.name).into();
-        let compartment = Arc::new(Compartment::with_epoch(name, self.config.limit, self.epoch));
+        let compartment = Arc::new(Compartment::with_epoch(
+            name,
+            self.config.limit,
+            self.epoch,
+            self.metrics.clone(),
+        ));
         compartment.touch(now_ms);
         state.map.insert(key, compartment.clone());
         compartment

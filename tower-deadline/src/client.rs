@@ -1,3 +1,4 @@
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use tower_service::Service;
 use crate::codec;
 use crate::error::InsufficientBudget;
 use crate::future::ClientResponseFuture;
+use crate::metrics::ClientMetrics;
 use crate::server::{DEFAULT_HTTP_HEADER, GRPC_TIMEOUT};
 use crate::{BoxError, Deadline};
 
@@ -49,6 +51,9 @@ struct ClientConfig {
     default_timeout: Option<Duration>,
     margin: Duration,
     min_remaining: Duration,
+    /// The `dependency` label of the layer's metrics (`default` when
+    /// `None`).
+    name: Option<Arc<str>>,
 }
 
 /// Middleware that gives each outgoing request the caller's remaining
@@ -99,6 +104,7 @@ struct ClientConfig {
 pub struct ClientDeadline<S> {
     inner: S,
     config: ClientConfig,
+    metrics: ClientMetrics,
 }
 
 // === impl ClientDeadlineLayer ===
@@ -114,6 +120,7 @@ impl ClientDeadlineLayer {
                 default_timeout: None,
                 margin: Duration::ZERO,
                 min_remaining: Duration::ZERO,
+                name: None,
             },
         }
     }
@@ -165,6 +172,24 @@ impl ClientDeadlineLayer {
         self
     }
 
+    /// Names the dependency this layer calls (default `default`): the
+    /// `dependency` label of what the layer records with the `metrics`
+    /// feature (see the crate's `metrics` module); without the feature the
+    /// name is kept but unused.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_deadline::ClientDeadlineLayer;
+    ///
+    /// let layer = ClientDeadlineLayer::new().name("inventory");
+    /// # let _ = layer;
+    /// ```
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = Some(name.into());
+        self
+    }
+
     /// The least budget worth starting a call with (default: zero, only an
     /// expired deadline fails fast).
     pub const fn min_remaining(mut self, min: Duration) -> Self {
@@ -186,6 +211,7 @@ impl<S> Layer<S> for ClientDeadlineLayer {
         ClientDeadline {
             inner,
             config: self.config.clone(),
+            metrics: ClientMetrics::new(self.config.name.as_deref().unwrap_or("default")),
         }
     }
 }
@@ -318,6 +344,7 @@ where
         };
         let remaining = deadline.remaining_at(now);
         if remaining.is_zero() || remaining < config.min_remaining {
+            self.metrics.rejected();
             return ClientResponseFuture::refused(InsufficientBudget::new(
                 remaining,
                 config.min_remaining,
@@ -343,7 +370,7 @@ where
         // layer's `DeadlineExceeded` is how the layers in between (a retry
         // layer, a breaker's attempt hook) learn that the attempt timed out;
         // the outer layer's expiry would only drop them, as a cancellation.
-        ClientResponseFuture::bounded(deadline, future)
+        ClientResponseFuture::bounded(deadline, future, self.metrics.expiry())
     }
 }
 

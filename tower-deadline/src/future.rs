@@ -13,6 +13,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tower_resilience_base::Answer;
 
 use crate::error::{DeadlineExceeded, InsufficientBudget};
+use crate::metrics::Expiry;
 use crate::{BoxError, Deadline};
 
 pin_project! {
@@ -41,6 +42,7 @@ pin_project! {
             #[pin]
             sleep: Sleep,
             grpc: bool,
+            expired: Expiry,
         },
         Answer {
             response: Option<Response<B>>,
@@ -65,7 +67,7 @@ impl<F, B> ServerResponseFuture<F, B> {
         }
     }
 
-    pub(crate) fn bounded(deadline: Deadline, inner: F, grpc: bool) -> Self
+    pub(crate) fn bounded(deadline: Deadline, inner: F, grpc: bool, expired: Expiry) -> Self
     where
         F: Future,
     {
@@ -74,6 +76,7 @@ impl<F, B> ServerResponseFuture<F, B> {
                 inner: deadline.scope(inner),
                 sleep: sleep_until(deadline.instant()),
                 grpc,
+                expired,
             },
         }
     }
@@ -90,7 +93,12 @@ where
         let mut state = self.project().state;
         match state.as_mut().project() {
             ServerStateProj::Unbounded { inner } => inner.poll(cx),
-            ServerStateProj::Bounded { inner, sleep, grpc } => {
+            ServerStateProj::Bounded {
+                inner,
+                sleep,
+                grpc,
+                expired,
+            } => {
                 if let Poll::Ready(out) = inner.poll(cx) {
                     // A handler that finishes in the same timer tick as the
                     // deadline usually finished *because* of it (its own
@@ -103,6 +111,7 @@ where
                     ready!(sleep.poll(cx));
                 }
                 let grpc = *grpc;
+                expired.fire();
                 tracing::debug!(grpc, "deadline passed; dropping the handler");
                 // Dropping the inner future here cancels the handler now,
                 // not when this future is dropped.
@@ -160,6 +169,7 @@ pin_project! {
             #[pin]
             inner: F,
             timer: Timer,
+            expired: Expiry,
         },
         Refused {
             error: Option<InsufficientBudget>,
@@ -208,13 +218,14 @@ impl<F> ClientResponseFuture<F> {
         }
     }
 
-    pub(crate) fn bounded(deadline: Deadline, inner: F) -> Self {
+    pub(crate) fn bounded(deadline: Deadline, inner: F, expired: Expiry) -> Self {
         Self {
             state: ClientState::Bounded {
                 inner,
                 timer: Timer::Idle {
                     at: deadline.instant(),
                 },
+                expired,
             },
         }
     }
@@ -238,7 +249,11 @@ where
         let mut state = self.project().state;
         match state.as_mut().project() {
             ClientStateProj::Unbounded { inner } => inner.poll(cx).map_err(Into::into),
-            ClientStateProj::Bounded { inner, timer } => {
+            ClientStateProj::Bounded {
+                inner,
+                timer,
+                expired,
+            } => {
                 match inner.poll(cx) {
                     Poll::Ready(Ok(response)) => return Poll::Ready(Ok(response)),
                     // An error in the tick of the deadline is usually a
@@ -251,6 +266,7 @@ where
                     Poll::Ready(Err(_)) => {}
                     Poll::Pending => ready!(timer.poll(cx)),
                 }
+                expired.fire();
                 tracing::debug!("deadline passed; cancelling the outgoing call");
                 state.set(ClientState::Done);
                 Poll::Ready(Err(DeadlineExceeded::new().into()))

@@ -221,19 +221,29 @@
 //!
 //! # Feature flags
 //!
-//! This crate has no optional features.
+//! | feature | default | what |
+//! |---|---|---|
+//! | `metrics` | off | `metrics`: budgets received (a histogram), expiries and fail-fast rejections through the [`metrics`](https://docs.rs/metrics) facade, labelled with the layer's name ([`ServerDeadlineLayer::name`], [`ClientDeadlineLayer::name`]); the full list of names is in `docs/metrics.md` at the repository's root |
 //!
 //! # Minimum supported Rust version
 //!
 //! The MSRV is the `rust-version` in `Cargo.toml`, the stable toolchain this
 //! crate is built and tested with; raising it is not a breaking change but
 //! is noted in the changelog.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod client;
 pub mod codec;
 mod deadline;
 pub mod error;
 pub mod future;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics_off;
+#[cfg(not(feature = "metrics"))]
+use metrics_off as metrics;
 mod server;
 
 pub use client::{ClientDeadline, ClientDeadlineLayer};
@@ -247,3 +257,9 @@ pub use tower_resilience_base::{CallContext, Deadline};
 /// The boxed error type of [`ClientDeadline`], as in tower (the toolkit's
 /// one definition, from `tower-resilience-base`).
 pub use tower_resilience_base::BoxError;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+#[derive(Debug)]
+pub struct ReadmeDoctests;

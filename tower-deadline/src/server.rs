@@ -1,3 +1,4 @@
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use tower_service::Service;
 
 use crate::codec::{self, BudgetList, MalformedTimeout};
 use crate::future::ServerResponseFuture;
+use crate::metrics::ServerMetrics;
 use crate::Deadline;
 use tower_resilience_base::grpc::is_grpc;
 use tower_resilience_base::Answer;
@@ -107,6 +109,8 @@ struct ServerConfig {
     min_remaining: Duration,
     on_malformed: OnMalformed,
     grpc_lead: Duration,
+    /// The `service` label of the layer's metrics (`default` when `None`).
+    name: Option<Arc<str>>,
 }
 
 /// Middleware that turns the caller's budget into a [`Deadline`] and
@@ -146,6 +150,7 @@ struct ServerConfig {
 pub struct ServerDeadline<S> {
     inner: S,
     config: ServerConfig,
+    metrics: ServerMetrics,
 }
 
 /// What the server layer decided for one request, before calling the inner
@@ -171,6 +176,7 @@ impl ServerDeadlineLayer {
                 min_remaining: Duration::ZERO,
                 on_malformed: OnMalformed::Ignore,
                 grpc_lead: DEFAULT_GRPC_LEAD,
+                name: None,
             },
         }
     }
@@ -219,6 +225,24 @@ impl ServerDeadlineLayer {
         self
     }
 
+    /// Names the service this layer guards (default `default`): the
+    /// `service` label of what the layer records with the `metrics`
+    /// feature (see the crate's `metrics` module); without the feature the
+    /// name is kept but unused.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_deadline::ServerDeadlineLayer;
+    ///
+    /// let layer = ServerDeadlineLayer::new().name("checkout");
+    /// # let _ = layer;
+    /// ```
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = Some(name.into());
+        self
+    }
+
     /// The least budget worth starting the handler with (default: zero,
     /// only an already expired deadline fails fast). Below it, the layer
     /// answers 504 / DEADLINE_EXCEEDED without calling the inner service.
@@ -263,6 +287,7 @@ impl<S> Layer<S> for ServerDeadlineLayer {
         ServerDeadline {
             inner,
             config: self.config.clone(),
+            metrics: ServerMetrics::new(self.config.name.as_deref().unwrap_or("default")),
         }
     }
 }
@@ -270,7 +295,11 @@ impl<S> Layer<S> for ServerDeadlineLayer {
 // === impl ServerConfig ===
 
 impl ServerConfig {
-    fn decide<ReqB, ResB: Default>(&self, request: &Request<ReqB>) -> Decision<ResB> {
+    fn decide<ReqB, ResB: Default>(
+        &self,
+        request: &Request<ReqB>,
+        metrics: &ServerMetrics,
+    ) -> Decision<ResB> {
         let headers = request.headers();
         let grpc = is_grpc(headers);
         let mut sent: Option<Duration> = None;
@@ -297,6 +326,9 @@ impl ServerConfig {
             }
         }
 
+        if let Some(sent) = sent {
+            metrics.received(sent);
+        }
         let mut budget = match (sent, self.default_timeout) {
             // A caller's budget: clamped to the maximum, the built-in one
             // when none was set.
@@ -324,6 +356,7 @@ impl ServerConfig {
                 min_remaining_ms = self.min_remaining.as_millis() as u64,
                 "budget too small; failing fast"
             );
+            metrics.rejected();
             return Decision::Answer(Answer::deadline_exceeded().into_response(grpc));
         }
         Decision::Run(Some(deadline), grpc)
@@ -404,14 +437,14 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        match self.config.decide(&request) {
+        match self.config.decide(&request, &self.metrics) {
             Decision::Answer(response) => ServerResponseFuture::answer(response),
             Decision::Run(None, _) => ServerResponseFuture::unbounded(self.inner.call(request)),
             Decision::Run(Some(deadline), grpc) => {
                 request.extensions_mut().insert(deadline);
                 let inner = &mut self.inner;
                 let future = deadline.sync_scope(|| inner.call(request));
-                ServerResponseFuture::bounded(deadline, future, grpc)
+                ServerResponseFuture::bounded(deadline, future, grpc, self.metrics.expiry())
             }
         }
     }

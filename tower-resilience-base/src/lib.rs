@@ -60,6 +60,7 @@
 //!
 //! The workspace's `rust-version` (the stable toolchain it is tested on).
 //! Raising it is a minor version change.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod answer;
 pub mod context;
@@ -76,3 +77,9 @@ pub use deadline::Deadline;
 /// The error type of every layer that adds a failure of its own: the inner
 /// service's error, or one of the errors in [`error`], boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+#[derive(Debug)]
+pub struct ReadmeDoctests;

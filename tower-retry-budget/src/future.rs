@@ -216,6 +216,7 @@ where
                         || service.call(request),
                     );
                     retrying.paid.spent();
+                    this.shared.metrics.retried();
                     this.state.set(State::Attempt { future });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
@@ -244,6 +245,7 @@ where
     if marked {
         // Retries for this failure were already spent below: keep the mark
         // on the answer, so no tier above retries it either.
+        shared.metrics.do_not_retry();
         return Step::Return(give_up(result, StopReason::SpentBelow, attempt, false));
     }
     let replayable = retry.as_ref().is_some_and(|r| M::can_replay(&r.saved));
@@ -289,6 +291,7 @@ where
     };
     let now = now.unwrap_or_else(Instant::now);
     if !shared.budget.withdraw_at(now) {
+        shared.metrics.refused();
         tracing::debug!(attempt, reason, "retry refused by the retry budget");
         return Step::Return(give_up(result, StopReason::Budget, attempt, true));
     }

@@ -9,6 +9,7 @@ use tower_layer::Layer;
 use crate::backoff::Backoff;
 use crate::body::{Buffered, CloneBody, DEFAULT_BODY_LIMIT};
 use crate::budget::{Counters, RetryBudget};
+use crate::metrics::RetryMetrics;
 use crate::policy::{DefaultPolicy, Policy};
 use crate::service::{Retry, Shared};
 use crate::RETRY_ATTEMPT_HEADER;
@@ -22,6 +23,8 @@ pub const DEFAULT_MIN_REMAINING: Duration = Duration::from_millis(10);
 /// The default longest delay a server may ask for (`Retry-After`,
 /// `grpc-retry-pushback-ms`) and still be retried: 10 s.
 pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(10);
+/// The name of a layer not given one with `name`: `default`.
+pub(crate) const DEFAULT_NAME: &str = "default";
 
 /// Retries transient failures of idempotent requests within a budget; a
 /// [`Layer`] that produces [`Retry`].
@@ -69,6 +72,8 @@ pub(crate) struct Config {
     pub(crate) max_server_delay: Duration,
     pub(crate) body_limit: usize,
     pub(crate) attempt_header: Option<HeaderName>,
+    /// The `dependency` label of the layer's metrics.
+    pub(crate) name: Arc<str>,
 }
 
 // === impl RetryLayer ===
@@ -86,6 +91,7 @@ impl RetryLayer {
                 max_server_delay: DEFAULT_MAX_SERVER_DELAY,
                 body_limit: DEFAULT_BODY_LIMIT,
                 attempt_header: Some(RETRY_ATTEMPT_HEADER),
+                name: Arc::from(DEFAULT_NAME),
             },
             budget: Arc::new(RetryBudget::new()),
             random: Arc::new(ProcessRandom::new()),
@@ -171,6 +177,25 @@ impl<P, M> RetryLayer<P, M> {
         self
     }
 
+    /// Names the dependency this layer calls (default `default`): the
+    /// `dependency` label of what the layer records with the `metrics`
+    /// feature (see the crate's `metrics` module); without the feature the
+    /// name is kept but unused. Name the layer after the dependency, as
+    /// you name its breaker and bulkhead.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_retry_budget::RetryLayer;
+    ///
+    /// let layer = RetryLayer::new().name("inventory");
+    /// # let _ = layer;
+    /// ```
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = name.into();
+        self
+    }
+
     /// Replaces the [`Policy`] that decides what is retried.
     pub fn policy<Q: Policy>(self, policy: Q) -> RetryLayer<Q, M> {
         RetryLayer {
@@ -250,6 +275,7 @@ impl<S, P: Clone, M> Layer<S> for RetryLayer<P, M> {
         Retry::from_shared(
             inner,
             Arc::new(Shared {
+                metrics: RetryMetrics::new(&self.config.name),
                 config: self.config.clone(),
                 budget: Arc::clone(&self.budget),
                 random: Arc::clone(&self.random),

@@ -306,12 +306,18 @@
 //!   canceled request, hyper's timeouts).
 //! - `h2`: retry HTTP/2 refusals (REFUSED_STREAM, GOAWAY with NO_ERROR),
 //!   recognised by type (`h2::Error`).
+//! - `metrics`: record retries, budget refusals, do-not-retry stops and
+//!   hedges (sent, won) through the [`metrics`](https://docs.rs/metrics)
+//!   facade, labelled with the layer's [`name`](RetryLayer::name) (module
+//!   `metrics`; every name is listed in `docs/metrics.md` at the
+//!   repository's root).
 //!
 //! # Minimum supported Rust version
 //!
 //! The MSRV is the `rust-version` in `Cargo.toml`, the stable toolchain this
 //! crate is built and tested with; raising it is not a breaking change but
 //! is noted in the changelog.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;
 pub mod body;
@@ -322,6 +328,13 @@ pub mod future;
 pub mod hedge;
 mod known;
 mod layer;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics_off;
+#[cfg(not(feature = "metrics"))]
+use metrics_off as metrics;
 mod outcome;
 pub mod policy;
 mod service;
@@ -380,3 +393,9 @@ pub const RETRY_ATTEMPT_HEADER: HeaderName = HeaderName::from_static("x-retry-at
 /// retry design.
 pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
     HeaderName::from_static("grpc-previous-rpc-attempts");
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+#[derive(Debug)]
+pub struct ReadmeDoctests;

@@ -15,6 +15,7 @@ use crate::body::{Buffered, ReplayMode};
 use crate::budget::{Counters, RetryBudget};
 use crate::future::ResponseFuture;
 use crate::layer::Config;
+use crate::metrics::RetryMetrics;
 use crate::policy::{DefaultPolicy, Policy};
 use crate::RandomSource;
 use crate::{BoxError, RetryLayer};
@@ -75,6 +76,8 @@ pub(crate) struct Shared<P: ?Sized> {
     pub(crate) config: Config,
     pub(crate) budget: Arc<RetryBudget>,
     pub(crate) random: Arc<dyn RandomSource>,
+    /// The `metrics` handles (nothing without the feature).
+    pub(crate) metrics: RetryMetrics,
     pub(crate) policy: P,
 }
 

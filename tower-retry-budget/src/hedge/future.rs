@@ -472,6 +472,7 @@ where
             state.record(now, now.saturating_duration_since(start), false);
             if lane > 0 {
                 state.count_won();
+                self.shared.metrics.won();
                 tracing::debug!(attempt = lane + 1, "hedge won");
             }
         }
@@ -631,6 +632,7 @@ where
             attempts: left,
         });
         state.count_hedge();
+        shared.metrics.sent();
         tracing::debug!(
             attempt,
             delay_ms = self.delay.unwrap_or_default().as_millis() as u64,
@@ -652,6 +654,9 @@ where
         self.phase = Phase::Stopped;
         self.timer = None;
         self.shared.state.count_refusal(refusal);
+        if refusal == Refusal::Budget {
+            self.shared.metrics.refused();
+        }
         if refusal != Refusal::Other {
             let attempt = self.sent + 2;
             match error {

@@ -12,6 +12,7 @@ use super::shared::{Charging, Config, HedgeCounters, Learned, Shared, State};
 use crate::body::{Buffered, CloneBody, DEFAULT_BODY_LIMIT};
 use crate::budget::RetryBudget;
 use crate::layer::DEFAULT_MIN_REMAINING;
+use crate::metrics::HedgeMetrics;
 use crate::policy::{DefaultPolicy, Policy};
 use crate::RetryLayer;
 
@@ -101,6 +102,7 @@ impl HedgeLayer {
                 counts_requests: true,
                 surcharge_ppm: None,
             },
+            name: Arc::from(crate::layer::DEFAULT_NAME),
         };
         Self {
             state: Arc::new(State::new(&config)),
@@ -113,7 +115,7 @@ impl HedgeLayer {
 
     /// A layer to put directly above `retry` (the order of the toolkit's
     /// stack): it shares the retry layer's budget and copies its policy,
-    /// minimum deadline slice and body limit.
+    /// minimum deadline slice, body limit and [`name`](RetryLayer::name).
     ///
     /// The retry layer below counts every attempt this layer sends it as a
     /// request, hedges included, so this layer counts none itself, and
@@ -148,6 +150,7 @@ impl HedgeLayer {
         layer.budget = budget;
         layer.config.min_remaining = retry.config.min_remaining;
         layer.config.body_limit = retry.config.body_limit;
+        layer.config.name = Arc::clone(&retry.config.name);
         layer.config.charging = Charging {
             counts_requests: false,
             surcharge_ppm,
@@ -239,6 +242,25 @@ impl<P, M> HedgeLayer<P, M> {
     pub fn min_remaining(mut self, min: Duration) -> Self {
         self.config.min_remaining = min;
         self.fresh()
+    }
+
+    /// Names the dependency this layer calls (default `default`): the
+    /// `dependency` label of what the layer records with the `metrics`
+    /// feature (see the crate's `metrics` module); without the feature the
+    /// name is kept but unused. Unlike the other setters, it keeps the
+    /// layer's estimate and counters.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_retry_budget::hedge::HedgeLayer;
+    ///
+    /// let layer = HedgeLayer::new().name("search");
+    /// # let _ = layer;
+    /// ```
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = name.into();
+        self
     }
 
     /// Charge hedges to `budget`, counting every request of this layer in
@@ -380,6 +402,7 @@ impl<S, P: Clone, M> Layer<S> for HedgeLayer<P, M> {
         Hedge::from_shared(
             inner,
             Arc::new(Shared {
+                metrics: HedgeMetrics::new(&self.config.name),
                 config: self.config.clone(),
                 state: Arc::clone(&self.state),
                 budget: Arc::clone(&self.budget),

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::estimate::{Estimator, Quantile};
 use crate::budget::RetryBudget;
+use crate::metrics::HedgeMetrics;
 
 /// Millionths, as the budget keeps its ratio.
 const PPM: u64 = 1_000_000;
@@ -37,6 +38,8 @@ pub(crate) struct Config {
     pub(crate) body_limit: usize,
     pub(crate) attempt_header: Option<HeaderName>,
     pub(crate) charging: Charging,
+    /// The `dependency` label of the layer's metrics.
+    pub(crate) name: Arc<str>,
 }
 
 /// How the learned delay is chosen: a percentile of recent latencies,
@@ -73,6 +76,8 @@ pub(crate) struct Shared<P: ?Sized> {
     pub(crate) config: Config,
     pub(crate) state: Arc<State>,
     pub(crate) budget: Arc<RetryBudget>,
+    /// The `metrics` handles (nothing without the feature).
+    pub(crate) metrics: HedgeMetrics,
     /// Last, so that `Arc<Shared<P>>` coerces to `Arc<Shared<dyn Policy>>`.
     pub(crate) policy: P,
 }
