@@ -396,6 +396,18 @@
 //!   Redis outage into an outage of every dependency behind a breaker.
 //!   Alarm on `store_errors` either way.
 //!
+//! **On DynamoDB** (feature `dynamodb`: `dynamodb_store::DynamoDbStore`,
+//! the seeds' own design for serverless functions), the same record is one
+//! item and every decision a consistent read followed by a write
+//! conditioned on the version read, so one prober wins each election
+//! whatever the clocks. DynamoDB has no server clock: T comes from the
+//! writer's clock, the store tolerates a configured skew between processes
+//! (1 s by default) on a prober's lease, and a process that has itself
+//! watched an opening or a lease for its whole length treats it as over
+//! whatever its clock says (only clock rates must agree). The table's TTL
+//! is cleanup only; items past it read as missing. There are no pushes: a
+//! breaker learns of another process's decision at its next read.
+//!
 //! # Why a circuit breaker?
 //!
 //! A dependency that fails rarely does damage by failing; it does damage by
@@ -438,7 +450,11 @@
 //! | `redis` | off | `redis_store::RedisStore`, a [`Store`](store::Store) in Redis through the `redis` crate (tokio, Lua scripts, pushes over pub/sub), on one node or through Sentinel, with ACL logins |
 //! | `redis-tls` | off | `rediss://` for the store: rustls with the `ring` crypto provider (no system OpenSSL), custom CAs and client certificates |
 //! | `redis-cluster` | off | the store on a Redis Cluster (`RedisTarget::cluster`) |
+//! | `metrics` | off | `metrics`: calls, rejections, state, transitions, probes and store errors through the [`metrics`](https://docs.rs/metrics) facade, labelled with the breaker's name (with `stack`, the other three layers record theirs too); the full list of names is in `docs/metrics.md` at the repository's root |
 //! | `dynamodb` | off | `dynamodb_store::DynamoDbStore`, a [`Store`](store::Store) in a DynamoDB table through the official `aws-sdk-dynamodb` client (conditional writes, a fenced prober election, a TTL for cleanup, a documented clock-skew bound) |
+//! | `reqwest` | off | module `reqwest`: `reqwest::Client` at the bottom of the client stack (`reqwest::ReqwestService`) and a reqwest-style `reqwest::Client` of this crate over it (`client.get(url).send().await`), built in one call by `ClientStack::reqwest`; enables `stack`; reqwest without default features (bring your TLS backend) |
+//! | `reqwest-middleware` | off | `reqwest::StackMiddleware`: the client stack as one `reqwest_middleware::Middleware`, still counting every attempt and replaying bodies |
+//! | `tonic` | off | `tonic`: the client stack over a `tonic::transport::Channel` in one call (`client_stack(name).tonic(channel)`), replayable bodies included, and every error of the stack as the right `tonic::Status` (implies `stack`) |
 //!
 //! The breaker cooperates with the other layers (counting every attempt of
 //! a retry layer below, ignoring local rejections) without any feature:
@@ -449,6 +465,7 @@
 //! The MSRV is the `rust-version` in `Cargo.toml`, the stable toolchain this
 //! crate is built and tested with; raising it is not a breaking change but
 //! is noted in the changelog.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod breaker;
 pub mod classify;
@@ -462,9 +479,19 @@ pub mod future;
 mod hook;
 mod keyed;
 mod layer;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics_off;
+#[cfg(not(feature = "metrics"))]
+use metrics_off as metrics;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis_store;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod reqwest;
 mod service;
 mod snapshot;
 #[cfg(feature = "stack")]
@@ -472,6 +499,9 @@ mod snapshot;
 pub mod stack;
 mod state;
 pub mod store;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod tonic;
 mod window;
 
 pub use breaker::{Breaker, Permit};
@@ -503,3 +533,9 @@ pub use tower_resilience_base::Answer;
 /// The boxed error type of [`CircuitBreaker`] and [`PlainCircuitBreaker`], as
 /// in tower (the toolkit's one definition, from `tower-resilience-base`).
 pub use tower_resilience_base::BoxError;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(all(doctest, feature = "redis", feature = "dynamodb"))]
+#[doc = include_str!("../README.md")]
+#[derive(Debug)]
+pub struct ReadmeDoctests;

@@ -183,11 +183,13 @@ pub struct ServerStack {
 pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
     let name = name.into();
     ClientStack {
-        call: ClientDeadlineLayer::new().enforce_only(),
+        call: ClientDeadlineLayer::new()
+            .enforce_only()
+            .name(Arc::clone(&name)),
         breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))),
-        retry: RetryLayer::new(),
+        retry: RetryLayer::new().name(Arc::clone(&name)),
         bulkhead: BulkheadLayer::new(Arc::clone(&name), DEFAULT_CLIENT_CONCURRENCY),
-        attempt: ClientDeadlineLayer::new(),
+        attempt: ClientDeadlineLayer::new().name(Arc::clone(&name)),
         name,
     }
 }
@@ -206,7 +208,7 @@ pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
 pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
     let name = name.into();
     ServerStack {
-        deadline: ServerDeadlineLayer::new(),
+        deadline: ServerDeadlineLayer::new().name(Arc::clone(&name)),
         bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY),
         breaker: HttpBreakerLayer::new(Breaker::new(Arc::clone(&name))),
         name,
@@ -278,6 +280,43 @@ impl<P, M> ClientStack<P, M> {
     #[must_use]
     pub fn retry_counters(&self) -> Counters {
         self.retry.counters()
+    }
+
+    /// A reqwest-style client over this whole stack with `client` at the
+    /// bottom: `client.get(url).send().await` goes through the deadline,
+    /// the breaker, the retries and the bulkhead, and returns a
+    /// `reqwest::Response`. See [`crate::reqwest`].
+    ///
+    /// Takes `&self`, so the stack stays at hand for
+    /// [`breaker_handle`](Self::breaker_handle) and
+    /// [`retry_counters`](Self::retry_counters); every client built from
+    /// it (and its clones) shares the same breaker, budget and bulkhead.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_breaker::stack::client_stack;
+    ///
+    /// # async fn run() -> Result<(), tower_breaker::BoxError> {
+    /// let client = client_stack("catalog")
+    ///     .timeout(Duration::from_secs(2))
+    ///     .reqwest(reqwest::Client::new());
+    /// let text = client.get("http://127.0.0.1:3000/items").send().await?.text().await?;
+    /// # let _ = text;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "reqwest")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+    pub fn reqwest(
+        &self,
+        client: ::reqwest::Client,
+    ) -> crate::reqwest::Client<ClientStackService<crate::reqwest::ReqwestService, P, M>>
+    where
+        P: Clone,
+    {
+        crate::reqwest::Client::new(self.layer(crate::reqwest::ReqwestService::new(client)))
     }
 }
 

@@ -1119,7 +1119,9 @@ async fn lossy_proxy(upstream: String, drop_target: &'static str) -> String {
                 server.write_all(&request).await.unwrap();
                 let mut answer = Vec::new();
                 server.read_to_end(&mut answer).await.unwrap();
-                if target.ends_with(&drop_target.to_lowercase()) && dropped.fetch_add(1, SeqCst) == 0 {
+                if target.ends_with(&drop_target.to_lowercase())
+                    && dropped.fetch_add(1, SeqCst) == 0
+                {
                     return; // applied upstream; the client hears nothing
                 }
                 let _ = client.write_all(&answer).await;

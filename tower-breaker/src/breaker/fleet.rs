@@ -562,6 +562,7 @@ impl Core {
     pub(super) fn store_failed(self: &Arc<Self>, operation: &'static str, error: &StoreError) {
         let core = &**self;
         core.store_errors.fetch_add(1, Relaxed);
+        core.metrics.store_error();
         let Some(link) = &core.store else { return };
         let now = core.now_ns();
         let was_up = link

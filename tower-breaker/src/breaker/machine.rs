@@ -11,6 +11,7 @@ use super::fleet::StoreLink;
 use super::{nanos, thread_index, Kind, Raw, Rejection, NANOS_PER_MS, NANOS_PER_SEC, PPM, STRIPES};
 use crate::classify::Outcome;
 use crate::config::{BreakerConfig, WindowKind};
+use crate::metrics::{BreakerMetrics, ProbeResult};
 use crate::snapshot::{Cause, Totals, Transition, WindowCounts};
 use crate::state::{is_newer, Padded, Phase, Word, CLOSED, ELECTING, GEN_MASK, HALF_OPEN, OPEN};
 use crate::store::StoreError;
@@ -45,6 +46,8 @@ pub(crate) struct Core {
     pub(super) s: Settings,
     pub(super) config: BreakerConfig,
     pub(super) store: Option<StoreLink>,
+    /// The `metrics` handles (nothing without the feature).
+    pub(super) metrics: BreakerMetrics,
 }
 
 /// The configuration in the units the hot path uses.
@@ -116,6 +119,7 @@ impl Core {
             rejection_event_ms: config.rejection_event_interval.as_millis() as u64,
         };
         let store = StoreLink::for_config(&config, &name);
+        let metrics = BreakerMetrics::new(&name);
         // Generation 1: epoch 0 would read as "empty" in the time window.
         let first = Word::new(CLOSED, Mode::Automatic, 1, 0);
         Core {
@@ -136,6 +140,7 @@ impl Core {
             s,
             config,
             store,
+            metrics,
         }
     }
 
@@ -234,7 +239,9 @@ impl Core {
                         // latest probe has been out for the whole wait: it
                         // hangs.
                         let counts = core.probe_counts(w.gen(), 0);
-                        self.open(w, Cause::ProbeTimedOut, counts);
+                        if self.open(w, Cause::ProbeTimedOut, counts) {
+                            core.metrics.probe(ProbeResult::TimedOut);
+                        }
                     } else {
                         // half-open -> half-open (new probe deadline): a slot
                         // looks free. This call's probe gets the whole
@@ -281,6 +288,7 @@ impl Core {
             });
         }
         stripe.rejected.fetch_add(1, Relaxed);
+        core.metrics.rejected();
         self.rejection_event(now);
         decision
     }
@@ -334,7 +342,9 @@ impl Core {
         let code = match outcome {
             Outcome::Ignored => {
                 stripe.ignored.fetch_add(1, Relaxed);
+                core.metrics.ignored();
                 if raw.kind == Kind::Probe {
+                    core.metrics.probe(ProbeResult::Ignored);
                     core.release_probe(raw.gen);
                 }
                 return;
@@ -352,18 +362,27 @@ impl Core {
             // The circuit moved on while the call was in flight: the
             // outcome is discarded, and counted only as stale.
             stripe.stale.fetch_add(1, Relaxed);
+            core.metrics.stale();
             if raw.kind == Kind::Probe {
+                core.metrics.probe(ProbeResult::Ignored);
                 core.release_probe(raw.gen);
             }
             return;
         }
         match code {
-            FAIL => stripe.failed.fetch_add(1, Relaxed),
+            FAIL => {
+                core.metrics.failure();
+                stripe.failed.fetch_add(1, Relaxed)
+            }
             SLOW => {
+                core.metrics.slow();
                 stripe.slow.fetch_add(1, Relaxed);
                 stripe.successful.fetch_add(1, Relaxed)
             }
-            _ => stripe.successful.fetch_add(1, Relaxed),
+            _ => {
+                core.metrics.success();
+                stripe.successful.fetch_add(1, Relaxed)
+            }
         };
         match raw.kind {
             Kind::Tracked => self.complete_tracked(w, code),
@@ -415,6 +434,7 @@ impl Core {
     pub(super) fn complete_probe(self: &Arc<Self>, w: Word, code: u32) {
         let core = &**self;
         if w.state() != HALF_OPEN {
+            core.metrics.probe(ProbeResult::Ignored);
             core.release_probe(w.gen());
             return;
         }
@@ -426,11 +446,13 @@ impl Core {
         core.last_probe_ns
             .store(now.saturating_sub(started).max(1), Relaxed);
         if code == OK {
+            core.metrics.probe(ProbeResult::Success);
             let successes = core.probe_succeeded(w.gen());
             if successes >= core.s.successes {
                 self.close_with_counts(w, Cause::ProbesSucceeded, core.probe_counts(w.gen(), 0));
             }
         } else {
+            core.metrics.probe(ProbeResult::Failure);
             let counts = core.probe_counts(w.gen(), code);
             core.release_probe(w.gen());
             self.open(w, Cause::ProbeFailed, counts);
@@ -443,7 +465,9 @@ impl Core {
             return;
         }
         self.stripe().ignored.fetch_add(1, Relaxed);
+        self.metrics.ignored();
         if raw.kind == Kind::Probe {
+            self.metrics.probe(ProbeResult::Ignored);
             self.release_probe(raw.gen);
         }
     }
@@ -571,6 +595,10 @@ impl Core {
                 n as f64 / counts.calls as f64
             }
         };
+        core.metrics.transition(
+            (from.public_state(), from.mode()),
+            (to.public_state(), to.mode()),
+        );
         let name = &*core.name;
         match (to.state(), cause) {
             (_, Cause::ModeChanged) => tracing::warn!(

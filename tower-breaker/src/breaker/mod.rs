@@ -315,6 +315,7 @@ impl Breaker {
             _ => return Ok(()),
         };
         core.stripe().rejected.fetch_add(1, Relaxed);
+        core.metrics.rejected();
         core.rejection_event(now);
         Err(refusal)
     }

@@ -254,6 +254,7 @@ pub struct DynamoDbOptions {
 /// assert_eq!(usage.reads + usage.writes, 0);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
 pub struct Usage {
     /// `GetItem` requests.
     pub reads: u64,
