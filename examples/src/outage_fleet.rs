@@ -657,14 +657,59 @@ pub(super) struct Outcome {
     rates: Vec<f64>,
 }
 
-impl Outcome {
-    pub(super) fn processes(&self) -> usize {
+/// What the demo reads from a fleet's outcome, whatever keeps its circuit
+/// (this module's processes on Redis, or `outage_lambda.rs`'s on
+/// DynamoDB).
+pub(super) trait FleetOutcome {
+    /// How many caller processes ran.
+    fn processes(&self) -> usize;
+
+    /// The full stack's calls, all processes together, with the peak in
+    /// flight per second.
+    fn recorder(&self, secs: usize) -> Recorder;
+
+    /// The fleet's circuit for the chart: (at, open or closed).
+    fn transitions(&self) -> Vec<(f64, CircuitState)>;
+
+    /// When every process's circuit had opened.
+    fn open_everywhere(&self) -> Option<f64>;
+
+    /// Openings, all breakers together.
+    fn opened(&self) -> u64;
+
+    /// Calls rejected by an open circuit, all breakers together.
+    fn rejected(&self) -> u64;
+
+    /// The share of the calls made once the circuit is open that must be
+    /// answered in a tenth of the timeout (the rest: the fleet's probes).
+    fn open_quantile(&self) -> f64 {
+        0.99
+    }
+
+    /// How late, beyond the slack every caller gets, a process may learn
+    /// that the fleet's circuit closed: the recovery's bound grows by it.
+    fn learns_within(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    /// The fleet's own lines, after the table.
+    fn print(&self, args: &Args);
+
+    /// What must be true of the fleet; empty when it all held.
+    fn verdict(&self) -> Vec<String>;
+
+    /// The closing line when it all held.
+    fn held(&self) -> String;
+}
+
+impl FleetOutcome for Outcome {
+    fn processes(&self) -> usize {
         self.heard.len()
     }
 
     /// The full stack's calls, all processes together; the peak in flight
     /// of a second is the sum of each process's peak in it.
-    pub(super) fn recorder(&self, secs: usize) -> Recorder {
+    fn recorder(&self, secs: usize) -> Recorder {
         let rec = Recorder::new(secs);
         let mut records = lock(&rec.records);
         for h in &self.heard {
@@ -680,7 +725,7 @@ impl Outcome {
 
     /// The fleet's circuit for the chart: not closed while any process's
     /// breaker is not closed.
-    pub(super) fn transitions(&self) -> Vec<(f64, CircuitState)> {
+    fn transitions(&self) -> Vec<(f64, CircuitState)> {
         let mut all: Vec<(f64, usize, CircuitState)> = self
             .heard
             .iter()
@@ -704,14 +749,14 @@ impl Outcome {
     }
 
     /// When every process's circuit had opened.
-    pub(super) fn open_everywhere(&self) -> Option<f64> {
+    fn open_everywhere(&self) -> Option<f64> {
         self.heard
             .iter()
             .map(|h| first_open(h).map(|(at, _)| at))
             .try_fold(0.0_f64, |max, at| at.map(|at| max.max(at)))
     }
 
-    pub(super) fn opened(&self) -> u64 {
+    fn opened(&self) -> u64 {
         self.heard
             .iter()
             .filter_map(|h| h.totals)
@@ -719,7 +764,7 @@ impl Outcome {
             .sum()
     }
 
-    pub(super) fn rejected(&self) -> u64 {
+    fn rejected(&self) -> u64 {
         self.heard
             .iter()
             .filter_map(|h| h.totals)
@@ -727,20 +772,8 @@ impl Outcome {
             .sum()
     }
 
-    /// The process whose own window opened the circuit first.
-    fn tripper(&self) -> Option<(usize, f64)> {
-        self.heard
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| match first_open(h) {
-                Some((at, true)) => Some((i, at)),
-                _ => None,
-            })
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-    }
-
     /// The fleet line and the per-process failures seen before rejecting.
-    pub(super) fn print(&self, args: &Args) {
+    fn print(&self, args: &Args) {
         let out_start = args.outage_start().as_secs_f64();
         let n = self.heard.len();
         let Some((first, opened_at)) = self.tripper() else {
@@ -811,7 +844,7 @@ impl Outcome {
     }
 
     /// What must be true of the fleet; empty when it all held.
-    pub(super) fn verdict(&self) -> Vec<String> {
+    fn verdict(&self) -> Vec<String> {
         let mut failures = Vec::new();
         let Some((first, _)) = self.tripper() else {
             failures.push("no process of the fleet tripped on its own window".to_owned());
@@ -840,5 +873,25 @@ impl Outcome {
             }
         }
         failures
+    }
+
+    fn held(&self) -> String {
+        "The fleet shared one circuit: one process tripped, and every other one stopped \
+         calling without waiting for failures of its own."
+            .to_owned()
+    }
+}
+
+impl Outcome {
+    /// The process whose own window opened the circuit first.
+    fn tripper(&self) -> Option<(usize, f64)> {
+        self.heard
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| match first_open(h) {
+                Some((at, true)) => Some((i, at)),
+                _ => None,
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1))
     }
 }

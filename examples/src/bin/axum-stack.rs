@@ -38,10 +38,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use examples::demo::{check, serve_local};
-use examples::reqwest_adapter::{BoxError, Client, ReqwestService};
 use tokio::time::Instant;
-use tower::Layer;
+use tower_breaker::reqwest::Client;
 use tower_breaker::stack::{client_stack, server_stack};
+use tower_breaker::BoxError;
 use tower_breaker::{Breaker, BreakerConfig};
 use tower_bulkhead::{CompartmentHandle, HttpBulkheadLayer};
 use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
@@ -149,14 +149,13 @@ fn inventory_client(breaker: Breaker) -> Client {
         // At most 16 attempts in flight to inventory.
         .concurrency(16)
         // Per attempt: a fresh x-request-timeout-ms header, 1 ms for the network.
-        .attempt_deadline(ClientDeadlineLayer::new().margin(Duration::from_millis(1)))
-        .layer(ReqwestService::new(
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_millis(200))
-                .build()
-                .expect("a reqwest client"),
-        ));
-    Client::new(stack)
+        .attempt_deadline(ClientDeadlineLayer::new().margin(Duration::from_millis(1)));
+    stack.reqwest(
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(200))
+            .build()
+            .expect("a reqwest client"),
+    )
 }
 
 async fn start_shop(shop: Shop, bulkhead: HttpBulkheadLayer, breaker: Breaker) -> SocketAddr {

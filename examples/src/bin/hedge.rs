@@ -52,16 +52,21 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use examples::demo::{check, serve_local};
-use examples::reqwest_adapter::{BoxError, HttpRequest, HttpResponse, ReqwestService};
 use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, MissedTickBehavior};
+use tower::BoxError;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::error::CircuitOpen;
+use tower_breaker::reqwest::{HttpResponse, ReqwestService};
 use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, State as CircuitState, Transition};
 use tower_bulkhead::BulkheadLayer;
 use tower_deadline::ClientDeadlineLayer;
 use tower_retry_budget::hedge::{HedgeCounters, HedgeLayer, HEDGE_ATTEMPT_HEADER};
 use tower_retry_budget::RetryLayer;
+
+/// The requests of every caller: a `Clone` body, which `tower::hedge`
+/// needs to copy a request.
+type HttpRequest = http::Request<Full<Bytes>>;
 
 // ================================================================ settings
 

@@ -28,6 +28,15 @@
 //! and adds a fleet line: which process tripped, and how many failures the
 //! others saw before they were rejecting too.
 //!
+//! With `--dynamodb`, the full stack runs in short-lived caller processes,
+//! as AWS Lambda instances do: a few calling at any time, each making 5
+//! calls and exiting, new ones taking over; their breakers share one
+//! circuit through tower-breaker's DynamoDB store, on a `moto_server` the
+//! demo starts on 127.0.0.1 (see `outage_lambda.rs`). No process makes
+//! enough calls to open the circuit alone: the fleet's window in the table
+//! opens it. It adds the fleet's lines (each process's calls, the probes)
+//! and what DynamoDB was asked, per process.
+//!
 //! Run it with:
 //!
 //! ```text
@@ -36,9 +45,12 @@
 //! cargo run --release -p examples --bin outage -- --redis --processes 4
 //! cargo run -p examples --bin outage -- --quick      # a few seconds, for CI
 //! cargo run -p examples --bin outage -- --quick --redis
+//! cargo run -p examples --bin outage -- --quick --dynamodb
+//! cargo run -p examples --bin outage -- --quick --metrics 127.0.0.1:9000
 //! ```
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -47,11 +59,10 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::routing::get;
 use axum::Router;
-use examples::reqwest_adapter::{Client, ReqwestService};
 use tokio::time::{Instant, MissedTickBehavior};
-use tower::Layer;
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::redis_store::{RedisOptions, RedisStore};
+use tower_breaker::reqwest::Client;
 use tower_breaker::stack::client_stack;
 use tower_breaker::store::Store;
 use tower_breaker::{Breaker, BreakerConfig, State as CircuitState, Transition};
@@ -59,6 +70,12 @@ use tower_bulkhead::error::BulkheadFull;
 
 #[path = "../outage_fleet.rs"]
 mod fleet;
+#[path = "../outage_lambda.rs"]
+mod lambda;
+#[path = "../moto.rs"]
+mod moto;
+
+use fleet::FleetOutcome;
 
 // ================================================================ settings
 
@@ -79,23 +96,41 @@ struct Args {
     open_period: Duration,
     /// Where the chart goes.
     svg: PathBuf,
-    /// `--redis`: the full stack as a fleet of processes sharing Redis.
+    /// `--redis` or `--dynamodb`: the full stack as a fleet of processes
+    /// sharing one circuit.
     fleet: Option<FleetArgs>,
 }
 
-/// What `--redis`, `--redis-url` and `--processes` set.
+/// What `--redis`, `--redis-url`, `--dynamodb` and `--processes` set.
 #[derive(Debug, Clone)]
 struct FleetArgs {
+    /// Where the fleet shares its circuit.
+    store: FleetStore,
     /// A Redis to use instead of starting one (`--redis-url`).
     url: Option<String>,
-    /// How many caller processes share the circuit.
+    /// How many caller processes share the circuit (with `--dynamodb`: how
+    /// many are calling at any time).
     processes: usize,
 }
+
+/// Where a fleet shares its circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FleetStore {
+    /// Long-lived processes on Redis (`outage_fleet.rs`).
+    Redis,
+    /// Short-lived processes on DynamoDB (`outage_lambda.rs`).
+    DynamoDb,
+}
+
+/// The rate of `--dynamodb` unless `--rate` says otherwise: every process
+/// makes 5 calls, so this is 8 process starts a second.
+const DYNAMODB_RATE: u32 = 40;
 
 const USAGE: &str = "\
 usage: outage [--rate N] [--timeout MS] [--duration SECS] [--outage-secs SECS]
               [--open-period MS] [--svg PATH] [--quick]
               [--redis [--redis-url URL] [--processes N]]
+              [--dynamodb [--processes N]] [--metrics ADDR]
 
   --rate N           requests per second sent by each caller (default 100)
   --timeout MS       the caller's timeout in milliseconds (default 1000)
@@ -109,7 +144,16 @@ usage: outage [--rate N] [--timeout MS] [--duration SECS] [--outage-secs SECS]
                      share one circuit through Redis (tower-breaker's Redis
                      store); starts its own redis-server on 127.0.0.1
   --redis-url URL    use this Redis instead of starting one (implies --redis)
-  --processes N      caller processes in the fleet (default 4, 2 to 16)";
+  --dynamodb         run the full stack as short-lived caller processes (as
+                     Lambda instances: each makes 5 calls and exits, new
+                     ones take over) that share one circuit through
+                     DynamoDB (tower-breaker's DynamoDB store); starts its
+                     own moto_server on 127.0.0.1; the rate defaults to
+                     40/s (both callers), --rate still applies
+  --processes N      caller processes in the fleet (default 4, 2 to 16);
+                     with --dynamodb, how many are calling at a time
+  --metrics ADDR     serve the layers' metrics for Prometheus on
+                     http://ADDR/metrics while the demo runs";
 
 impl Args {
     fn parse() -> Result<Self, String> {
@@ -122,11 +166,15 @@ impl Args {
             svg: PathBuf::from("target/outage.svg"),
             fleet: None,
         };
+        let (mut rate_given, mut redis, mut dynamodb) = (false, false, false);
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
             let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
             match flag.as_str() {
-                "--rate" => args.rate = number(&value()?)?.max(1) as u32,
+                "--rate" => {
+                    args.rate = number(&value()?)?.max(1) as u32;
+                    rate_given = true;
+                }
                 "--timeout" => args.timeout = Duration::from_millis(number(&value()?)?.max(1)),
                 "--duration" => args.duration = Duration::from_secs(number(&value()?)?.max(2)),
                 "--outage-secs" => args.outage = Duration::from_secs(number(&value()?)?),
@@ -146,6 +194,12 @@ impl Args {
                 // The fleet: see `breaker_store` and `outage_fleet.rs`.
                 "--redis" => {
                     args.fleet.get_or_insert_with(FleetArgs::default);
+                    redis = true;
+                }
+                // The short-lived fleet: see `outage_lambda.rs`.
+                "--dynamodb" => {
+                    args.fleet.get_or_insert_with(FleetArgs::default).store = FleetStore::DynamoDb;
+                    dynamodb = true;
                 }
                 "--redis-url" => {
                     let url = value()?;
@@ -153,6 +207,7 @@ impl Args {
                         return Err(format!("--redis-url takes a redis:// URL, not {url}"));
                     }
                     args.fleet.get_or_insert_with(FleetArgs::default).url = Some(url);
+                    redis = true;
                 }
                 "--processes" => {
                     let n = number(&value()?)?;
@@ -161,6 +216,8 @@ impl Args {
                     }
                     args.fleet.get_or_insert_with(FleetArgs::default).processes = n as usize;
                 }
+                // Read again by `serve_metrics`, in this process only.
+                "--metrics" => drop(value()?),
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other}")),
             }
@@ -168,8 +225,19 @@ impl Args {
         if args.outage + Duration::from_secs(2) > args.duration {
             return Err("the outage must end at least 2 s before the run does".into());
         }
+        if redis && dynamodb {
+            return Err("--redis (or --redis-url) and --dynamodb exclude each other".into());
+        }
+        if dynamodb && !rate_given {
+            args.rate = DYNAMODB_RATE;
+        }
         if let Some(fleet) = &args.fleet {
-            if f64::from(args.rate) < 2.0 * (fleet.processes as f64 + 2.0) {
+            if fleet.store == FleetStore::DynamoDb && args.rate < fleet.processes as u32 {
+                return Err("--rate must be at least --processes with --dynamodb".into());
+            }
+            if fleet.store == FleetStore::Redis
+                && f64::from(args.rate) < 2.0 * (fleet.processes as f64 + 2.0)
+            {
                 return Err("--rate is too low to split across the fleet's processes".into());
             }
         }
@@ -195,6 +263,7 @@ impl Args {
 impl Default for FleetArgs {
     fn default() -> Self {
         Self {
+            store: FleetStore::Redis,
             url: None,
             processes: 4,
         }
@@ -415,14 +484,13 @@ fn full_stack(args: &Args, breaker: Breaker) -> Client {
         .breaker(breaker)
         // The caller's whole budget, for all attempts together.
         .timeout(args.timeout)
-        .concurrency(BULKHEAD)
-        .layer(ReqwestService::new(
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_millis(100))
-                .build()
-                .expect("a reqwest client"),
-        ));
-    Client::new(stack)
+        .concurrency(BULKHEAD);
+    stack.reqwest(
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(100))
+            .build()
+            .expect("a reqwest client"),
+    )
 }
 
 /// The breaker's window: the last 20 calls, judged once there are 10, open
@@ -484,31 +552,143 @@ async fn main() {
         };
         std::process::exit(code);
     }
+    // One caller process of a `--dynamodb` fleet.
+    if let Some(spec) = lambda::child_spec() {
+        let code = match spec {
+            Ok(spec) => lambda::run_child(&args, spec).await,
+            Err(e) => {
+                eprintln!("{e}");
+                2
+            }
+        };
+        std::process::exit(code);
+    }
+    if let Err(e) = serve_metrics() {
+        eprintln!("--metrics: {e}");
+        std::process::exit(2);
+    }
     let code = run(args).await;
     if code != 0 {
         std::process::exit(code);
     }
 }
 
+/// `--metrics ADDR`: installs the Prometheus exporter, serving
+/// `http://ADDR/metrics`, before any stack is built (the layers register
+/// their metrics when they are built).
+fn serve_metrics() -> Result<(), String> {
+    let mut args = std::env::args().skip_while(|a| a != "--metrics").skip(1);
+    let Some(addr) = args.next() else {
+        return Ok(());
+    };
+    let addr: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| e.to_string())?;
+    println!("metrics: http://{addr}/metrics");
+    Ok(())
+}
+
+/// A fleet of caller processes running the full stack.
+#[derive(Debug)]
+enum AnyFleet {
+    /// `--redis`: long-lived processes.
+    Redis(fleet::Fleet),
+    /// `--dynamodb`: short-lived processes.
+    DynamoDb(lambda::LambdaFleet),
+}
+
+impl AnyFleet {
+    /// Starts its store and, with Redis, its processes; the exit code when
+    /// it cannot run (0: skipped, `moto_server` is not installed).
+    async fn start(
+        args: &Args,
+        fleet_args: &FleetArgs,
+        dependency: SocketAddr,
+    ) -> Result<Self, i32> {
+        let started = match fleet_args.store {
+            FleetStore::Redis => fleet::Fleet::start(args, fleet_args, dependency)
+                .await
+                .map(Self::Redis),
+            FleetStore::DynamoDb => {
+                let moto = match moto::MotoServer::start_or_skip("outage --dynamodb").await {
+                    Ok(moto::Started::Running(moto)) => moto,
+                    Ok(moto::Started::Skipped(code)) => return Err(code),
+                    Err(e) => {
+                        eprintln!("outage --dynamodb: {e}");
+                        return Err(2);
+                    }
+                };
+                lambda::LambdaFleet::start(args, fleet_args, dependency, moto)
+                    .await
+                    .map(Self::DynamoDb)
+            }
+        };
+        started.map_err(|e| {
+            eprintln!("outage {}: {e}", Self::flag(fleet_args.store));
+            2
+        })
+    }
+
+    fn flag(store: FleetStore) -> &'static str {
+        match store {
+            FleetStore::Redis => "--redis",
+            FleetStore::DynamoDb => "--dynamodb",
+        }
+    }
+
+    fn describe(&self, args: &Args) -> String {
+        match self {
+            Self::Redis(fleet) => fleet.describe(),
+            Self::DynamoDb(fleet) => fleet.describe(args),
+        }
+    }
+
+    /// Starts the run's clock for the processes.
+    fn go(&mut self, args: &Args) -> Result<(), String> {
+        match self {
+            Self::Redis(fleet) => fleet.go(),
+            Self::DynamoDb(fleet) => {
+                fleet.go(args);
+                Ok(())
+            }
+        }
+    }
+
+    async fn second(&self, s: usize) -> fleet::FleetSecond {
+        match self {
+            Self::Redis(fleet) => fleet.second(s).await,
+            Self::DynamoDb(fleet) => fleet.second(s).await,
+        }
+    }
+
+    async fn finish(&mut self, args: &Args) -> Result<Box<dyn FleetOutcome>, String> {
+        Ok(match self {
+            Self::Redis(fleet) => Box::new(fleet.finish(args).await?),
+            Self::DynamoDb(fleet) => Box::new(fleet.finish(args).await?),
+        })
+    }
+}
+
 /// The demo; returns the exit code once everything it started (the fleet's
-/// processes and redis-server) is stopped.
+/// processes, redis-server or moto_server) is stopped.
 async fn run(args: Args) -> i32 {
     let secs = args.duration.as_secs() as usize + 1;
     let (out_start, out_end) = (args.outage_start(), args.outage_end());
     let listener = bind_dependency().await;
     let addr = listener.local_addr().expect("local address");
     // With `--redis`: Redis and the caller processes, ready before the
-    // clock starts.
+    // clock starts; with `--dynamodb`: moto and the table (the processes
+    // start on a timetable once the clock runs).
     let mut fleet = match &args.fleet {
         None => None,
-        Some(fleet_args) => match fleet::Fleet::start(&args, fleet_args, addr).await {
+        Some(fleet_args) => match AnyFleet::start(&args, fleet_args, addr).await {
             Ok(fleet) => Some(fleet),
-            Err(e) => {
-                eprintln!("outage --redis: {e}");
-                return 2;
-            }
+            Err(code) => return code,
         },
     };
+    let flag = args.fleet.as_ref().map_or("", |f| AnyFleet::flag(f.store));
 
     println!(
         "A dependency on {addr} answers in ~2 ms, hangs from {:.1} s to {:.1} s, then recovers.",
@@ -522,8 +702,12 @@ async fn run(args: Args) -> i32 {
         args.timeout.as_millis()
     );
     println!("  bare:       reqwest with the timeout per attempt, 3 attempts 50 ms apart");
+    let window = match &fleet {
+        Some(AnyFleet::DynamoDb(_)) => "the last 1 s, 10 calls",
+        _ => "20 calls",
+    };
     println!(
-        "  full stack: deadline {} ms -> breaker (20 calls, 50%, open {} ms, up to {} ms) \
+        "  full stack: deadline {} ms -> breaker ({window}, 50%, open {} ms, up to {} ms) \
          -> retry (10% budget) -> bulkhead ({BULKHEAD}) -> per-attempt deadline",
         args.timeout.as_millis(),
         args.open_period.as_millis(),
@@ -531,12 +715,12 @@ async fn run(args: Args) -> i32 {
     );
     match &fleet {
         None => println!("  breaker state: in memory (the default)\n"),
-        Some(fleet) => println!("{}\n", fleet.describe()),
+        Some(fleet) => println!("{}\n", fleet.describe(&args)),
     }
 
     if let Some(fleet) = &mut fleet {
-        if let Err(e) = fleet.go() {
-            eprintln!("outage --redis: {e}");
+        if let Err(e) = fleet.go(&args) {
+            eprintln!("outage {flag}: {e}");
             return 1;
         }
     }
@@ -703,14 +887,24 @@ async fn run(args: Args) -> i32 {
         },
         (None, None) => unreachable!("the full stack runs here or in the fleet"),
     };
-    drop(fleet); // stops the processes and redis-server
+    drop(fleet); // stops the processes and redis-server or moto_server
 
-    let report = Report::new(&args, &dep, &recorders, &transitions, open_everywhere);
+    let open_quantile = fleet_outcome
+        .as_ref()
+        .map_or(0.99, |outcome| outcome.open_quantile());
+    let report = Report::new(
+        &args,
+        &dep,
+        &recorders,
+        &transitions,
+        open_everywhere,
+        open_quantile,
+    );
     report.print(
         &args,
         opened,
         rejected,
-        fleet_outcome.as_ref().map(fleet::Outcome::processes),
+        fleet_outcome.as_ref().map(|outcome| outcome.processes()),
     );
     if let Some(outcome) = &fleet_outcome {
         outcome.print(&args);
@@ -719,14 +913,17 @@ async fn run(args: Args) -> i32 {
         Ok(()) => println!("\nChart written to {}", args.svg.display()),
         Err(e) => eprintln!("\ncould not write the chart to {}: {e}", args.svg.display()),
     }
-    let mut failures = report.verdict(&args);
+    let learn = fleet_outcome
+        .as_ref()
+        .map_or(Duration::ZERO, |outcome| outcome.learns_within());
+    let mut failures = report.verdict(&args, learn);
     if let Some(outcome) = &fleet_outcome {
         failures.extend(outcome.verdict());
     }
     if failures.is_empty() {
         println!("\nThe full stack held: no load multiplication, fast answers while open, recovery within one open period plus a probe.");
-        if fleet_outcome.is_some() {
-            println!("The fleet shared one circuit: one process tripped, and every other one stopped calling without waiting for failures of its own.");
+        if let Some(outcome) = &fleet_outcome {
+            println!("{}", outcome.held());
         }
         0
     } else {
@@ -748,8 +945,9 @@ struct Figures {
     dep_rate_outage: f64,
     p50_outage: Duration,
     p99_outage: Duration,
-    /// p99 of the requests issued while the circuit was open or half-open
-    /// (the full stack's first opening to the recovery).
+    /// The report's quantile (p99; p90 for the short-lived fleet) of the
+    /// requests issued while the circuit was open or half-open (the full
+    /// stack's first opening to the recovery).
     p99_open: Duration,
     peak_in_flight: i64,
     /// Most requests the dependency held hanging at once.
@@ -764,6 +962,8 @@ struct Figures {
 
 struct Report {
     figures: [Figures; 2],
+    /// The quantile of `p99_open`.
+    open_quantile: f64,
     first_open: Option<f64>,
     out: (f64, f64),
     end: f64,
@@ -833,6 +1033,7 @@ impl Report {
         recorders: &[Arc<Recorder>; 2],
         transitions: &[(f64, CircuitState)],
         open_everywhere: Option<f64>,
+        open_quantile: f64,
     ) -> Self {
         let out = (
             args.outage_start().as_secs_f64(),
@@ -874,7 +1075,7 @@ impl Report {
                 dep_rate_outage: per_sec(out.0, out.1),
                 p50_outage: percentile(&during, 0.5),
                 p99_outage: percentile(&during, 0.99),
-                p99_open: percentile(&open, 0.99),
+                p99_open: percentile(&open, open_quantile),
                 peak_in_flight: rec
                     .peak
                     .iter()
@@ -896,6 +1097,7 @@ impl Report {
         });
         Self {
             figures,
+            open_quantile,
             first_open,
             out,
             end,
@@ -941,7 +1143,10 @@ impl Report {
                 format!("{} / {}", ms(s.p50_outage), ms(s.p99_outage)),
             ),
             (
-                "caller p99 once the circuit is open".into(),
+                format!(
+                    "caller p{:.0} once the circuit is open",
+                    self.open_quantile * 100.0
+                ),
                 ms(b.p99_open),
                 ms(s.p99_open),
             ),
@@ -1008,7 +1213,9 @@ impl Report {
     }
 
     /// What must be true of the full stack; empty when it all held.
-    fn verdict(&self, args: &Args) -> Vec<String> {
+    /// `learn`: how late a caller may learn that the circuit closed (a
+    /// fleet's refresh interval).
+    fn verdict(&self, args: &Args, learn: Duration) -> Vec<String> {
         let [b, s] = &self.figures;
         let mut failures = Vec::new();
         if self.first_open.is_none() {
@@ -1022,11 +1229,13 @@ impl Report {
         }
         if s.p99_open > args.timeout / 10 {
             failures.push(format!(
-                "p99 once open was {:?}, not far below the {:?} timeout",
-                s.p99_open, args.timeout
+                "p{:.0} once open was {:?}, not far below the {:?} timeout",
+                self.open_quantile * 100.0,
+                s.p99_open,
+                args.timeout
             ));
         }
-        let bound = args.max_open() + args.timeout + Duration::from_millis(300);
+        let bound = args.max_open() + args.timeout + learn + Duration::from_millis(300);
         match s.recovery {
             Some(d) if d <= bound => {}
             other => failures.push(format!(

@@ -2,11 +2,12 @@
 //! code: `client.get(url).send().await?.text().await?`.
 //!
 //! The stack is `ClientDeadline -> Breaker -> Retry (budget) -> Bulkhead ->
-//! ClientDeadline (per attempt) -> ReqwestService`, where `ReqwestService`
-//! (in `examples/src/reqwest_adapter.rs`) turns the `http::Request` the
-//! layers speak into a `reqwest::Request`, and `reqwest_adapter::Client`
-//! gives back the `get`/`post`/`send` helpers. Against a local server on
-//! 127.0.0.1, it shows:
+//! ClientDeadline (per attempt) -> ReqwestService`, built in one call by
+//! `client_stack(..).reqwest(reqwest::Client)` from the published
+//! `tower_breaker::reqwest` module (feature `reqwest`): `ReqwestService`
+//! turns the `http::Request` the layers speak into a `reqwest::Request`,
+//! and `tower_breaker::reqwest::Client` gives back the `get`/`post`/`send`
+//! helpers. Against a local server on 127.0.0.1, it shows:
 //!
 //! 1. a plain `get` through the stack, with the budget header on the wire;
 //! 2. a `POST` with an `Idempotency-Key` that fails once with 503 and is
@@ -33,12 +34,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
 use examples::demo::check;
-use examples::reqwest_adapter::{BoxError, Client, ReqwestService};
 use tokio::time::Instant;
-use tower::Layer;
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::stack::client_stack;
-use tower_breaker::{Breaker, BreakerConfig};
+use tower_breaker::{BoxError, Breaker, BreakerConfig};
 use tower_deadline::error::DeadlineExceeded;
 
 /// The local server: counts calls, fails the first attempt of each order.
@@ -134,12 +133,11 @@ async fn main() -> Result<(), BoxError> {
         let stack = stack.clone();
         move || stack.retry_counters()
     };
-    let stack = stack.layer(ReqwestService::new(
+    let client = stack.reqwest(
         reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(200))
             .build()?,
-    ));
-    let client = Client::new(stack);
+    );
     let base = format!("http://{addr}");
 
     println!("1. client.get(url).send().await, through the stack");

@@ -13,9 +13,9 @@
 //! Client side (the callers change, the server is the bare router):
 //!
 //! - **reqwest**: a bare `reqwest::Client`;
-//! - **tower**: the same client as `reqwest_adapter::ReqwestService` under
-//!   `ServiceBuilder::new().timeout(2s).concurrency_limit(1024)`, called
-//!   through `reqwest_adapter::Client`;
+//! - **tower**: the same client as `tower_breaker::reqwest::ReqwestService`
+//!   under `ServiceBuilder::new().timeout(2s).concurrency_limit(1024)`,
+//!   called through `tower_breaker::reqwest::Client`;
 //! - **ours**: the same adapter under
 //!   `client_stack("bench").timeout(2s).concurrency(1024)` (deadline,
 //!   breaker, retry with its budget, bulkhead, per-attempt deadline),
@@ -84,10 +84,11 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use examples::demo::serve_local;
-use examples::reqwest_adapter::{BoxError, Client, ReqwestService};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tower::{Layer, ServiceBuilder};
+use tower::util::BoxCloneSyncService;
+use tower::{BoxError, Layer, ServiceBuilder, ServiceExt};
+use tower_breaker::reqwest::{Client, HttpRequest, HttpResponse, ReqwestService};
 use tower_breaker::stack::{client_stack, server_stack};
 use tower_http::timeout::TimeoutLayer;
 
@@ -346,8 +347,24 @@ impl Drop for Server {
 enum Caller {
     /// A bare `reqwest::Client`.
     Reqwest(reqwest::Client),
-    /// A stack over `ReqwestService`, behind the adapter's `Client`.
-    Stacked(Client),
+    /// A stack over `ReqwestService`, behind `tower_breaker::reqwest::Client`
+    /// (boxed, so both stacks fit one variant).
+    Stacked(Client<Boxed>),
+}
+
+/// A stack of [`HttpRequest`] to [`HttpResponse`], type-erased.
+type Boxed = BoxCloneSyncService<HttpRequest, HttpResponse, BoxError>;
+
+/// `stack` behind a [`Client`], boxed.
+fn stacked<S>(stack: S) -> Caller
+where
+    S: tower::Service<HttpRequest, Response = HttpResponse> + Clone + Send + Sync + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    Caller::Stacked(Client::new(BoxCloneSyncService::new(
+        stack.map_err(Into::into),
+    )))
 }
 
 impl Caller {
@@ -633,18 +650,18 @@ async fn bench(args: &Args) -> Result<(), String> {
     }
 
     let reqwest = Caller::Reqwest(reqwest_client()?);
-    let tower = Caller::Stacked(Client::new(
+    let tower = stacked(
         ServiceBuilder::new()
             .timeout(TIMEOUT)
             .concurrency_limit(LIMIT)
             .service(ReqwestService::new(reqwest_client()?)),
-    ));
-    let ours = Caller::Stacked(Client::new(
+    );
+    let ours = stacked(
         client_stack("bench")
             .timeout(TIMEOUT)
             .concurrency(LIMIT)
             .layer(ReqwestService::new(reqwest_client()?)),
-    ));
+    );
 
     let cases = [
         Case {

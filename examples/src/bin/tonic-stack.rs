@@ -1,21 +1,25 @@
-//! A tonic client whose `Channel` is wrapped in the client stack with
-//! `tower::ServiceBuilder`, against a small gRPC service on 127.0.0.1.
+//! A tonic client whose `Channel` is wrapped in the client stack in one
+//! call, `client_stack("stock").tonic(channel)` (feature `tonic` of
+//! `tower-breaker`), against a small gRPC service on 127.0.0.1.
 //!
 //! The service (`proto/stock.proto`, compiled in `build.rs` by protox, a
 //! protobuf compiler in Rust: no `protoc` needed) runs behind
 //! `ServerDeadlineLayer`. The client stack is `ClientDeadline -> Breaker ->
 //! Retry (budget, buffered bodies) -> Bulkhead -> ClientDeadline (per
-//! attempt) -> Channel`, with a `map_err` on top that turns the layers'
-//! errors into gRPC statuses. tonic's `Request::set_timeout` writes
-//! `grpc-timeout`, which the outer `ClientDeadlineLayer` takes as one more
-//! deadline (the earliest wins). It shows:
+//! attempt) -> Channel`; `ClientStack::tonic` hands the retry layer's
+//! replayable body to the channel and turns the layers' errors into gRPC
+//! statuses (`tower_breaker::tonic::into_status`), so the generated client
+//! takes it as it is. tonic's `Request::set_timeout` writes `grpc-timeout`,
+//! which the outer `ClientDeadlineLayer` takes as one more deadline (the
+//! earliest wins). It shows:
 //!
 //! 1. `grpc-timeout` propagated: the client's 1500 ms deadline arrives at
 //!    the server as what is left of it;
 //! 2. a unary call retried after UNAVAILABLE, its encoded body replayed
 //!    (the server sees the same message on both attempts);
 //! 3. the breaker counting every attempt, opening on UNAVAILABLE, and then
-//!    answering UNAVAILABLE in microseconds without calling the server.
+//!    answering UNAVAILABLE in microseconds without calling the server,
+//!    with `grpc-retry-pushback-ms` saying when it will probe.
 //!
 //! Run it with:
 //!
@@ -33,11 +37,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
-use tower::{BoxError, ServiceBuilder};
+use tower::BoxError;
 use tower_breaker::stack::client_stack;
 use tower_breaker::{Breaker, BreakerConfig};
 use tower_deadline::{codec, ServerDeadlineLayer};
-use tower_retry_budget::body::ReplayBody;
 
 /// The code generated from `proto/stock.proto`.
 mod stock {
@@ -133,20 +136,6 @@ async fn start_server(service: StockService) -> SocketAddr {
 
 // ------------------------------------------------------------------ client
 
-/// Turns the layers' typed errors into gRPC statuses, so the generated
-/// client returns `Status` codes callers already handle.
-fn to_status(e: BoxError) -> BoxError {
-    // The stack's own errors (an open circuit, a full bulkhead, a passed
-    // deadline, spent retries) get the gRPC code of their documented
-    // answer; the transport's errors pass through for tonic to convert.
-    if !tower_retry_budget::policy::is_local_rejection(&*e) {
-        return e;
-    }
-    let answer = tower_breaker::Answer::for_error(&*e);
-    let code = tonic::Code::from(answer.grpc_code().as_u32() as i32);
-    Box::new(Status::new(code, e.to_string()))
-}
-
 fn reserve(sku: &str, request_id: &str) -> Request<ReserveRequest> {
     let mut request = Request::new(ReserveRequest {
         sku: sku.into(),
@@ -188,18 +177,9 @@ async fn main() -> Result<(), BoxError> {
         .breaker(breaker.clone())
         .timeout(Duration::from_secs(2)) // or tonic's set_timeout, if shorter
         .concurrency(16);
-    let retry = resilience.clone();
-    let stack = ServiceBuilder::new()
-        .map_err(to_status)
-        // Deadline, breaker, retry, bulkhead, per-attempt deadline (which
-        // writes grpc-timeout), in one layer.
-        .layer(resilience)
-        // The retry layer hands down a replayable body; the channel takes
-        // tonic's body type.
-        .map_request(|r: http::Request<ReplayBody<tonic::body::Body>>| {
-            r.map(tonic::body::Body::new)
-        })
-        .service(channel);
+    // Deadline, breaker, retry (replayable bodies), bulkhead, per-attempt
+    // deadline (which writes grpc-timeout), errors as `Status`: one call.
+    let stack = resilience.tonic(channel);
     let mut client = StockClient::new(stack);
 
     println!("1. grpc-timeout propagated: a call with a 1500 ms deadline");
@@ -224,7 +204,7 @@ async fn main() -> Result<(), BoxError> {
         reply.reserved, reply.attempt
     );
     check(
-        reply.reserved && reply.attempt == 2 && retry.retry_counters().retries == 1,
+        reply.reserved && reply.attempt == 2 && resilience.retry_counters().retries == 1,
         "retried once, the same message on both attempts",
         &mut failures,
     );
@@ -239,12 +219,22 @@ async fn main() -> Result<(), BoxError> {
         let took = start.elapsed();
         let code = result.as_ref().err().map_or(Code::Ok, Status::code);
         let message = result.as_ref().err().map(|s| s.message().to_owned());
+        // An open circuit says when it will probe, in gRPC's own words.
+        let pushback = result.as_ref().err().and_then(|s| {
+            let v = s.metadata().get("grpc-retry-pushback-ms")?;
+            v.to_str().ok()?.parse::<i64>().ok()
+        });
         println!(
-            "   call {i}: {code:?} after {:>6} us: {}",
+            "   call {i}: {code:?} after {:>6} us: {}{}",
             took.as_micros(),
-            message.unwrap_or_default()
+            message.unwrap_or_default(),
+            match pushback {
+                Some(ms) if ms < 0 => " (pushback: do not retry)".to_owned(),
+                Some(ms) => format!(" (pushback: retry in {ms} ms)"),
+                None => String::new(),
+            }
         );
-        last = Some((code, took));
+        last = Some((code, took, pushback));
     }
     let reached = calls.load(Ordering::SeqCst) - before;
     let s = breaker.snapshot();
@@ -252,11 +242,12 @@ async fn main() -> Result<(), BoxError> {
         "   the server was called {reached} times for 5 calls; {} attempt failures counted, {} rejected",
         s.totals.failed, s.totals.rejected
     );
-    let (code, took) = last.expect("five calls");
+    let (code, took, pushback) = last.expect("five calls");
     check(
         s.totals.opened == 1
             && code == Code::Unavailable
             && took < Duration::from_millis(5)
+            && pushback.is_some_and(|ms| (1..=5500).contains(&ms))
             && reached < 5 * 3,
         "the breaker opened on UNAVAILABLE and answers at once without calling the server",
         &mut failures,
