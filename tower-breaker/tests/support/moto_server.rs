@@ -23,25 +23,8 @@ impl MotoServer {
     /// `TOWER_REQUIRE_SERVERS` set (as `.ci/run` does), a missing server
     /// fails the test instead.
     pub fn start_or_skip(test: &str) -> Option<Self> {
-        let found = Command::new("moto_server")
-            .arg("--help")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
-        if found {
-            return Some(Self::start());
-        }
-        assert!(
-            std::env::var_os("TOWER_REQUIRE_SERVERS").is_none(),
-            "moto_server not found and TOWER_REQUIRE_SERVERS is set: `{test}` must run"
-        );
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "skipped: moto_server not found (`pip install 'moto[server]'` to run the DynamoDB store tests): {test}"
-        );
-        None
+        let hint = "`pip install 'moto[server]'` to run the DynamoDB store tests";
+        super::server_found("moto_server", "--help", test, hint).then(Self::start)
     }
 
     /// Starts one on a free port and waits until it accepts connections.

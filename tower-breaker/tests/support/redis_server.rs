@@ -19,25 +19,8 @@ impl RedisServer {
     /// `None` so that the test returns early. With `TOWER_REQUIRE_SERVERS`
     /// set (as `.ci/run` does), a missing server fails the test instead.
     pub fn start_or_skip(test: &str) -> Option<Self> {
-        let found = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
-        if found {
-            return Some(Self::start());
-        }
-        assert!(
-            std::env::var_os("TOWER_REQUIRE_SERVERS").is_none(),
-            "redis-server not found and TOWER_REQUIRE_SERVERS is set: `{test}` must run"
-        );
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "skipped: redis-server not found (install it to run the Redis store tests): {test}"
-        );
-        None
+        let hint = "install it to run the Redis store tests";
+        super::server_found("redis-server", "--version", test, hint).then(Self::start)
     }
 
     /// Starts one on a free port and waits until it answers.

@@ -6,7 +6,6 @@
 //! `support::redis_server`.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,31 +18,10 @@ use tokio::time::Instant;
 /// not, says so on the real stderr and returns false so that the test
 /// returns early; with `TOWER_REQUIRE_SERVERS` set, fails the test instead.
 pub fn tools_or_skip(test: &str, tools: &[&str]) -> bool {
-    let missing: Vec<&str> = tools
+    let hint = "install redis-server to run the Redis store tests";
+    tools
         .iter()
-        .copied()
-        .filter(|tool| {
-            !Command::new(tool)
-                .arg("--version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|status| status.success())
-        })
-        .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    let missing = missing.join(", ");
-    assert!(
-        std::env::var_os("TOWER_REQUIRE_SERVERS").is_none(),
-        "{missing} not found and TOWER_REQUIRE_SERVERS is set: `{test}` must run"
-    );
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "skipped: {missing} not found (install redis-server to run the Redis store tests): {test}"
-    );
-    false
+        .all(|tool| super::server_found(tool, "--version", test, hint))
 }
 
 /// A free TCP port of 127.0.0.1 (free when asked: the usual small race).
