@@ -5,6 +5,8 @@
 mod support;
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -88,14 +90,90 @@ async fn each_key_has_its_own_circuit() {
     assert_eq!(calls.calls(), 3);
 }
 
+/// A key that counts its live copies and the bytes they hold, so a test
+/// sees what the registry keeps, not only how many entries it reports.
+#[derive(Debug)]
+struct TrackedKey {
+    name: String,
+    live: Arc<AtomicUsize>,
+    bytes: Arc<AtomicUsize>,
+}
+
+impl TrackedKey {
+    fn new(name: String, live: &Arc<AtomicUsize>, bytes: &Arc<AtomicUsize>) -> Self {
+        live.fetch_add(1, SeqCst);
+        bytes.fetch_add(name.capacity(), SeqCst);
+        Self {
+            name,
+            live: live.clone(),
+            bytes: bytes.clone(),
+        }
+    }
+}
+
+impl Clone for TrackedKey {
+    fn clone(&self) -> Self {
+        Self::new(self.name.clone(), &self.live, &self.bytes)
+    }
+}
+
+impl Drop for TrackedKey {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, SeqCst);
+        self.bytes.fetch_sub(self.name.capacity(), SeqCst);
+    }
+}
+
+impl PartialEq for TrackedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for TrackedKey {}
+
+impl std::hash::Hash for TrackedKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+impl std::fmt::Display for TrackedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn hostile_keys_cannot_grow_memory() {
+    // 10 000 distinct 1 KiB keys against a registry of 100: the entries,
+    // and the key copies (and their bytes) the registry holds on to, stay
+    // at 100 keys' worth; every other copy has been dropped.
+    const KEY_BYTES: usize = 1024;
+    let live = Arc::new(AtomicUsize::new(0));
+    let bytes = Arc::new(AtomicUsize::new(0));
     let registry = BreakerRegistry::new("paths", config()).max_keys(100);
     for i in 0..10_000 {
-        registry.get(&format!("/random/{i}"));
+        let mut name = format!("/random/{i}/");
+        name.extend(std::iter::repeat_n('x', KEY_BYTES - name.len()));
+        let key = TrackedKey::new(name, &live, &bytes);
+        drop(registry.get(&key));
     }
     assert_eq!(registry.len(), 100);
     assert_eq!(registry.breakers().len(), 100);
+    let kept = live.load(SeqCst);
+    assert!(kept <= 100, "{kept} key copies kept for 100 entries");
+    assert!(bytes.load(SeqCst) <= 100 * KEY_BYTES);
+    // Every breaker name is bounded the same way (prefix, colon, key).
+    let names: usize = registry
+        .breakers()
+        .iter()
+        .map(|(_, b)| b.name().len())
+        .sum();
+    assert!(names <= 100 * ("paths:".len() + KEY_BYTES));
+    // The registry itself owns the copies: dropping it frees them all.
+    drop(registry);
+    assert_eq!((live.load(SeqCst), bytes.load(SeqCst)), (0, 0));
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -98,6 +98,15 @@ async fn exactly_three_probe_with_three_permitted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_outcomes_keep_the_window_consistent() {
+    // Eight tasks race their records into one window of 64. Phase one is
+    // three failures in four per task (no 64 outcomes in a row can all be
+    // failures: each task gives at most three in a row, so the circuit
+    // cannot open at a rate of 1.0). Phase two, after every task is done
+    // with phase one, is 64 records with exactly 8 failures: the window
+    // must then hold those 64 and nothing else. A lost slot write leaves a
+    // phase-one outcome behind (three in four are failures), a lost or
+    // doubled aggregate update moves the counts: either breaks the totals.
+    const PHASE_ONE: usize = 5_000;
     let b = Breaker::with_config(
         "race",
         config()
@@ -105,20 +114,32 @@ async fn concurrent_outcomes_keep_the_window_consistent() {
             .minimum_calls(64)
             .failure_rate(1.0),
     );
+    let barrier = Arc::new(Barrier::new(8));
     let tasks: Vec<_> = (0..8)
         .map(|t| {
             let b = b.clone();
+            let barrier = barrier.clone();
             tokio::spawn(async move {
-                for i in 0..5_000 {
+                for i in 0..PHASE_ONE {
                     let outcome = if (i + t) % 4 == 0 {
-                        Outcome::Failure
-                    } else {
                         Outcome::Success
+                    } else {
+                        Outcome::Failure
                     };
                     b.try_acquire().unwrap().record(outcome);
                     if i % 64 == 0 {
                         tokio::task::yield_now().await;
                     }
+                }
+                barrier.wait().await;
+                for i in 0..8 {
+                    let outcome = if i == t % 8 {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    };
+                    b.try_acquire().unwrap().record(outcome);
+                    tokio::task::yield_now().await;
                 }
             })
         })
@@ -128,10 +149,17 @@ async fn concurrent_outcomes_keep_the_window_consistent() {
     }
     let s = b.snapshot();
     assert_eq!(s.state, State::Closed);
-    assert_eq!(s.window.calls, 64);
-    assert!(s.window.failures <= 64);
-    assert_eq!(s.totals.calls(), 40_000);
-    assert_eq!(s.totals.failed, 10_000);
+    assert_eq!(s.totals.opened, 0);
+    assert_eq!(
+        (s.window.calls, s.window.failures, s.window.slow),
+        (64, 8, 0),
+        "the window holds exactly the last 64 records"
+    );
+    assert!((s.failure_rate - 0.125).abs() < 1e-9);
+    assert_eq!(s.totals.calls(), 8 * (PHASE_ONE as u64 + 8));
+    assert_eq!(s.totals.failed, 8 * (PHASE_ONE as u64 * 3 / 4 + 1));
+    assert_eq!(s.totals.successful, 8 * (PHASE_ONE as u64 / 4 + 7));
+    assert_eq!((s.totals.stale, s.totals.ignored), (0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

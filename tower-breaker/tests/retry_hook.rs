@@ -6,7 +6,7 @@ mod support;
 
 use futures_util::FutureExt;
 use support::*;
-use tower::{BoxError, ServiceBuilder};
+use tower::{BoxError, Layer, ServiceBuilder};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::{Breaker, BreakerLayer, Outcome, State};
 
@@ -275,4 +275,72 @@ async fn a_call_dropped_during_its_backoff_gives_its_retry_back() {
         1,
         "the failed attempt stays counted"
     );
+}
+
+/// An HTTP service answering 503, with the do-not-retry mark if `marked`.
+fn answering_503(
+    calls: &CallCounter,
+    marked: bool,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<String>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone
+       + Send {
+    let calls = calls.clone();
+    tower::service_fn(move |_req: http::Request<String>| {
+        calls.hit();
+        let mut response = http::Response::new(String::new());
+        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        if marked {
+            // The header name the bulkhead (and the breaker) answer with.
+            response
+                .headers_mut()
+                .insert(tower_bulkhead::NO_RETRY_HEADER, "1".parse().unwrap());
+        }
+        async move { Ok::<_, BoxError>(response) }
+    })
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_no_retry_header_is_the_retry_layers() {
+    // A 503 without the mark is retried: three attempts.
+    let calls = CallCounter::default();
+    let plain = retry().layer(answering_503(&calls, false));
+    assert_eq!(send(&plain).await.unwrap().status(), 503);
+    assert_eq!(calls.calls(), 3, "an unmarked 503 is retried");
+
+    // The same 503 with the header our layers write: one attempt.
+    let calls = CallCounter::default();
+    let marked = retry().layer(answering_503(&calls, true));
+    let response = send(&marked).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(calls.calls(), 1, "a marked 503 is not retried");
+    assert_eq!(response.headers()[tower_bulkhead::NO_RETRY_HEADER], "1");
+
+    // And the breaker's own answer (an open circuit, HTTP flavour) is
+    // such a marked 503: the retry layer above it asks once.
+    let breaker = counted(1);
+    record(&breaker, Outcome::Failure, 1);
+    assert_eq!(breaker.snapshot().state, State::Open);
+    let calls = CallCounter::default();
+    let counter = calls.clone();
+    let dependency = tower::service_fn(move |_req: http::Request<String>| {
+        counter.hit();
+        async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) }
+    });
+    let client =
+        retry().layer(tower_breaker::HttpBreakerLayer::new(breaker.clone()).layer(dependency));
+    let response = tower::ServiceExt::oneshot(client, http::Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()[tower_bulkhead::NO_RETRY_HEADER], "1");
+    assert_eq!(
+        breaker.snapshot().totals.rejected,
+        1,
+        "asked once, not retried"
+    );
+    assert_eq!(calls.calls(), 0);
 }

@@ -69,3 +69,28 @@ async fn poll_ready_alone_never_reserves_capacity() {
     assert_request_eq!(handle, "late").send_response("ok");
     assert_eq!(assert_ready_ok!(response.poll()), "ok");
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_service_made_ready_and_dropped_uncalled_leaves_the_compartment_empty() {
+    // One slot. A service made ready (one whose inner service was still
+    // pending, one ready) and dropped without a call holds nothing, so the
+    // next caller gets the only slot.
+    let layer = BulkheadLayer::new("dep", 1);
+    let (mut waiting, mut waiting_handle) = mock::spawn_layer::<&str, &str, _>(layer.clone());
+    waiting_handle.allow(0);
+    assert_pending!(waiting.poll_ready());
+    let (mut ready, _ready_handle) = mock::spawn_layer::<&str, &str, _>(layer.clone());
+    assert_ready_ok!(ready.poll_ready());
+    drop((waiting, ready));
+    assert_eq!(layer.handle().in_flight(), 0);
+    assert_eq!(layer.handle().rejected(), 0);
+
+    let (mut service, mut handle) = mock::spawn_layer::<&str, &str, _>(layer.clone());
+    assert_ready_ok!(service.poll_ready());
+    let mut response = tokio_test::task::spawn(service.call("only"));
+    assert_eq!(layer.handle().in_flight(), 1);
+    assert_request_eq!(handle, "only").send_response("done");
+    assert_eq!(assert_ready_ok!(response.poll()), "done");
+    assert_eq!(layer.handle().in_flight(), 0);
+    assert_eq!(layer.handle().rejected(), 0);
+}

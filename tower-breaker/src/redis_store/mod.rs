@@ -827,11 +827,106 @@ mod tests {
         assert!(check("", "key prefix", 0, MAX_PREFIX_LEN).is_ok());
     }
 
-    #[test]
-    fn scripts_share_the_prelude() {
-        for body in [OPEN, ELECT, REOPEN, CLOSE, READ] {
-            let s = format!("{PRELUDE}{body}");
-            assert!(s.contains("local function now_ms()"));
+    /// The scripts as the store builds them, with their bodies.
+    const SCRIPTS: [(&str, &str); 6] = [
+        ("open", OPEN),
+        ("elect", ELECT),
+        ("reopen", REOPEN),
+        ("close", CLOSE),
+        ("read", READ),
+        ("report", REPORT),
+    ];
+
+    /// Lua's global functions the bodies may call without a definition.
+    const LUA_GLOBALS: [&str; 4] = ["tonumber", "tostring", "ipairs", "pairs"];
+
+    /// The names of the local functions `code` defines.
+    fn defined(code: &str) -> Vec<&str> {
+        code.match_indices("local function ")
+            .map(|(at, m)| {
+                let rest = &code[at + m.len()..];
+                &rest[..rest.find('(').expect("a parameter list")]
+            })
+            .collect()
+    }
+
+    /// The names of the free functions `code` calls: an identifier right
+    /// before `(`, not a field or method (`redis.call(`, `t:sub(`).
+    fn called(code: &str) -> Vec<&str> {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let mut names = Vec::new();
+        for (at, _) in code.match_indices('(') {
+            let before = &code[..at];
+            let start = before
+                .char_indices()
+                .rev()
+                .take_while(|(_, c)| ident(*c))
+                .last()
+                .map_or(at, |(i, _)| i);
+            let name = &code[start..at];
+            let qualified = before[..start].ends_with(['.', ':']);
+            if !name.is_empty() && !qualified {
+                names.push(name);
+            }
         }
+        names
+    }
+
+    #[test]
+    fn every_script_is_built_with_the_prelude_once_and_calls_only_its_helpers() {
+        let helpers = defined(PRELUDE);
+        assert_eq!(helpers, ["now_ms", "int", "clear_window", "write"]);
+        let mut hashes = std::collections::HashSet::new();
+        for (name, body) in SCRIPTS {
+            // `script` is what the store loads: exactly the prelude, once,
+            // then the body (not the body alone, not the prelude twice).
+            let built = script(body).get_hash().to_owned();
+            assert_eq!(
+                built,
+                Script::new(&format!("{PRELUDE}{body}")).get_hash(),
+                "{name}"
+            );
+            assert_ne!(built, Script::new(body).get_hash(), "{name}");
+            assert_ne!(
+                built,
+                Script::new(&format!("{PRELUDE}{PRELUDE}{body}")).get_hash(),
+                "{name}"
+            );
+            assert!(hashes.insert(built), "{name} has another script's hash");
+
+            // A body defines no helper of its own (nor redefines one)...
+            assert_eq!(defined(body), Vec::<&str>::new(), "{name}");
+            assert!(!body.contains("replicate_commands"), "{name}");
+            // ... and every function it calls is the prelude's or Lua's.
+            let calls = called(body);
+            assert!(calls.contains(&"now_ms"), "{name} reads the server's clock");
+            for f in calls {
+                assert!(
+                    helpers.contains(&f) || LUA_GLOBALS.contains(&f),
+                    "the {name} script calls {f}, which the prelude does not define"
+                );
+            }
+        }
+        assert_eq!(hashes.len(), SCRIPTS.len());
+        // The prelude's own helpers call only each other or Lua.
+        for f in called(PRELUDE) {
+            assert!(
+                helpers.contains(&f) || LUA_GLOBALS.contains(&f),
+                "the prelude calls {f}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_call_scanner_sees_free_calls_only() {
+        // The scanner the test above relies on.
+        assert_eq!(
+            called("local x = now_ms() + int(redis.call('TIME')) .. s:sub(1) and (y)"),
+            ["now_ms", "int"]
+        );
+        assert_eq!(
+            defined("local function a(x) end local function b() end"),
+            ["a", "b"]
+        );
     }
 }
