@@ -424,7 +424,7 @@ impl<K, M> HttpBulkheadLayer<K, M> {
 
     /// The `Retry-After` of the 503 answer (default
     /// [`DEFAULT_RETRY_AFTER`], one second), rounded up to whole seconds as
-    /// the header requires. gRPC answers carry no `Retry-After`.
+    /// the header requires. gRPC answers carry it as `grpc-retry-pushback-ms` instead.
     pub fn retry_after(mut self, retry_after: Duration) -> Self {
         self.retry_after_secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
         self

@@ -5,7 +5,7 @@
 //! dependency through a client stack turn the stack's errors into
 //! responses with [`Answer::for_error`]. Both give the same answers:
 //!
-//! | failure | HTTP | gRPC (trailers-only) | `Retry-After` | [`NO_RETRY_HEADER`] |
+//! | failure | HTTP | gRPC (trailers-only) | `Retry-After` (gRPC: `grpc-retry-pushback-ms`) | [`NO_RETRY_HEADER`] |
 //! |---|---|---|---|---|
 //! | [`CircuitOpen`] | 503 | UNAVAILABLE | until the next probe | yes |
 //! | [`BulkheadFull`] | 503 | RESOURCE_EXHAUSTED | the layer's setting (1 s from an error) | yes |
@@ -29,7 +29,9 @@ use crate::error::{
     chain, AttemptsExhausted, BudgetExhausted, BulkheadFull, CircuitOpen, DeadlineExceeded,
     DeadlineTooClose, InsufficientBudget, LocalRejection,
 };
-use crate::grpc::{is_grpc, GrpcCode, GRPC_CONTENT_TYPE, GRPC_MESSAGE, GRPC_STATUS};
+use crate::grpc::{
+    is_grpc, GrpcCode, GRPC_CONTENT_TYPE, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS,
+};
 
 /// `x-tower-no-retry`: the mark on an answer that says "retries for this
 /// failure were already spent (or must not be made)": a retry layer of this
@@ -166,7 +168,8 @@ impl Answer {
         }
     }
 
-    /// This answer with `Retry-After` (whole seconds, rounded up) on HTTP.
+    /// This answer with `Retry-After` (whole seconds, rounded up) on HTTP,
+    /// `grpc-retry-pushback-ms` (milliseconds) on gRPC.
     #[must_use]
     pub const fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
@@ -369,6 +372,10 @@ impl Answer {
             headers.insert(CONTENT_TYPE, GRPC_CONTENT_TYPE);
             headers.insert(GRPC_STATUS, self.grpc.header_value());
             headers.insert(GRPC_MESSAGE, HeaderValue::from_static(self.message));
+            if let Some(after) = self.retry_after {
+                let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+                headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+            }
         } else if let Some(after) = self.retry_after {
             headers.insert(RETRY_AFTER, seconds(after));
         }
@@ -430,6 +437,23 @@ mod tests {
         assert_eq!(r.headers()[GRPC_MESSAGE], "deadline exceeded");
         assert!(r.headers().get(RETRY_AFTER).is_none());
         assert!(r.headers().get(NO_RETRY_HEADER).is_none());
+        assert!(r.headers().get(GRPC_RETRY_PUSHBACK_MS).is_none());
+    }
+
+    #[test]
+    fn grpc_answers_carry_the_retry_delay_as_pushback_in_milliseconds() {
+        let open = CircuitOpen::new("x", Duration::from_millis(4001), false);
+        let r: Response<()> = Answer::circuit_open(&open).into_response(true);
+        assert_eq!(r.headers()[GRPC_STATUS], "14");
+        assert_eq!(r.headers()[GRPC_RETRY_PUSHBACK_MS], "4001");
+        assert_eq!(r.headers()[NO_RETRY_HEADER], "1");
+        assert!(r.headers().get(RETRY_AFTER).is_none(), "HTTP's header only");
+        let r: Response<()> = Answer::bulkhead_full(Duration::from_secs(1)).into_response(true);
+        assert_eq!(r.headers()[GRPC_STATUS], "8");
+        assert_eq!(r.headers()[GRPC_RETRY_PUSHBACK_MS], "1000");
+        // HTTP answers keep `Retry-After` and never send the gRPC header.
+        let r: Response<()> = Answer::circuit_open(&open).into_response(false);
+        assert!(r.headers().get(GRPC_RETRY_PUSHBACK_MS).is_none());
     }
 
     /// Every row of the module docs' table.
