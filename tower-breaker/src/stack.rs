@@ -95,7 +95,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_bulkhead::{Bulkhead, BulkheadLayer, HttpBulkhead, HttpBulkheadLayer};
+use tower_bulkhead::{Bulkhead, BulkheadLayer, CompartmentHandle, HttpBulkhead, HttpBulkheadLayer};
 use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer};
 use tower_layer::Layer;
 use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryLayer};
@@ -270,6 +270,29 @@ impl<P, M> ClientStack<P, M> {
         self
     }
 
+    /// Replace the bulkhead (a bounded wait, its `Retry-After`, metrics
+    /// labels, or one you already hold a [`handle`](BulkheadLayer::handle)
+    /// of).
+    pub fn bulkhead(mut self, layer: BulkheadLayer) -> Self {
+        self.bulkhead = layer;
+        self
+    }
+
+    /// The stack's bulkhead compartment: attempts in flight, rejections.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::stack::client_stack;
+    ///
+    /// let stack = client_stack("catalog").concurrency(8);
+    /// assert_eq!(stack.bulkhead_handle().in_flight(), 0);
+    /// ```
+    #[must_use]
+    pub fn bulkhead_handle(&self) -> CompartmentHandle {
+        self.bulkhead.handle()
+    }
+
     /// The stack's breaker, for snapshots, listeners and manual modes.
     #[must_use]
     pub fn breaker_handle(&self) -> &Breaker {
@@ -379,6 +402,21 @@ impl ServerStack {
     #[must_use]
     pub fn breaker_handle(&self) -> &Breaker {
         self.breaker.breaker()
+    }
+
+    /// The stack's bulkhead compartment: requests in flight, rejections.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::stack::server_stack;
+    ///
+    /// let stack = server_stack("api").concurrency(64);
+    /// assert_eq!(stack.bulkhead_handle().in_flight(), 0);
+    /// ```
+    #[must_use]
+    pub fn bulkhead_handle(&self) -> CompartmentHandle {
+        self.bulkhead.handle()
     }
 }
 

@@ -700,6 +700,40 @@ async fn a_full_bulkhead_fails_at_once_and_the_breaker_does_not_count_it() {
     assert_eq!(seen[0], seen[1], "one line and by hand differ");
 }
 
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_stacks_bulkhead_handle_sees_attempts_in_flight() {
+    let dependency = Dependency::default();
+    let release = Arc::new(Semaphore::new(0));
+    // A bulkhead given to the stack is the one the stack uses.
+    let layer = BulkheadLayer::new(NAME, 2);
+    let kept = layer.handle();
+    let stack = client_stack(NAME).bulkhead(layer);
+    let handle = stack.bulkhead_handle();
+    let service = stack.layer(dependency.serve(held(&release)));
+
+    let mut first = tokio_test::task::spawn(send(&service));
+    assert_pending!(first.poll());
+    assert_eq!(handle.in_flight(), 1);
+    assert_eq!(kept.in_flight(), 1, "the stack uses the layer it was given");
+    let mut second = tokio_test::task::spawn(send(&service));
+    assert_pending!(second.poll());
+    assert_eq!(handle.in_flight(), 2);
+    let third = send(&service)
+        .now_or_never()
+        .expect("full: refused at once");
+    assert!(third.unwrap_err().is::<BulkheadFull>());
+    assert_eq!(handle.rejected(), 1);
+
+    release.add_permits(2);
+    assert_eq!(answered(first.await), Answered::Status(200, false));
+    assert_eq!(answered(second.await), Answered::Status(200, false));
+    assert_eq!(handle.in_flight(), 0, "every permit came back");
+
+    let server = server_stack(NAME).concurrency(3);
+    assert_eq!(server.bulkhead_handle().in_flight(), 0);
+    assert_eq!(server.bulkhead_handle().limit(), 3);
+}
+
 // === the server stack ===
 
 /// The server stack around `handler`, built the `build` way.
