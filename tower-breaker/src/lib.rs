@@ -499,6 +499,7 @@ mod snapshot;
 pub mod stack;
 mod state;
 pub mod store;
+mod sync;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod tonic;

@@ -4,9 +4,8 @@
 //! count for), so that closing the circuit starts a fresh window without
 //! touching the slots: anything tagged with an older epoch reads as empty.
 
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
-
 use crate::state::{is_newer, Padded, GEN_BITS, GEN_MASK};
+use crate::sync::{fence, spin_loop, AtomicU32, AtomicU64, Ordering::*};
 
 /// A success, counted.
 pub(crate) const OK: u32 = 1;
@@ -266,7 +265,7 @@ impl Bucket {
                 if !counted(stamp & !BUSY) {
                     return None;
                 }
-                std::hint::spin_loop();
+                spin_loop();
                 continue;
             }
             if !counted(stamp) {
@@ -352,7 +351,7 @@ impl TimeWindow {
                     return;
                 }
                 spins += 1;
-                std::hint::spin_loop();
+                spin_loop();
                 stamp = bucket.stamp.load(Acquire);
                 continue;
             }
@@ -409,6 +408,9 @@ impl TimeWindow {
         counts
     }
 }
+
+#[cfg(all(test, tower_resilience_loom))]
+mod loom_models;
 
 #[cfg(test)]
 mod tests {

@@ -4,15 +4,14 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::BulkheadFull;
 use crate::metrics::CompartmentMetrics;
+use crate::sync::{AtomicU64, AtomicUsize, Notify, Ordering};
 
 /// The least time between two rejection events of one compartment.
 const LOG_INTERVAL_MS: u64 = 1_000;
@@ -495,6 +494,9 @@ impl fmt::Debug for CompartmentHandle {
         fmt::Debug::fmt(&self.compartment, f)
     }
 }
+
+#[cfg(all(test, tower_resilience_loom))]
+mod loom_models;
 
 #[cfg(test)]
 mod tests {

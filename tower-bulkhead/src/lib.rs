@@ -276,6 +276,7 @@ use metrics_off as metrics;
 pub mod partition;
 pub mod release;
 mod service;
+mod sync;
 
 pub use compartment::{CompartmentHandle, Stats};
 pub use layer::{BulkheadLayer, HttpBulkheadLayer, DEFAULT_RETRY_AFTER};

@@ -68,6 +68,9 @@ mod deadline;
 pub mod error;
 pub mod grpc;
 pub mod hook;
+#[cfg(tower_resilience_loom)]
+#[doc(hidden)]
+pub mod loom_sync;
 pub mod random;
 
 pub use answer::{Answer, NO_RETRY_HEADER};

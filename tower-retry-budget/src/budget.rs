@@ -3,13 +3,15 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{
-    AtomicU64, AtomicUsize,
-    Ordering::{Relaxed, SeqCst},
-};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::sync::{
+    zeroed, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 
 /// Buckets in the sliding window.
 const BUCKETS: usize = 10;
@@ -245,9 +247,6 @@ fn stripe_index() -> usize {
     })
 }
 
-#[allow(clippy::declare_interior_mutable_const)]
-const ZERO: AtomicU64 = AtomicU64::new(0);
-
 /// The slot of the ring that holds bucket `index`.
 const fn slot_of(index: u64) -> usize {
     (index % BUCKETS as u64) as usize
@@ -333,14 +332,14 @@ impl RetryBudget {
             start: Instant::now(),
             stripes: (0..STRIPES)
                 .map(|_| Stripe {
-                    total: ZERO,
-                    buckets: [ZERO; BUCKETS],
+                    total: AtomicU64::new(0),
+                    buckets: zeroed(),
                 })
                 .collect(),
-            retries: [ZERO; BUCKETS],
-            retried: ZERO,
-            refused: ZERO,
-            refunded: ZERO,
+            retries: zeroed(),
+            retried: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            refunded: AtomicU64::new(0),
         }
     }
 
@@ -718,6 +717,9 @@ impl Layout {
         (epoch << self.count_bits) | count
     }
 }
+
+#[cfg(all(test, tower_resilience_loom))]
+mod loom_models;
 
 #[cfg(test)]
 mod tests {

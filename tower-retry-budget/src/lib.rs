@@ -338,6 +338,7 @@ use metrics_off as metrics;
 mod outcome;
 pub mod policy;
 mod service;
+mod sync;
 
 use http::HeaderName;
 

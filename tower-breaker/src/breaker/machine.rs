@@ -1,7 +1,6 @@
 //! The local state machine: admission, counting, transitions and probes,
 //! all on atomics of one [`Core`].
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +14,7 @@ use crate::metrics::{BreakerMetrics, ProbeResult};
 use crate::snapshot::{Cause, Totals, Transition, WindowCounts};
 use crate::state::{is_newer, Padded, Phase, Word, CLOSED, ELECTING, GEN_MASK, HALF_OPEN, OPEN};
 use crate::store::StoreError;
+use crate::sync::{AtomicU32, AtomicU64, Ordering::*};
 use crate::window::{CountWindow, Counts, TimeWindow, Window, FAIL, OK, SLOW};
 use crate::Mode;
 use tower_resilience_base::random::unit;
@@ -653,7 +653,7 @@ impl Core {
     }
     #[inline]
     pub(crate) fn now_ns(&self) -> u64 {
-        nanos(Instant::now().saturating_duration_since(self.base))
+        nanos(crate::sync::since(self.base))
     }
 
     /// The start time of a call, if slow-call detection needs it.
@@ -886,3 +886,6 @@ pub(super) fn window_counts(c: Counts) -> WindowCounts {
         slow: c.slow,
     }
 }
+
+#[cfg(all(test, tower_resilience_loom))]
+mod loom_models;

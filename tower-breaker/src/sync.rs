@@ -1,0 +1,57 @@
+//! What the lock-free cores (the windows, the state word and the probe
+//! slots) synchronise and tell time with: std's atomics and tokio's clock,
+//! or, under `--cfg tower_resilience_loom` only, the atomics of
+//! `tower_resilience_base::loom_sync` and a clock the loom models set
+//! (loom needs every execution to be the same given its schedule, so time
+//! may not pass by itself). See `scripts/loom`.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+#[cfg(not(tower_resilience_loom))]
+pub(crate) use std::hint::spin_loop;
+#[cfg(not(tower_resilience_loom))]
+pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+#[cfg(tower_resilience_loom)]
+pub(crate) use loom::hint::spin_loop;
+#[cfg(tower_resilience_loom)]
+pub(crate) use tower_resilience_base::loom_sync::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// The time since `base`.
+#[cfg(not(tower_resilience_loom))]
+#[inline]
+pub(crate) fn since(base: Instant) -> Duration {
+    Instant::now().saturating_duration_since(base)
+}
+
+/// The time since `base`: the model's clock, whatever `base`.
+#[cfg(tower_resilience_loom)]
+pub(crate) fn since(_base: Instant) -> Duration {
+    clock::now()
+}
+
+/// The loom models' clock: it stands still until a model moves it.
+#[cfg(tower_resilience_loom)]
+pub(crate) mod clock {
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    // Loom runs a model's threads as coroutines of one OS thread, so they
+    // all see this one cell; each test of the harness has its own.
+    thread_local! {
+        static NOW: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+    }
+
+    /// The time since every breaker's base, as the model set it.
+    pub(crate) fn now() -> Duration {
+        NOW.with(Cell::get)
+    }
+
+    /// Sets the time since every breaker's base.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn set(now: Duration) {
+        NOW.with(|cell| cell.set(now));
+    }
+}
