@@ -114,7 +114,21 @@ impl CountWindow {
         if !self.update(epoch, outcome, true) {
             return; // a newer epoch began: this outcome is stale
         }
-        let old = slot.swap(new, AcqRel);
+        // Never overwrite an outcome of a newer epoch: a record delayed
+        // across a close (its add went to the old epoch's aggregate, now
+        // replaced) would otherwise take out of the ring an outcome the new
+        // aggregate counts, and that count would stay there, held by no
+        // slot, until the next close.
+        let mut old = slot.load(Relaxed);
+        loop {
+            if old & 0b11 != 0 && is_newer((old >> 2) & GEN_MASK, epoch) {
+                return;
+            }
+            match slot.compare_exchange_weak(old, new, AcqRel, Relaxed) {
+                Ok(_) => break,
+                Err(actual) => old = actual,
+            }
+        }
         let (old_epoch, old_outcome) = (old >> 2, old & 0b11);
         if old_outcome != 0 && old_epoch == epoch {
             self.update(epoch, old_outcome, false);

@@ -90,6 +90,35 @@ fn count_window_stale_epoch_never_counts_in_the_new_one() {
     });
 }
 
+/// Count window, a record delayed across a close: its add lands in the old
+/// epoch's aggregate, then the window moves to the next epoch and a new
+/// outcome takes the one slot. The delayed record must not take that slot
+/// back: once both are done, the new epoch's aggregate equals what the
+/// slots hold (a window of one holds one call, never two).
+#[test]
+fn count_window_a_delayed_old_record_never_evicts_a_newer_one() {
+    model(|| {
+        let w = Arc::new(CountWindow::new(1));
+        let stale = {
+            let w = w.clone();
+            thread::spawn(move || w.record(1, SLOW))
+        };
+        let fresh = {
+            let w = w.clone();
+            thread::spawn(move || w.record(2, FAIL))
+        };
+        stale.join().unwrap();
+        fresh.join().unwrap();
+        let c = w.counts(2);
+        assert_eq!(
+            c,
+            slot_counts(&w, 2),
+            "the aggregate counts a call no slot holds"
+        );
+        assert_eq!(c, counts(1, 1, 0));
+    });
+}
+
 /// Time window, the rollover: the one bucket holds a lap of failures of
 /// tick 0; two writers record a success and a slow call in tick 1, racing
 /// to recycle the bucket, while a reader reads tick 1. The reader never
