@@ -13,10 +13,10 @@
 //! ```text
 //! ready
 //! sec <s> <done> <ok> <in flight> <C|O|H>      every second, live
-//! rec <issued s> <latency ns> <k|f|r>          every request, at the end
+//! rec <issued s> <latency ns> <k|f|r> <core wait ns>  every request, at the end
 //! peaks <peak in flight per second...>
 //! tr <at s> <C|O|H> <1: its own window, 0: the store>
-//! first-reject <at s> <failures its breaker had counted>
+//! first-reject <at s> <failures its breaker had counted>   (in the hang)
 //! totals <opened> <rejected> <failed> <store errors>
 //! end
 //! ```
@@ -41,8 +41,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tower_breaker::{Breaker, Cause, State as CircuitState, Transition};
 
 use super::{
-    breaker_config, breaker_store, full_stack, stack_call, Args, FleetArgs, Outcome as Call,
-    Record, Recorder, FAILURES_TO_TRIP, FAILURE_RATE, WINDOW,
+    breaker_config, breaker_store, full_stack, stack_call, stack_url, Args, FleetArgs,
+    Outcome as Call, Record, Recorder, FAILURES_TO_TRIP, FAILURE_RATE, WINDOW,
 };
 
 /// Set on a child process: `index processes dependency-address url prefix`.
@@ -140,7 +140,6 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
     if let Err(e) = breaker.refresh().await {
         eprintln!("process {me}: could not read the shared circuit: {e}");
     }
-    let client = full_stack(args, breaker.clone());
 
     // `go` on stdin starts the clock; the end of stdin (the parent is gone)
     // ends this process.
@@ -159,15 +158,30 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
         return 3;
     }
     let start = Instant::now();
+    // Built now, so that its retry budget's buckets start with the run's
+    // clock (see `budget_allowance`).
+    let client = full_stack(args, breaker.clone());
 
     let secs = args.duration.as_secs() as usize + 1;
     let rec = Arc::new(Recorder::new(secs));
+    // The fleet's story is the hang's: the first rejection in it, and the
+    // failures its breaker counted in it until then.
+    let hang = start + args.outage_start();
+    let failed_before_hang: Arc<OnceLock<u64>> = Arc::default();
+    {
+        let (breaker, failed_before_hang) = (breaker.clone(), failed_before_hang.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(hang).await;
+            failed_before_hang.get_or_init(|| breaker.snapshot().totals.failed);
+        });
+    }
     let first_reject: Arc<OnceLock<(Instant, u64)>> = Arc::default();
     let load = {
         let (rec, first_reject, breaker) = (rec.clone(), first_reject.clone(), breaker.clone());
+        let failed_before_hang = failed_before_hang.clone();
         let duration = args.duration;
         let period = Duration::from_secs_f64(1.0 / share(args.rate, spec.index, spec.processes));
-        let url = format!("http://{}/stack", spec.dependency);
+        let url = stack_url(spec.dependency, spec.index);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
@@ -178,15 +192,20 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
                 }
                 let (rec, first_reject, breaker) =
                     (rec.clone(), first_reject.clone(), breaker.clone());
+                let failed_before_hang = failed_before_hang.clone();
                 let (client, url) = (client.clone(), url.clone());
                 rec.begin((now - start).as_secs() as usize);
                 tokio::spawn(async move {
                     let issued = Instant::now();
-                    let (outcome, circuit_open) = stack_call(&client, &url).await;
-                    if circuit_open {
-                        first_reject.get_or_init(|| (issued, breaker.snapshot().totals.failed));
+                    let (outcome, circuit_open, timing) = stack_call(&client, &url).await;
+                    if let (true, Some(&before)) = (circuit_open, failed_before_hang.get()) {
+                        if issued >= hang {
+                            first_reject.get_or_init(|| {
+                                (issued, breaker.snapshot().totals.failed - before)
+                            });
+                        }
                     }
-                    rec.end(start, issued, outcome);
+                    rec.end(start, issued, timing, outcome);
                 });
             }
         })
@@ -221,7 +240,13 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
             Call::Failed => 'f',
             Call::Rejected => 'r',
         };
-        let _ = writeln!(out, "rec {:.6} {} {o}", r.issued, r.latency.as_nanos());
+        let _ = writeln!(
+            out,
+            "rec {:.6} {} {o} {}",
+            r.issued,
+            r.latency.as_nanos(),
+            r.core_wait.as_nanos()
+        );
     }
     let peaks: Vec<String> = rec
         .peak
@@ -371,12 +396,14 @@ impl Heard {
                     Some("r") => Call::Rejected,
                     _ => return false,
                 };
-                let (Some(issued), Some(latency)) = (float(1), num(2)) else {
+                let (Some(issued), Some(latency), Some(core_wait)) = (float(1), num(2), num(4))
+                else {
                     return false;
                 };
                 self.records.push(Record {
                     issued,
                     latency: Duration::from_nanos(latency),
+                    core_wait: Duration::from_nanos(core_wait),
                     outcome,
                 });
             }
@@ -624,6 +651,10 @@ impl Fleet {
         Ok(Outcome {
             heard,
             rates: self.rates.clone(),
+            hang: (
+                args.outage_start().as_secs_f64(),
+                args.outage_end().as_secs_f64(),
+            ),
         })
     }
 }
@@ -642,11 +673,11 @@ impl Drop for Fleet {
 
 // ================================================================= outcome
 
-/// A process's first opening: (at, by its own window).
-fn first_open(h: &Heard) -> Option<(f64, bool)> {
+/// A process's first opening at or after `from`: (at, by its own window).
+fn first_open(h: &Heard, from: f64) -> Option<(f64, bool)> {
     h.transitions
         .iter()
-        .find(|(_, to, _)| *to == CircuitState::Open)
+        .find(|(at, to, _)| *to == CircuitState::Open && *at >= from)
         .map(|&(at, _, own)| (at, own))
 }
 
@@ -655,6 +686,9 @@ fn first_open(h: &Heard) -> Option<(f64, bool)> {
 pub(super) struct Outcome {
     heard: Vec<Heard>,
     rates: Vec<f64>,
+    /// The hang, in seconds since the start: the fleet's story (who
+    /// tripped, who followed) is told of it.
+    hang: (f64, f64),
 }
 
 /// What the demo reads from a fleet's outcome, whatever keeps its circuit
@@ -671,8 +705,23 @@ pub(super) trait FleetOutcome {
     /// The fleet's circuit for the chart: (at, open or closed).
     fn transitions(&self) -> Vec<(f64, CircuitState)>;
 
-    /// When every process's circuit had opened.
+    /// When, in the hang, every process's circuit had opened.
     fn open_everywhere(&self) -> Option<f64>;
+
+    /// How many probes the fleet sent from `from` to `to` (at most: a
+    /// breaker's half-open without a probe may count).
+    fn probes_sent(&self, from: f64, to: f64) -> usize;
+
+    /// How long the fleet's circuit stayed open the last time before it
+    /// closed after the hang, if that is known.
+    fn open_period_in_force(&self) -> Option<f64> {
+        None
+    }
+
+    /// The request rate of each process, each with a retry budget of its
+    /// own; `None` when the budgets cannot bound the retries (each allows
+    /// more than its process can make).
+    fn budget_rates(&self) -> Option<Vec<f64>>;
 
     /// Openings, all breakers together.
     fn opened(&self) -> u64;
@@ -680,17 +729,14 @@ pub(super) trait FleetOutcome {
     /// Calls rejected by an open circuit, all breakers together.
     fn rejected(&self) -> u64;
 
-    /// The share of the calls made once the circuit is open that must be
-    /// answered in a tenth of the timeout (the rest: the fleet's probes).
-    fn open_quantile(&self) -> f64 {
-        0.99
-    }
+    /// How late a process may learn that the fleet's circuit closed (its
+    /// refresh interval, and what its store's round trips add), and how
+    /// that is derived: the recovery's bound grows by it.
+    fn learns_within(&self) -> (Duration, String);
 
-    /// How late, beyond the slack every caller gets, a process may learn
-    /// that the fleet's circuit closed: the recovery's bound grows by it.
-    fn learns_within(&self) -> Duration {
-        Duration::ZERO
-    }
+    /// The longest time between two calls of one process: the probe goes
+    /// out with the next call of the process that wins the election.
+    fn call_interval(&self) -> Duration;
 
     /// The fleet's own lines, after the table.
     fn print(&self, args: &Args);
@@ -752,7 +798,7 @@ impl FleetOutcome for Outcome {
     fn open_everywhere(&self) -> Option<f64> {
         self.heard
             .iter()
-            .map(|h| first_open(h).map(|(at, _)| at))
+            .map(|h| first_open(h, self.hang.0).map(|(at, _)| at))
             .try_fold(0.0_f64, |max, at| at.map(|at| max.max(at)))
     }
 
@@ -770,6 +816,58 @@ impl FleetOutcome for Outcome {
             .filter_map(|h| h.totals)
             .map(|t| t.1)
             .sum()
+    }
+
+    fn probes_sent(&self, from: f64, to: f64) -> usize {
+        self.heard
+            .iter()
+            .flat_map(|h| &h.transitions)
+            .filter(|(at, to_state, _)| {
+                *to_state == CircuitState::HalfOpen && *at >= from && *at < to
+            })
+            .count()
+    }
+
+    /// The fleet's last open period before it closed after the hang: from
+    /// the last opening any process saw (a failed probe's, say) to the
+    /// next half-open (the election of the probe that closed it). A
+    /// process already open records no transition when the fleet re-opens,
+    /// so no single process's transitions tell.
+    fn open_period_in_force(&self) -> Option<f64> {
+        let mut all: Vec<(f64, CircuitState)> = self
+            .heard
+            .iter()
+            .flat_map(|h| h.transitions.iter().map(|&(at, to, _)| (at, to)))
+            .collect();
+        all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let close = all
+            .iter()
+            .position(|&(at, to)| at >= self.hang.1 && to == CircuitState::Closed)?;
+        let open = all[..close]
+            .iter()
+            .rposition(|&(_, to)| to == CircuitState::Open)?;
+        let half = all[open..close]
+            .iter()
+            .find(|&&(_, to)| to == CircuitState::HalfOpen)?;
+        Some(half.0 - all[open].0)
+    }
+
+    fn budget_rates(&self) -> Option<Vec<f64>> {
+        Some(self.rates.clone())
+    }
+
+    fn learns_within(&self) -> (Duration, String) {
+        (
+            REFRESH,
+            "the processes' refresh interval: a process learns the close at its next read of \
+             Redis"
+                .to_owned(),
+        )
+    }
+
+    fn call_interval(&self) -> Duration {
+        let slowest = self.rates.iter().copied().fold(f64::INFINITY, f64::min);
+        Duration::from_secs_f64(1.0 / slowest)
     }
 
     /// The fleet line and the per-process failures seen before rejecting.
@@ -821,7 +919,7 @@ impl FleetOutcome for Outcome {
         );
         let mut line = String::from("Failures seen before the first rejection, per process:");
         for (i, h) in self.heard.iter().enumerate() {
-            let how = match first_open(h) {
+            let how = match first_open(h, self.hang.0) {
                 Some((_, true)) => "tripped on its own",
                 Some((_, false)) => "told by Redis",
                 None => "never opened",
@@ -854,7 +952,7 @@ impl FleetOutcome for Outcome {
             if i == first {
                 continue;
             }
-            match first_open(h) {
+            match first_open(h, self.hang.0) {
                 None => failures.push(format!("process {} never opened", i + 1)),
                 Some((_, true)) => failures.push(format!(
                     "process {} tripped on its own window instead of following the shared circuit",
@@ -888,7 +986,7 @@ impl Outcome {
         self.heard
             .iter()
             .enumerate()
-            .filter_map(|(i, h)| match first_open(h) {
+            .filter_map(|(i, h)| match first_open(h, self.hang.0) {
                 Some((at, true)) => Some((i, at)),
                 _ => None,
             })
