@@ -34,3 +34,27 @@ pub fn check(ok: bool, what: &str, failures: &mut Vec<String>) {
         failures.push(what.to_owned());
     }
 }
+
+/// A demo's parsed arguments, or its exit: an empty error message (asked
+/// for `--help`) prints `usage` and exits 0; any other prints the message
+/// and `usage` to stderr and exits 2.
+///
+/// # Example
+///
+/// ```
+/// let rate: u32 = examples::demo::args_or_exit("100".parse().map_err(|_| "bad rate".to_owned()), "usage: demo RATE");
+/// assert_eq!(rate, 100);
+/// ```
+pub fn args_or_exit<T>(parsed: Result<T, String>, usage: &str) -> T {
+    match parsed {
+        Ok(args) => args,
+        Err(message) if message.is_empty() => {
+            println!("{usage}");
+            std::process::exit(0);
+        }
+        Err(message) => {
+            eprintln!("{message}\n\n{usage}");
+            std::process::exit(2);
+        }
+    }
+}

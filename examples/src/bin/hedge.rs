@@ -468,17 +468,7 @@ where
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args = match Args::parse() {
-        Ok(args) => args,
-        Err(message) if message.is_empty() => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(message) => {
-            eprintln!("{message}\n\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = examples::demo::args_or_exit(Args::parse(), USAGE);
     if !run(args).await {
         std::process::exit(1);
     }

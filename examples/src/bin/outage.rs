@@ -806,17 +806,7 @@ fn breaker(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args = match Args::parse() {
-        Ok(args) => args,
-        Err(message) if message.is_empty() => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(message) => {
-            eprintln!("{message}\n\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = examples::demo::args_or_exit(Args::parse(), USAGE);
     // One caller process of a `--redis` fleet, started by the demo itself.
     if let Some(spec) = fleet::child_spec() {
         let code = match spec {

@@ -828,17 +828,7 @@ static PANICS: AtomicU64 = AtomicU64::new(0);
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args = match Args::parse() {
-        Ok(args) => args,
-        Err(message) if message.is_empty() => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(message) => {
-            eprintln!("{message}\n\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = examples::demo::args_or_exit(Args::parse(), USAGE);
     // Every panic, on any thread or task, is counted (and still printed).
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
