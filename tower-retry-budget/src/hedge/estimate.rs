@@ -24,11 +24,11 @@
 //! Recording a latency is one bucket index (a `leading_zeros` and two
 //! shifts), one load of the window's tag and one relaxed add: no lock, no
 //! allocation. The first recorder of a new period recycles the older
-//! window (a compare-and-swap on its tag, then zeroing its buckets); a
-//! sample added to that window while it is being zeroed may be lost, which
-//! an estimate can afford. Reading the percentile walks both windows (two
-//! thousand relaxed loads or so), so the layer does it at most once per
-//! refresh interval and caches the result.
+//! window (a compare-and-swap on its tag, then zeroing its buckets, unless
+//! the window was never used); a sample added to that window while it is
+//! being zeroed may be lost, which an estimate can afford. Reading the
+//! percentile walks both windows (two thousand relaxed loads or so), so the
+//! layer does it at most once per refresh interval and caches the result.
 
 use std::sync::atomic::{
     AtomicU32, AtomicU64,
@@ -142,6 +142,9 @@ impl Estimator {
                 .tag
                 .compare_exchange(seen, tag, AcqRel, Acquire)
                 .is_ok()
+            // A slot never used holds no counts: zeroing it could only
+            // wipe the samples racing recorders add meanwhile.
+            && seen != 0
         {
             // This period's first sample in this slot: the counts there
             // are two or more periods old.
