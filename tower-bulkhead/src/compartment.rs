@@ -607,6 +607,32 @@ mod tests {
     }
 
     #[test]
+    fn the_handle_reads_the_live_counters() {
+        let c = compartment(3);
+        let handle = CompartmentHandle::new(c.clone());
+        let _held = Permit::try_acquire(&c).unwrap();
+        let _ = c.reject(None);
+        assert_eq!(handle.name(), "test");
+        assert_eq!(handle.limit(), 3);
+        assert_eq!(handle.in_flight(), 1);
+        assert_eq!(handle.rejected(), 1);
+        assert_eq!(handle.waiting(), 0);
+        assert_eq!(handle.stats(), c.stats());
+    }
+
+    #[test]
+    fn debug_shows_the_name_and_the_counters() {
+        let c = compartment(3);
+        let permit = Permit::try_acquire(&c).unwrap();
+        let handle = CompartmentHandle::new(c.clone());
+        assert_eq!(
+            format!("{handle:?}"),
+            r#"Compartment { name: "test", limit: 3, in_flight: 1, waiting: 0, rejected: 0 }"#
+        );
+        assert_eq!(format!("{permit:?}"), r#"Permit { compartment: "test" }"#);
+    }
+
+    #[test]
     fn reject_counts_and_names_the_compartment() {
         let c = compartment(1);
         let err = c.reject(None);

@@ -395,6 +395,23 @@ mod tests {
         assert_eq!(&**a.name(), "r[1]");
     }
 
+    /// Each lookup of a key restarts its idle timeout: a key used 2 s ago
+    /// survives the sweep that evicts a key unused for 11 s.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_lookup_restarts_the_idle_timeout() {
+        let r = registry(2);
+        drop((r.compartment(1), r.compartment(2)));
+        tokio::time::advance(Duration::from_secs(9)).await;
+        drop(r.compartment(1));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        // A new key triggers the sweep: 2 goes, 1 stays, 3 gets its own.
+        let three = r.compartment(3);
+        assert!(!Arc::ptr_eq(&three, &r.fallback));
+        let map = &r.lock().map;
+        assert!(map.contains_key(&1), "used 2 s ago, idle timeout 10 s");
+        assert!(!map.contains_key(&2), "unused for 11 s");
+    }
+
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn busy_compartments_are_never_evicted() {
         let r = registry(1);

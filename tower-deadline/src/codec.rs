@@ -507,6 +507,14 @@ mod tests {
     }
 
     #[test]
+    fn the_error_displays_its_reason_lowercase_without_the_value() {
+        let err = parse_grpc_timeout(b"12x").unwrap_err();
+        assert_eq!(err.to_string(), "malformed timeout: unknown unit");
+        let err = parse_millis(b"").unwrap_err();
+        assert_eq!(err.to_string(), "malformed timeout: empty value");
+    }
+
+    #[test]
     fn decimal_writer_matches_display() {
         for n in [0, 7, 10, 99, 12_345, u64::from(u32::MAX), u64::MAX] {
             let mut buf = [0; 20];
@@ -580,6 +588,7 @@ mod tests {
         for (lines, len, shortest, valid) in cases {
             let list = parse_list(lines.iter().copied(), parse_millis);
             assert_eq!(list.len(), len, "{lines:?}");
+            assert_eq!(list.is_empty(), len == 0, "{lines:?}");
             assert_eq!(list.shortest(), shortest, "{lines:?}");
             assert_eq!(list.strict().is_ok(), valid, "{lines:?}");
             assert_eq!(list.malformed().is_none(), valid, "{lines:?}");

@@ -793,6 +793,16 @@ mod tests {
         assert_eq!(allowed(&b, t0 + Duration::from_secs(10)), 10);
     }
 
+    /// The window that ends at bucket 11 is buckets 2 to 11: the retries of
+    /// bucket 0 no longer count, though their slot was never recycled.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn retries_of_a_bucket_the_window_left_no_longer_count() {
+        let b = budget(0.0, 1);
+        let t0 = Instant::now();
+        assert_eq!(allowed(&b, t0), 10);
+        assert_eq!(allowed(&b, t0 + Duration::from_secs(11)), 10);
+    }
+
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn lagging_clock_never_wipes_newer_bucket() {
         let b = budget(1.0, 0);
@@ -820,6 +830,43 @@ mod tests {
         assert_eq!(b.counters().retries, 2);
     }
 
+    /// As tower's `Budget`, the budget counts and refuses exactly as through
+    /// its own methods.
+    #[cfg(feature = "tower")]
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_tower_budget_trait_is_the_same_budget() {
+        use tower::retry::budget::Budget;
+
+        let b = budget(0.5, 0);
+        (0..4).for_each(|_| Budget::deposit(&b));
+        assert!(Budget::withdraw(&b));
+        assert!(Budget::withdraw(&b));
+        assert!(!Budget::withdraw(&b), "50% of 4 requests is 2 retries");
+        let counters = b.counters();
+        assert_eq!(
+            (
+                counters.requests,
+                counters.retries,
+                counters.refused_by_budget
+            ),
+            (4, 2, 1)
+        );
+    }
+
+    // A refused withdrawal claims nothing: a reading that lags it is still
+    // judged in its own window, not at the refused one's bucket.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_refused_withdrawal_claims_no_bucket() {
+        let b = budget(1.0, 0);
+        let t0 = Instant::now();
+        b.deposit_at(t0);
+        let late = t0 + Duration::from_secs(10); // same slot, next lap
+        assert!(!b.withdraw_at(late), "the request has left late's window");
+        assert!(b.withdraw_at(t0), "t0's window holds the request");
+        assert_eq!(b.counters().refused_by_budget, 1);
+        assert_eq!(b.counters().retries, 1);
+    }
+
     // Regression: epochs were kept modulo 2^24 and compared as "after" when
     // less than 2^23 ahead, so a bucket idle for 2^23 to 2^24 bucket
     // lengths looked newer than the clock and was never recycled.
@@ -827,6 +874,10 @@ mod tests {
     fn layout_fits_every_index_and_a_count_per_nanosecond() {
         let windows = [
             Duration::from_millis(1),
+            // Buckets of 2^17 ns: the last index, (2^63 - 1) >> 17, is one
+            // below a power of two, so the count gets the bit the epoch
+            // does not need (an end at 2^63 would take it away).
+            Duration::from_nanos(10 << 17),
             Duration::from_millis(7),
             Duration::from_secs(1),
             DEFAULT_WINDOW,
@@ -851,6 +902,47 @@ mod tests {
         // The shortest window needs the most epoch bits, 24 were too few.
         let short = RetryBudget::new().window(Duration::from_millis(1)).layout;
         assert!(u64::BITS - short.count_bits > 24);
+    }
+
+    /// The stripes exist so that threads do not contend: different threads
+    /// land on different stripes, and each keeps its own.
+    #[test]
+    fn threads_spread_over_the_stripes_and_keep_theirs() {
+        let stripes: Vec<usize> = (0..STRIPES)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let first = stripe_index();
+                    assert_eq!(stripe_index(), first, "a thread keeps its stripe");
+                    first
+                })
+                .join()
+                .unwrap()
+            })
+            .collect();
+        assert!(stripes.iter().all(|&s| s < STRIPES), "{stripes:?}");
+        let mut distinct = stripes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(
+            distinct.len() > 1,
+            "every thread on one stripe: {stripes:?}"
+        );
+    }
+
+    /// Far more threads than stripes: they wrap around the stripes, and
+    /// every deposit counts, in the totals and in the window.
+    #[test]
+    fn deposits_from_more_threads_than_stripes_are_all_counted() {
+        const THREADS: usize = 12 * STRIPES;
+        let b = budget(1.0, 0);
+        let now = Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| (0..10).for_each(|_| b.deposit_at(now)));
+            }
+        });
+        assert_eq!(b.counters().requests, THREADS as u64 * 10);
+        assert_eq!(allowed(&b, now), THREADS as u64 * 10);
     }
 
     #[test]

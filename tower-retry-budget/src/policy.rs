@@ -543,6 +543,77 @@ mod tests {
         assert_eq!(classify_response(StatusCode::OK, &h), Verdict::Success);
     }
 
+    /// A per-attempt timeout is transient (the next attempt may be
+    /// faster), though `classify_error` never retries a passed deadline.
+    #[test]
+    fn a_deadline_exceeded_is_transient_but_never_retried_by_default() {
+        use tower_resilience_base::error::DeadlineExceeded;
+
+        assert!(is_transient_error(&DeadlineExceeded::new()));
+        assert_eq!(classify_error(&DeadlineExceeded::new()), Verdict::Failure);
+    }
+
+    #[cfg(feature = "tower")]
+    #[test]
+    fn towers_timeout_is_a_transient_error() {
+        let elapsed = tower::timeout::error::Elapsed::new();
+        assert!(is_transient_error(&elapsed));
+        assert!(classify_error(&elapsed).is_retryable());
+    }
+
+    /// `Arc` and `Box` of a policy, `dyn` or not, answer every question as
+    /// the policy inside, not with the defaults.
+    #[test]
+    fn shared_and_boxed_policies_answer_as_the_policy_inside() {
+        #[derive(Debug)]
+        struct PostOnly;
+
+        impl Policy for PostOnly {
+            fn is_retryable_request(&self, method: &Method, _: &HeaderMap) -> bool {
+                method == Method::POST
+            }
+
+            fn classify_response(&self, status: StatusCode, _: &HeaderMap) -> Verdict {
+                if status == StatusCode::INTERNAL_SERVER_ERROR {
+                    Verdict::Retry {
+                        reason: "500",
+                        after: None,
+                    }
+                } else {
+                    Verdict::Success
+                }
+            }
+
+            fn classify_error(&self, _: &(dyn Error + 'static)) -> Verdict {
+                Verdict::Failure
+            }
+        }
+
+        fn answers<P: Policy>(policy: &P) -> (bool, bool, Verdict, Verdict) {
+            let none = HeaderMap::new();
+            let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+            (
+                policy.is_retryable_request(&Method::POST, &none),
+                policy.is_retryable_request(&Method::GET, &none),
+                policy.classify_response(StatusCode::INTERNAL_SERVER_ERROR, &none),
+                policy.classify_error(&reset),
+            )
+        }
+
+        let direct = answers(&PostOnly);
+        let retry_500 = Verdict::Retry {
+            reason: "500",
+            after: None,
+        };
+        assert_eq!(direct, (true, false, retry_500, Verdict::Failure));
+        assert_eq!(answers(&std::sync::Arc::new(PostOnly)), direct);
+        let shared: std::sync::Arc<dyn Policy> = std::sync::Arc::new(PostOnly);
+        assert_eq!(answers(&shared), direct);
+        assert_eq!(answers(&Box::new(PostOnly)), direct);
+        let boxed: Box<dyn Policy> = Box::new(PostOnly);
+        assert_eq!(answers(&boxed), direct);
+    }
+
     #[test]
     fn idempotency() {
         let none = HeaderMap::new();
