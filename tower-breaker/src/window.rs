@@ -472,6 +472,79 @@ mod tests {
         assert_eq!(w.counts(2), counts(3, 3, 0));
     }
 
+    /// The largest count window is 16,383 outcomes, the most each 14-bit
+    /// field of the aggregate can count.
+    #[test]
+    fn the_largest_count_window_is_what_its_fields_can_count() {
+        let w = CountWindow::new(usize::MAX);
+        assert_eq!(w.slots.len(), 16_383);
+        for _ in 0..MAX_COUNT_WINDOW {
+            w.record(1, FAIL);
+        }
+        let full = MAX_COUNT_WINDOW as u64;
+        assert_eq!(w.counts(1), counts(full, full, 0));
+    }
+
+    /// The healthy steady state: a success recorded in a window full of
+    /// successes writes nothing at all (no slot, no index, no aggregate),
+    /// so threads that only succeed never contend.
+    #[test]
+    fn a_success_in_a_window_of_successes_writes_nothing() {
+        let w = CountWindow::new(3);
+        for _ in 0..3 {
+            w.record(4, OK);
+        }
+        let before = (w.index.load(Relaxed), w.aggregate.load(Relaxed));
+        for _ in 0..10 {
+            w.record(4, OK);
+        }
+        assert_eq!((w.index.load(Relaxed), w.aggregate.load(Relaxed)), before);
+        assert_eq!(w.counts(4), counts(3, 0, 0));
+        // Not yet full: a success is counted.
+        let w = CountWindow::new(3);
+        w.record(4, OK);
+        w.record(4, OK);
+        assert_eq!(w.counts(4), counts(2, 0, 0));
+    }
+
+    /// Generations are 20 bits and wrap. A window that counts in the
+    /// generations it is given, a quarter of the range apart at most (as
+    /// the breaker's closed states follow one another), counts right all
+    /// the way across the wrap, with a slot still empty or holding the
+    /// outcome of a long-gone generation.
+    #[test]
+    fn a_count_window_counts_right_across_the_generation_wrap() {
+        let w = CountWindow::new(4);
+        let quarter = 1 << (GEN_BITS - 2);
+        // One failure in each of three generations: slots 0 to 2, and
+        // slot 3 stays empty.
+        for epoch in [1, quarter + 1, 2 * quarter + 1] {
+            w.record(epoch, FAIL);
+            assert_eq!(w.counts(epoch), counts(1, 1, 0), "{epoch}");
+        }
+        let e = 2 * quarter + 1;
+        // Slot 3 (empty), 0 and 1 (older generations), 2 (e's failure).
+        for _ in 0..4 {
+            w.record(e, OK);
+        }
+        assert_eq!(w.counts(e), counts(4, 0, 0));
+        w.record(e, FAIL);
+        assert_eq!(w.counts(e), counts(4, 1, 0));
+        // Every quarter and across the wrap, each generation replacing its
+        // own outcomes too.
+        let w = CountWindow::new(2);
+        let generations = [1, 2, 3].map(|k| k * quarter + 1);
+        for epoch in generations
+            .into_iter()
+            .chain([GEN_MASK - 1, GEN_MASK, 0, 1])
+        {
+            for outcome in [FAIL, OK, OK, FAIL] {
+                w.record(epoch, outcome);
+            }
+            assert_eq!(w.counts(epoch), counts(2, 1, 0), "{epoch}");
+        }
+    }
+
     #[test]
     fn time_window_expires_old_buckets() {
         let s = 1_000_000_000;
