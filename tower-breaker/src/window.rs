@@ -465,6 +465,9 @@ mod tests {
         // A late outcome of epoch 1 does not touch epoch 2's window.
         w.record(1, FAIL);
         assert_eq!(w.counts(2), counts(1, 0, 0));
+        // Nor does one that its slot does not hold already.
+        w.record(1, SLOW);
+        assert_eq!(w.counts(2), counts(1, 0, 0));
         // Replacing a slot of an older epoch subtracts nothing.
         for _ in 0..3 {
             w.record(2, FAIL);
@@ -558,6 +561,70 @@ mod tests {
         assert_eq!(w.counts(1, 3 * s), counts(3, 0, 1));
         assert_eq!(w.counts(1, 10 * s), Counts::default());
         assert_eq!(w.counts(2, 3 * s), Counts::default());
+    }
+
+    /// A bucket is recycled only for a later tick, or for a newer
+    /// generation of the same tick: a late outcome (of an older tick that
+    /// maps to the same bucket, or of an older generation) is dropped and
+    /// never wipes what the bucket counts.
+    #[test]
+    fn only_a_later_tick_or_a_newer_generation_recycles_a_bucket() {
+        let s = 1_000_000_000;
+        let w = TimeWindow::new(3, s);
+        w.record(2, FAIL, 3 * s);
+        // Tick 0 maps to tick 3's bucket: late, whatever its generation.
+        w.record(2, OK, 0);
+        w.record(3, OK, 0);
+        assert_eq!(w.counts(2, 3 * s), counts(1, 1, 0));
+        // An older generation at the same tick: late too.
+        w.record(1, OK, 3 * s);
+        assert_eq!(w.counts(2, 3 * s), counts(1, 1, 0));
+        // A newer generation at the same tick starts the bucket afresh.
+        w.record(3, SLOW, 3 * s);
+        assert_eq!(w.counts(3, 3 * s), counts(1, 0, 1));
+        assert_eq!(w.counts(2, 3 * s), Counts::default());
+        // And so does a later tick.
+        w.record(3, OK, 6 * s);
+        assert_eq!(w.counts(3, 6 * s), counts(1, 0, 0));
+    }
+
+    /// A writer that finds its bucket being recycled for its own tick (or
+    /// an older one) polls it at most `BUSY_SPINS` times, then drops its
+    /// outcome rather than block; a reader counts such a bucket as empty.
+    /// Once the recycler publishes, both go on as usual.
+    #[test]
+    fn a_bucket_stuck_mid_recycle_blocks_no_one() {
+        let s = 1_000_000_000;
+        let w = TimeWindow::new(1, s);
+        let stuck = stamp_of(2, 7);
+        w.buckets[0].stamp.store(stuck | BUSY, Relaxed);
+        w.record(7, FAIL, 2 * s); // its own tick
+        w.record(7, FAIL, 3 * s); // a later tick, which waits for tick 2
+        w.record(6, FAIL, s); // a late outcome: gives up at once
+        assert_eq!(w.counts(7, 2 * s), Counts::default());
+        assert_eq!(w.buckets[0].calls.load(Relaxed), 0);
+        // The recycler publishes its (empty) lap.
+        w.buckets[0].stamp.store(stuck, Release);
+        w.record(7, FAIL, 2 * s);
+        assert_eq!(w.counts(7, 2 * s), counts(1, 1, 0));
+    }
+
+    /// A writer descheduled across a whole lap may add its failure or slow
+    /// call to the bucket's next lap after the reset: the sum is clamped,
+    /// so a read never shows more failures than calls, nor more failures
+    /// and slow calls together.
+    #[test]
+    fn counts_clamp_a_lap_with_more_bad_outcomes_than_calls() {
+        let s = 1_000_000_000;
+        let w = TimeWindow::new(1, s);
+        w.record(7, OK, 0);
+        w.record(7, FAIL, 0);
+        assert_eq!(w.counts(7, 0), counts(2, 1, 0));
+        // Two late adds land in this lap: one failure, two slow calls.
+        w.buckets[0].bad.fetch_add(1 + (2 << 32), Release);
+        assert_eq!(w.counts(7, 0), counts(2, 2, 0));
+        w.buckets[0].calls.fetch_add(1, Relaxed);
+        assert_eq!(w.counts(7, 0), counts(3, 2, 1));
     }
 
     #[test]

@@ -188,3 +188,30 @@ async fn a_burst_of_failures_opens_once() {
     assert_eq!(opened.load(Ordering::SeqCst), 1);
     assert_eq!(b.snapshot().totals.opened, 1);
 }
+
+/// Outcomes recorded from far more threads than the breaker has stripes
+/// of counters: the threads wrap around the stripes, and every outcome is
+/// counted, in the totals and in the window.
+#[test]
+fn outcomes_from_more_threads_than_stripes_are_all_counted() {
+    const THREADS: usize = 100;
+    let b = Breaker::with_config(
+        "threads",
+        config()
+            .count_window(1000)
+            .minimum_calls(1000)
+            .failure_rate(1.0),
+    );
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                record(&b, Outcome::Success, 2);
+                record(&b, Outcome::Failure, 1);
+            });
+        }
+    });
+    let s = b.snapshot();
+    assert_eq!((s.totals.successful, s.totals.failed), (200, 100));
+    assert_eq!((s.window.calls, s.window.failures), (300, 100));
+    assert_eq!(s.state, State::Closed);
+}

@@ -542,6 +542,60 @@ async fn one_failed_election_does_not_let_the_process_probe_on_its_own() {
     assert_eq!(b.snapshot().totals.store_errors, 1);
 }
 
+/// A [`MemoryStore`] whose elections never answer.
+#[derive(Debug, Default)]
+struct MuteElections(MemoryStore);
+
+impl Store for MuteElections {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        self.0.try_open(name, open_for)
+    }
+    fn try_acquire_probe<'a>(
+        &'a self,
+        _: &'a str,
+        _: Duration,
+        _: Duration,
+    ) -> StoreFuture<'a, Election> {
+        Box::pin(std::future::pending())
+    }
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        self.0.close(name, token)
+    }
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        self.0.read(name)
+    }
+}
+
+/// An election that never answers does not leave the circuit electing for
+/// ever: until the probe wait is over, callers are told to wait for it;
+/// one tick after, the election counts as a store error and the circuit
+/// stays open (the store worked until then: no local probe yet).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_election_that_never_answers_times_out_after_the_probe_wait() {
+    let b = Breaker::with_config(
+        "mute",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .max_half_open_wait(secs(1))
+            .store(Arc::new(MuteElections::default()))
+            .refresh_interval(REFRESH),
+    );
+    record(&b, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    assert!(b.try_acquire().is_err(), "electing");
+    settle().await;
+    advance(secs(1) - ms(1)).await;
+    let electing = b.try_acquire().unwrap_err();
+    assert_eq!(electing.retry_after(), ms(1), "the election's last tick");
+    assert_eq!(b.snapshot().totals.store_errors, 0);
+    advance(ms(2)).await;
+    assert!(b.try_acquire().is_err(), "timed out: open, no local probe");
+    assert_eq!(state(&b), State::Open);
+    assert_eq!(b.snapshot().totals.store_errors, 1);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_store_down_for_two_refresh_intervals_lets_the_process_probe_on_its_own() {
     let b = Breaker::with_config(

@@ -116,6 +116,30 @@ async fn slow_call_rate_opens() {
     assert_eq!(state(&b), State::Open);
 }
 
+/// A permit times its call from the call's own start, not the breaker's:
+/// on a breaker built 10 s ago, a call of 99 ms is not slow, one of 100 ms
+/// is.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_call_is_timed_from_its_own_start() {
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .slow_calls(ms(100), 1.0),
+    );
+    advance(secs(10)).await;
+    let permit = b.try_acquire().unwrap();
+    advance(ms(99)).await;
+    permit.record(Outcome::Success);
+    assert_eq!(state(&b), State::Closed);
+    assert_eq!(b.snapshot().totals.slow, 0);
+    let permit = b.try_acquire().unwrap();
+    advance(ms(100)).await;
+    permit.record(Outcome::Success);
+    assert_eq!(state(&b), State::Open);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn open_rejects_then_half_opens_one_tick_after_the_period() {
     let b = breaker(2);
@@ -326,6 +350,74 @@ async fn ramp_up_admits_a_growing_share() {
     assert!((400..600).contains(&half), "about half midway: {half}");
     advance(secs(5)).await;
     assert_eq!(admitted(&b), 1000, "everything once the ramp is over");
+}
+
+/// A transition at the breaker's very first instant is reported like any
+/// other: the snapshot says when the last one happened.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_transition_at_the_first_instant_is_reported() {
+    let start = tokio::time::Instant::now();
+    let b = breaker(1);
+    assert_eq!(b.snapshot().last_transition, None);
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(state(&b), State::Open);
+    assert_eq!(b.snapshot().last_transition, Some(start));
+    advance(secs(5)).await;
+    b.try_acquire().unwrap().record(Outcome::Success);
+    assert_eq!(state(&b), State::Closed);
+    assert_eq!(b.snapshot().last_transition, Some(start + secs(5)));
+}
+
+/// A random source that always draws exactly one half, and counts its
+/// draws.
+#[derive(Debug)]
+struct Half(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl tower_breaker::RandomSource for Half {
+    fn next_u64(&self) -> u64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        1 << 63
+    }
+}
+
+/// A call is admitted while ramping up when its draw is below the share
+/// of the ramp gone by: a draw of one half is refused until just after
+/// the ramp's middle. At the ramp's end, one tick exactly, the ramp is
+/// over: no more draws, the closed fast path again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_ramp_admits_below_its_share_and_ends_on_time() {
+    let draws = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let drawn = || draws.load(std::sync::atomic::Ordering::Relaxed);
+    let b = Breaker::with_config(
+        "t",
+        config()
+            .count_window(1)
+            .minimum_calls(1)
+            .ramp_up(secs(10))
+            .random(Half(draws.clone())),
+    );
+    record(&b, Outcome::Failure, 1);
+    advance(secs(5)).await;
+    b.try_acquire().unwrap().record(Outcome::Success);
+    assert_eq!(state(&b), State::Closed, "the ramp starts now");
+    let admitted = |b: &Breaker| b.try_acquire().map(|p| p.record(Outcome::Ignored)).is_ok();
+
+    advance(secs(5) - ms(1)).await;
+    assert!(!admitted(&b), "share just below one half");
+    advance(ms(1)).await;
+    assert!(!admitted(&b), "share one half: the draw is not below it");
+    advance(ms(1)).await;
+    assert!(admitted(&b), "share just above one half");
+
+    // One tick before the end: still ramping, still drawing.
+    advance(secs(5) - ms(2)).await;
+    let before = drawn();
+    assert!(admitted(&b));
+    assert_eq!(drawn(), before + 1, "the last tick of the ramp draws");
+    advance(ms(1)).await;
+    let before = drawn();
+    assert!((0..10).all(|_| admitted(&b)), "the ramp is over");
+    assert_eq!(drawn(), before, "no draw once the ramp is over");
 }
 
 /// With `successes_to_close = 3` and calls further apart than the
