@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, Response, StatusCode};
 use tower_resilience_base::answer::is_local_answer;
-use tower_resilience_base::grpc::GrpcCode;
+use tower_resilience_base::classify::{self as shared, Class};
 
 /// How one call (or attempt) counts for the breaker.
 ///
@@ -36,6 +36,13 @@ pub enum Outcome {
 
 /// The replaceable rules of what counts as a failure, for responses of
 /// type `Res`.
+///
+/// For HTTP and gRPC, the rules are the toolkit's one classification
+/// ([`tower_resilience_base::classify`], the retry layer's too): the
+/// [`DefaultClassifier`] follows its defaults, and [`by_class`] turns any
+/// [`Classify`](tower_resilience_base::classify::Classify) of it (a retry
+/// policy, say) into a breaker classifier. Implement this trait directly
+/// for responses that are not HTTP, or to judge by the body.
 ///
 /// The error side has a default, [`classify_error`], so most
 /// classifiers only decide about responses. Closures are classifiers
@@ -90,6 +97,45 @@ pub trait Classify<Res>: Send + Sync + 'static {
     fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
         classify_error(error)
     }
+
+    /// The outcome of a response that the retry layer below already
+    /// classified (the [`Class`] its policy gave, handed to the breaker
+    /// with the attempt), when this classifier follows that shared
+    /// classification. The default says it does not, and the breaker
+    /// judges the response itself; the [`DefaultClassifier`] does, so in
+    /// the recommended stack each response is judged once, by the retry
+    /// policy's rules.
+    fn classify_class(&self, class: Class) -> Option<Outcome> {
+        let _ = class;
+        None
+    }
+}
+
+impl From<Class> for Outcome {
+    /// A failure of the dependency ([`Class::is_failure`]: failed, or
+    /// failed transiently) is a [`Outcome::Failure`]; a local rejection is
+    /// [`Outcome::Ignored`]; an answer (a success, a rejected request, a
+    /// throttled one) is a [`Outcome::Success`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::Outcome;
+    /// use tower_resilience_base::classify::Class;
+    ///
+    /// assert_eq!(Outcome::from(Class::Transient { reason: "503", after: None }), Outcome::Failure);
+    /// assert_eq!(Outcome::from(Class::Rejected), Outcome::Success);
+    /// assert_eq!(Outcome::from(Class::Local), Outcome::Ignored);
+    /// ```
+    fn from(class: Class) -> Self {
+        if class.is_failure() {
+            Outcome::Failure
+        } else if class == Class::Local {
+            Outcome::Ignored
+        } else {
+            Outcome::Success
+        }
+    }
 }
 
 /// The default classifier of HTTP responses.
@@ -135,6 +181,54 @@ pub struct DefaultClassifier;
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ErrorsOnly;
+
+/// A breaker classifier of HTTP responses from a classifier of the
+/// toolkit's shared classification; see [`by_class`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByClass<C> {
+    inner: C,
+}
+
+/// A breaker classifier of `http::Response`s that judges by `classifier`,
+/// a [`Classify`](tower_resilience_base::classify::Classify) of the
+/// toolkit's shared classification (a retry policy is one): a response or
+/// an error counts as the [`Outcome`] of its [`Class`]. As with the
+/// [`DefaultClassifier`], an answer a layer of this process built when it
+/// refused the request is [`Outcome::Ignored`].
+///
+/// Give the same classifier to the retry layer and the breaker, and the
+/// two judge every response by the same rules.
+///
+/// # Example
+///
+/// ```
+/// use http::{HeaderMap, StatusCode};
+/// use tower_breaker::{classify, Classify as _, Outcome};
+/// use tower_resilience_base::classify::{self as shared, Class, Classify};
+///
+/// // 500 is transient for this dependency: retried, and a failure.
+/// #[derive(Debug, Clone)]
+/// struct Flaky;
+///
+/// impl Classify for Flaky {
+///     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Class {
+///         match status.as_u16() {
+///             500 => Class::Transient { reason: "500", after: None },
+///             // 404 means the dependency lost its data: a failure.
+///             404 => Class::Failed,
+///             _ => shared::classify_response(status, headers),
+///         }
+///     }
+/// }
+///
+/// let classifier = classify::by_class(Flaky);
+/// let response = |status: u16| http::Response::builder().status(status).body(()).unwrap();
+/// assert_eq!(classifier.classify_response(&response(404)), Outcome::Failure);
+/// assert_eq!(classifier.classify_response(&response(429)), Outcome::Success);
+/// ```
+pub fn by_class<C>(classifier: C) -> ByClass<C> {
+    ByClass { inner: classifier }
+}
 
 /// A classifier from a closure over the call's result; see [`classify_fn`].
 #[derive(Clone, Copy)]
@@ -193,15 +287,19 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Outcome {
     if tower_resilience_base::error::is_local_rejection(error) {
         Outcome::Ignored
     } else {
+        // Every other class of an error (failed, or failed transiently)
+        // is a failure; no need to walk the chain for its kind.
         Outcome::Failure
     }
 }
 
-/// The [`DefaultClassifier`]'s rule for a response: a 5xx status, or a gRPC
-/// status that says the dependency failed
-/// ([`GrpcCode::is_dependency_failure`]: UNKNOWN, DEADLINE_EXCEEDED,
-/// INTERNAL, UNAVAILABLE, DATA_LOSS), is a failure; anything else is a
-/// success.
+/// The [`DefaultClassifier`]'s rule for a response: the [`Outcome`] of its
+/// [`Class`] by the toolkit's shared rules
+/// ([`tower_resilience_base::classify::classify_response`]). A 5xx status,
+/// or a gRPC status that says the dependency failed (UNKNOWN,
+/// DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE, DATA_LOSS), is a failure;
+/// anything else (a 4xx describes the caller, a 429 a dependency that is
+/// alive and shedding load) is a success.
 ///
 /// # Example
 ///
@@ -214,13 +312,7 @@ pub fn classify_error(error: &(dyn Error + 'static)) -> Outcome {
 /// ```
 #[must_use]
 pub fn default_outcome(status: StatusCode, headers: &HeaderMap) -> Outcome {
-    if status.is_server_error() {
-        return Outcome::Failure;
-    }
-    match GrpcCode::from_headers(headers) {
-        Some(code) if code.is_dependency_failure() => Outcome::Failure,
-        _ => Outcome::Success,
-    }
+    Outcome::from(shared::classify_response(status, headers))
 }
 
 // === impl DefaultClassifier ===
@@ -236,6 +328,32 @@ impl<B> Classify<Response<B>> for DefaultClassifier {
 
     fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Outcome> {
         Some(default_outcome(status, headers))
+    }
+
+    fn classify_class(&self, class: Class) -> Option<Outcome> {
+        Some(Outcome::from(class))
+    }
+}
+
+// === impl ByClass ===
+
+impl<B, C: shared::Classify> Classify<Response<B>> for ByClass<C> {
+    fn classify_response(&self, response: &Response<B>) -> Outcome {
+        if is_local_answer(response) {
+            return Outcome::Ignored;
+        }
+        Outcome::from(
+            self.inner
+                .classify_response(response.status(), response.headers()),
+        )
+    }
+
+    fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Outcome> {
+        Some(Outcome::from(self.inner.classify_response(status, headers)))
+    }
+
+    fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
+        Outcome::from(self.inner.classify_error(error))
     }
 }
 
@@ -285,6 +403,10 @@ impl<Res, C: Classify<Res> + ?Sized> Classify<Res> for Arc<C> {
 
     fn classify_error(&self, error: &(dyn Error + 'static)) -> Outcome {
         (**self).classify_error(error)
+    }
+
+    fn classify_class(&self, class: Class) -> Option<Outcome> {
+        (**self).classify_class(class)
     }
 }
 

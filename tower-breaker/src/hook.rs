@@ -104,8 +104,13 @@ where
         let Some(raw) = unpack(raw) else { return };
         let outcome = match outcome {
             AttemptOutcome::Error(e) => self.classifier.classify_error(e),
-            AttemptOutcome::Response(view) => {
-                match self.classifier.classify_head(view.status(), view.headers()) {
+            AttemptOutcome::Response(view) => match view
+                .class()
+                .and_then(|class| self.classifier.classify_class(class))
+            {
+                // Judged once, by the retry layer below.
+                Some(outcome) => outcome,
+                None => match self.classifier.classify_head(view.status(), view.headers()) {
                     Some(outcome) => outcome,
                     None => match view.downcast_ref::<Res>() {
                         Some(response) => self.classifier.classify_response(response),
@@ -124,8 +129,8 @@ where
                             default_outcome(view.status(), view.headers())
                         }
                     },
-                }
-            }
+                },
+            },
         };
         let elapsed = self.breaker.core.elapsed(started_ns);
         self.breaker.complete(raw, outcome, elapsed);

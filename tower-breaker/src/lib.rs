@@ -506,7 +506,9 @@ pub mod tonic;
 mod window;
 
 pub use breaker::{Breaker, Permit};
-pub use classify::{classify_fn, Classify, DefaultClassifier, ErrorsOnly, Outcome};
+pub use classify::{
+    by_class, classify_fn, ByClass, Classify, DefaultClassifier, ErrorsOnly, Outcome,
+};
 pub use config::{
     BreakerConfig, WindowKind, DEFAULT_FAILURE_RATE, DEFAULT_FLEET_WINDOW, DEFAULT_FLUSH_INTERVAL,
     DEFAULT_JITTER, DEFAULT_MAX_HALF_OPEN_WAIT, DEFAULT_MAX_OPEN_PERIOD, DEFAULT_MINIMUM_CALLS,

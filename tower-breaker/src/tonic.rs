@@ -126,13 +126,13 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
+use tower_resilience_base::classify::is_transient_error;
 use tower_resilience_base::error::{
     find, is_local_rejection, retries_spent, AttemptsExhausted, BudgetExhausted, BulkheadFull,
     CircuitOpen, DeadlineExceeded, DeadlineTooClose, InsufficientBudget, LocalRejection,
 };
 use tower_resilience_base::grpc::GRPC_RETRY_PUSHBACK_MS;
 use tower_resilience_base::{Answer, NO_RETRY_HEADER};
-use tower_retry_budget::policy::is_transient_error;
 use tower_retry_budget::{Buffered, DefaultPolicy};
 use tower_service::Service;
 

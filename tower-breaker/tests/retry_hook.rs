@@ -344,3 +344,101 @@ async fn the_no_retry_header_is_the_retry_layers() {
     );
     assert_eq!(calls.calls(), 0);
 }
+
+/// A dependency for which 404 is transient (it answers 404 while a
+/// replica catches up): retried, and a failure.
+#[derive(Debug, Clone)]
+struct NotFoundIsTransient;
+
+impl tower_resilience_base::classify::Classify for NotFoundIsTransient {
+    fn classify_response(
+        &self,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+    ) -> tower_resilience_base::classify::Class {
+        if status == http::StatusCode::NOT_FOUND {
+            return tower_resilience_base::classify::Class::Transient {
+                reason: "404",
+                after: None,
+            };
+        }
+        tower_resilience_base::classify::classify_response(status, headers)
+    }
+}
+
+impl tower_retry_budget::Policy for NotFoundIsTransient {}
+
+fn retry_404(
+) -> tower_retry_budget::RetryLayer<NotFoundIsTransient, tower_retry_budget::body::CloneBody> {
+    retry().policy(NotFoundIsTransient)
+}
+
+/// One judgement per attempt: with the default classifier, the breaker
+/// counts each attempt by the class the retry policy below gave it, so a
+/// 404 the policy calls transient is retried and counted as a failure
+/// (alone, the breaker's default counts a 404 as a success).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_breaker_counts_each_attempt_by_the_retry_policys_class() {
+    let breaker = counted(6);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry_404())
+        .service(answering(&calls, 404));
+    assert_eq!(send(&client).await.unwrap().status(), 404);
+    assert_eq!(calls.calls(), 3, "the policy retried the 404");
+    let s = breaker.snapshot();
+    assert_eq!((s.window.calls, s.window.failures), (3, 3));
+
+    // Without the retry layer, the default's own rules: a success.
+    let alone = counted(6);
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(alone.clone()))
+        .service(answering(&calls, 404));
+    send(&client).await.unwrap();
+    let s = alone.snapshot();
+    assert_eq!((s.window.calls, s.window.failures), (1, 0));
+}
+
+/// A breaker with a classifier of its own judges each attempt by its own
+/// rules, whatever class the retry layer below gave: here it counts only
+/// 418 as a failure, so the retried 404s are successes to it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_breaker_with_its_own_classifier_ignores_the_retry_policys_class() {
+    let breaker = counted(6);
+    let calls = CallCounter::default();
+    let teapots = tower_breaker::classify_fn(
+        |result: Result<&http::Response<String>, &(dyn std::error::Error + 'static)>| match result {
+            Ok(r) if r.status() == 418 => Outcome::Failure,
+            Ok(_) => Outcome::Success,
+            Err(_) => Outcome::Failure,
+        },
+    );
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()).classifier(teapots))
+        .layer(retry_404())
+        .service(answering(&calls, 404));
+    send(&client).await.unwrap();
+    assert_eq!(calls.calls(), 3);
+    let s = breaker.snapshot();
+    assert_eq!((s.window.calls, s.window.failures), (3, 0));
+}
+
+/// One classifier for both layers: `by_class` makes the retry policy the
+/// breaker's classifier too, alone or stacked.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn by_class_shares_the_retry_policy_with_the_breaker() {
+    let breaker = counted(2);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(
+            BreakerLayer::new(breaker.clone())
+                .classifier(tower_breaker::classify::by_class(NotFoundIsTransient)),
+        )
+        .service(answering(&calls, 404));
+    send(&client).await.unwrap();
+    send(&client).await.unwrap();
+    assert_eq!(breaker.snapshot().state, State::Open, "two 404s: failures");
+    assert!(send(&client).await.unwrap_err().is::<CircuitOpen>());
+    assert_eq!(calls.calls(), 2);
+}

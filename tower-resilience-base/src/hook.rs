@@ -39,6 +39,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, Response, StatusCode};
 
+use crate::classify::Class;
 use crate::BoxError;
 
 /// Sees and gates every attempt of a retry or hedging layer below the layer
@@ -157,6 +158,7 @@ pub struct ResponseView<'a> {
     status: StatusCode,
     headers: &'a HeaderMap,
     response: &'a dyn Any,
+    class: Option<Class>,
 }
 
 /// The attempts of one call, seen from the layer that took the hook: the
@@ -250,6 +252,7 @@ impl<'a> ResponseView<'a> {
             status: response.status(),
             headers: response.headers(),
             response,
+            class: None,
         }
     }
 
@@ -259,7 +262,39 @@ impl<'a> ResponseView<'a> {
             status,
             headers,
             response,
+            class: None,
         }
+    }
+
+    /// The same view, with the [`Class`] the reporting layer decided for
+    /// the response (a retry layer reports the class its policy gave), so
+    /// that the hook need not judge the response again.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_resilience_base::classify::Class;
+    /// use tower_resilience_base::hook::ResponseView;
+    ///
+    /// let response = http::Response::builder().status(503).body(()).unwrap();
+    /// let view = ResponseView::of(&response);
+    /// assert_eq!(view.class(), None);
+    /// let class = Class::Transient { reason: "503", after: None };
+    /// assert_eq!(view.with_class(class).class(), Some(class));
+    /// ```
+    #[must_use]
+    pub fn with_class(self, class: Class) -> Self {
+        Self {
+            class: Some(class),
+            ..self
+        }
+    }
+
+    /// The class the reporting layer decided for the response, if it gave
+    /// one ([`with_class`](ResponseView::with_class)).
+    #[must_use]
+    pub fn class(&self) -> Option<Class> {
+        self.class
     }
 
     /// The response's status.
@@ -287,6 +322,7 @@ impl fmt::Debug for ResponseView<'_> {
         f.debug_struct("ResponseView")
             .field("status", &self.status)
             .field("headers", &self.headers)
+            .field("class", &self.class)
             .finish_non_exhaustive()
     }
 }

@@ -10,6 +10,7 @@
 //! | concept | here |
 //! |---|---|
 //! | the per-call context handed from layer to layer | [`CallContext`] |
+//! | what a response or an error says about the dependency | [`classify`] |
 //! | the caller's deadline, and the one of the request being served | [`Deadline`] |
 //! | how an outer layer sees and gates every attempt | [`hook`] |
 //! | the errors of local rejections and of spent retries | [`error`] |
@@ -63,6 +64,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod answer;
+pub mod classify;
 pub mod context;
 mod deadline;
 pub mod error;

@@ -1,5 +1,5 @@
 //! The retry decision after an attempt, apart from the future that drives
-//! it (STYLE 49): from the verdict, the attempt number, the time and the
+//! it (STYLE 49): from the attempt's class, the attempt number, the time and the
 //! deadline to "stop, and why" or "wait this long". It reads no clock and
 //! polls nothing, so it is unit-tested directly.
 
@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::layer::Config;
 use crate::outcome::StopReason;
-use crate::policy::Verdict;
+use crate::policy::Class;
 
 /// What to do with an attempt's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,14 +29,14 @@ pub(crate) enum Plan {
 }
 
 /// The plan after attempt number `attempt` (1 for the first) ended with
-/// `verdict`.
+/// an outcome of class `class`.
 ///
 /// `replayable` says whether the request may be sent again at all (an
 /// idempotent request whose body can be replayed); `now` and `backoff` are
 /// asked only for a retryable failure (the clock read and the jitter drawn
 /// only then).
 pub(crate) fn plan(
-    verdict: Verdict,
+    class: Class,
     attempt: u32,
     replayable: bool,
     config: &Config,
@@ -44,16 +44,16 @@ pub(crate) fn plan(
     now: impl FnOnce() -> Instant,
     backoff: impl FnOnce() -> Duration,
 ) -> Plan {
-    let (reason, after) = match verdict {
-        Verdict::Success => return Plan::Return,
-        Verdict::Failure => {
-            return Plan::Stop {
-                reason: StopReason::NotRetryable,
-                retryable: false,
-            }
-        }
-        Verdict::Retry { reason, after } => (reason, after),
-    };
+    if class == Class::Success {
+        return Plan::Return;
+    }
+    if !class.is_retryable() {
+        return Plan::Stop {
+            reason: StopReason::NotRetryable,
+            retryable: false,
+        };
+    }
+    let (reason, after) = (class.reason(), class.retry_after());
     let stop = |reason| Plan::Stop {
         reason,
         retryable: true,
@@ -88,8 +88,8 @@ mod tests {
         RetryLayer::new().config().clone()
     }
 
-    fn retry() -> Verdict {
-        Verdict::Retry {
+    fn retry() -> Class {
+        Class::Transient {
             reason: "503",
             after: None,
         }
@@ -105,16 +105,24 @@ mod tests {
         let no_jitter = || -> Duration { panic!("jitter was drawn") };
         let c = config();
         assert_eq!(
-            plan(Verdict::Success, 1, true, &c, None, never, no_jitter),
+            plan(Class::Success, 1, true, &c, None, never, no_jitter),
             Plan::Return
         );
-        assert_eq!(
-            plan(Verdict::Failure, 1, true, &c, None, never, no_jitter),
-            Plan::Stop {
-                reason: StopReason::NotRetryable,
-                retryable: false
-            }
-        );
+        for class in [
+            Class::Rejected,
+            Class::Failed,
+            Class::Local,
+            Class::Throttled { after: None },
+        ] {
+            assert_eq!(
+                plan(class, 1, true, &c, None, never, no_jitter),
+                Plan::Stop {
+                    reason: StopReason::NotRetryable,
+                    retryable: false
+                },
+                "{class:?}"
+            );
+        }
     }
 
     #[test]
@@ -128,8 +136,7 @@ mod tests {
                 reason: "503"
             }
         );
-        let asked = Verdict::Retry {
-            reason: "429",
+        let asked = Class::Throttled {
             after: Some(300 * MS),
         };
         assert_eq!(
@@ -157,7 +164,7 @@ mod tests {
             plan(retry(), 3, true, &c, None, at(now), || MS),
             stopped(StopReason::Attempts)
         );
-        let too_long = Verdict::Retry {
+        let too_long = Class::Transient {
             reason: "503",
             after: Some(Duration::from_secs(31)),
         };

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_resilience_base::error::DeadlineExceeded;
 use tower_resilience_base::grpc::{is_grpc, GRPC_RETRY_PUSHBACK_MS};
-use tower_resilience_base::hook::{AttemptOutcome, Attempts};
+use tower_resilience_base::hook::{AttemptOutcome, Attempts, ResponseView};
 use tower_resilience_base::{CallContext, Deadline};
 use tower_service::Service;
 
@@ -24,7 +24,7 @@ use crate::budget::RetryBudget;
 use crate::decide::{self, Plan};
 use crate::error::{AttemptsExhausted, BudgetExhausted, DeadlineTooClose};
 use crate::outcome::{GaveUp, StopReason};
-use crate::policy::{is_local_rejection, Policy, Verdict};
+use crate::policy::{is_local_rejection, Class, Policy};
 use crate::service::Shared;
 use crate::{BoxError, GRPC_PREVIOUS_RPC_ATTEMPTS, NO_RETRY_HEADER};
 
@@ -142,14 +142,20 @@ where
                 StateProj::Attempt { future } => {
                     let result: Result<Response<ResB>, BoxError> =
                         ready!(future.poll(cx)).map_err(Into::into);
+                    let (class, marked) = classify(&result, this.shared, *this.deadline);
                     if let Some(hook) = this.hook.as_mut() {
-                        hook.record(AttemptOutcome::of(match &result {
-                            Ok(response) => Ok(response),
-                            Err(e) => Err(&**e as &(dyn Error + 'static)),
-                        }));
+                        // The breaker above counts the attempt by the class
+                        // decided here: the response is judged once.
+                        hook.record(match &result {
+                            Ok(response) => AttemptOutcome::Response(
+                                ResponseView::of(response).with_class(class),
+                            ),
+                            Err(e) => AttemptOutcome::Error(&**e),
+                        });
                     }
                     match next_step::<M, B, S, ResB>(
                         result,
+                        (class, marked),
                         this.shared,
                         this.retry,
                         this.hook.as_ref(),
@@ -231,6 +237,7 @@ where
 /// that order.
 fn next_step<M, B, S, ResB>(
     result: Result<Response<ResB>, BoxError>,
+    (class, marked): (Class, bool),
     shared: &Shared<dyn Policy>,
     retry: &mut Option<Retrying<S, M::Saved, M::Body>>,
     hook: Option<&Attempts>,
@@ -241,7 +248,6 @@ where
     M: ReplayMode<B>,
 {
     let config = &shared.config;
-    let (verdict, marked) = classify(&result, shared, deadline);
     if marked {
         // Retries for this failure were already spent below: keep the mark
         // on the answer, so no tier above retries it either.
@@ -251,7 +257,7 @@ where
     let replayable = retry.as_ref().is_some_and(|r| M::can_replay(&r.saved));
     let mut now = None;
     let plan = decide::plan(
-        verdict,
+        class,
         attempt,
         replayable,
         config,
@@ -306,28 +312,28 @@ where
     Step::Sleep(delay)
 }
 
-/// The policy's verdict on an attempt's outcome, and whether the answer
+/// The class of an attempt's outcome by the policy, and whether the answer
 /// carries the do-not-retry mark (then it is never retried).
 fn classify<ResB>(
     result: &Result<Response<ResB>, BoxError>,
     shared: &Shared<dyn Policy>,
     deadline: Option<Instant>,
-) -> (Verdict, bool) {
+) -> (Class, bool) {
     match result {
         Ok(response) => {
             let headers = response.headers();
             let marked = !headers.is_empty() && headers.contains_key(NO_RETRY_HEADER);
-            let verdict = shared.policy.classify_response(response.status(), headers);
-            (verdict, marked && verdict != Verdict::Success)
+            let class = shared.policy.classify_response(response.status(), headers);
+            (class, marked && class != Class::Success)
         }
         Err(e) if is_attempt_timeout(&**e, deadline, shared.config.min_remaining) => (
-            Verdict::Retry {
+            Class::Transient {
                 reason: "attempt timeout",
                 after: None,
             },
             false,
         ),
-        Err(e) if is_local_rejection(&**e) => (Verdict::Failure, false),
+        Err(e) if is_local_rejection(&**e) => (Class::Local, false),
         Err(e) => (shared.policy.classify_error(&**e), false),
     }
 }

@@ -48,7 +48,10 @@
 //! succeeds or a limit says stop. What it checks, in order:
 //!
 //! 1. **Is the failure retryable?** Asked of the [`Policy`] (default
-//!    [`DefaultPolicy`]): errors whose kind says the next attempt may
+//!    [`DefaultPolicy`]), which is a [`Classify`]: the toolkit's one
+//!    classification, which a circuit breaker above reads too (each
+//!    attempt's [`Class`] is handed to it). Retried: the classes that
+//!    [`Class::is_retryable`] names, by default errors whose kind says the next attempt may
 //!    succeed (connection refused, reset or aborted, a connection closed
 //!    before the answer, I/O and per-attempt timeouts:
 //!    [`policy::is_transient_error`]; never an invalid URI, a TLS failure
@@ -326,7 +329,6 @@ mod decide;
 pub mod error;
 pub mod future;
 pub mod hedge;
-mod known;
 mod layer;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -350,7 +352,7 @@ pub use layer::{
     RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,
 };
 pub use outcome::{GaveUp, StopReason};
-pub use policy::{DefaultPolicy, Policy, Verdict};
+pub use policy::{Class, Classify, DefaultPolicy, Policy};
 pub use service::Retry;
 pub use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, AttemptToken};
 pub use tower_resilience_base::random::{ProcessRandom, RandomSource, SeededRandom};

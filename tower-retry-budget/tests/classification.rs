@@ -11,7 +11,7 @@ use support::{gaps, get, status, status_with, Log, Scripted, MS};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_retry_budget::error::{AttemptsExhausted, BudgetExhausted};
 use tower_retry_budget::{
-    policy, GaveUp, Policy, RetryBudget, RetryLayer, SeededRandom, StopReason, Verdict,
+    policy, Class, Classify, GaveUp, Policy, RetryBudget, RetryLayer, SeededRandom, StopReason,
     NO_RETRY_HEADER,
 };
 
@@ -303,10 +303,12 @@ async fn bulkhead_rejections_are_never_retried() {
 #[derive(Debug, Clone)]
 struct AlsoRetry500;
 
-impl Policy for AlsoRetry500 {
-    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Verdict {
+impl Policy for AlsoRetry500 {}
+
+impl Classify for AlsoRetry500 {
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Class {
         if status == StatusCode::INTERNAL_SERVER_ERROR {
-            return Verdict::Retry {
+            return Class::Transient {
                 reason: "500",
                 after: None,
             };

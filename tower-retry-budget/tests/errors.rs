@@ -14,7 +14,7 @@ use support::{get, Log};
 use tower::{service_fn, BoxError, Layer, ServiceExt};
 use tower_retry_budget::body::ReplayBody;
 use tower_retry_budget::policy::{classify_error, is_transient_error};
-use tower_retry_budget::{RetryLayer, SeededRandom, Verdict};
+use tower_retry_budget::{Class, RetryLayer, SeededRandom};
 
 /// A client error that wraps its cause, as hyper-util's and reqwest's do.
 #[derive(Debug)]
@@ -69,7 +69,7 @@ fn the_documented_kinds_are_transient_and_nothing_else_is() {
     }
     assert_eq!(
         classify_error(&Wrapped("no such thing".into())),
-        Verdict::Failure,
+        Class::Failed,
         "an error of unknown kind is not retried"
     );
 }

@@ -5,7 +5,7 @@ mod support;
 use http::{HeaderMap, Method, Request};
 use support::{get, post, Log, Scripted};
 use tower::{Layer, ServiceExt};
-use tower_retry_budget::{policy, GaveUp, Policy, RetryLayer, SeededRandom, StopReason};
+use tower_retry_budget::{policy, Classify, GaveUp, Policy, RetryLayer, SeededRandom, StopReason};
 
 fn layer() -> RetryLayer {
     RetryLayer::new().random(SeededRandom::new(31))
@@ -72,6 +72,8 @@ impl Policy for GetOnly {
         method == Method::GET
     }
 }
+
+impl Classify for GetOnly {}
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_idempotency_rule_is_replaceable() {

@@ -14,8 +14,8 @@ use tower::{BoxError, Layer, ServiceExt};
 use tower_resilience_base::hook::Attempts;
 use tower_resilience_base::CallContext;
 use tower_retry_budget::{
-    AttemptHook, AttemptOutcome, AttemptToken, DefaultPolicy, Policy, ProcessRandom, RandomSource,
-    RetryLayer, SeededRandom, Verdict,
+    AttemptHook, AttemptOutcome, AttemptToken, Class, Classify, DefaultPolicy, Policy,
+    ProcessRandom, RandomSource, RetryLayer, SeededRandom,
 };
 use tower_test::mock;
 
@@ -142,7 +142,7 @@ async fn trait_objects_work_as_policy_random_source_and_hook() {
     assert!(boxed.is_retryable_request(&Method::GET, &HeaderMap::new()));
     assert_eq!(
         boxed.classify_response(StatusCode::OK, &HeaderMap::new()),
-        Verdict::Success
+        Class::Success
     );
     let random: Box<dyn RandomSource> = Box::new(ProcessRandom::new());
     let _ = random.next_u64();

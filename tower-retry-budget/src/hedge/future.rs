@@ -15,7 +15,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tower_resilience_base::grpc::GRPC_RETRY_PUSHBACK_MS;
-use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, Attempts};
+use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, Attempts, ResponseView};
 use tower_resilience_base::{CallContext, Deadline};
 use tower_service::Service;
 
@@ -24,7 +24,7 @@ use super::shared::{Refusal, Shared, MAX_PAUSE};
 use crate::body::ReplayMode;
 use crate::error::ReplaySuperseded;
 use crate::future::{clone_head, mark_attempt};
-use crate::policy::{is_local_rejection, Policy, Verdict};
+use crate::policy::{is_local_rejection, Class, Policy};
 use crate::{BoxError, NO_RETRY_HEADER};
 
 pin_project! {
@@ -155,6 +155,8 @@ struct Judgement {
     /// The attempt lost its body to a newer attempt: it was not a
     /// dependency failure, so the hook is told it was cancelled.
     superseded: bool,
+    /// The policy's class of a response, handed to the hook with it.
+    class: Option<Class>,
 }
 
 /// Calls `service` with `request` while `attempts` (if any) is on offer in
@@ -334,22 +336,26 @@ where
             pushback: false,
             pause: None,
             superseded: false,
+            class: None,
         };
         match result {
             Ok(response) => {
                 let headers = response.headers();
-                match policy.classify_response(response.status(), headers) {
-                    Verdict::Success => judgement.wins = true,
+                let class = policy.classify_response(response.status(), headers);
+                judgement.class = Some(class);
+                match class {
+                    Class::Success => judgement.wins = true,
                     // A failure the server asked not to retry (a negative
                     // gRPC pushback, the do-not-retry mark) stops hedging
                     // but does not beat an attempt still in flight; any
                     // other failure that is not retried is the answer.
-                    Verdict::Failure => {
+                    _ if !class.is_retryable() => {
                         judgement.pushback = headers.contains_key(NO_RETRY_HEADER)
                             || headers.contains_key(GRPC_RETRY_PUSHBACK_MS);
                         judgement.wins = !judgement.pushback;
                     }
-                    Verdict::Retry { after, .. } => {
+                    _ => {
+                        let after = class.retry_after();
                         judgement.pause = after;
                         judgement.pushback = after.is_some()
                             || headers.contains_key(NO_RETRY_HEADER)
@@ -391,10 +397,16 @@ where
         };
         if let Some(mut attempts) = attempts {
             if !judgement.superseded {
-                attempts.record(AttemptOutcome::of(match &result {
-                    Ok(response) => Ok(response),
-                    Err(e) => Err(&**e as &(dyn Error + 'static)),
-                }));
+                attempts.record(match &result {
+                    Ok(response) => {
+                        let view = ResponseView::of(response);
+                        AttemptOutcome::Response(match judgement.class {
+                            Some(class) => view.with_class(class),
+                            None => view,
+                        })
+                    }
+                    Err(e) => AttemptOutcome::Error(&**e),
+                });
             }
             // Dropped unrecorded: cancelled.
         }
