@@ -211,13 +211,6 @@ mod tests {
     use super::*;
     use http::{HeaderValue, StatusCode};
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
-            .collect()
-    }
-
     /// A passed deadline is transient by kind (a per-attempt timeout may
     /// pass), but this layer never retries it on the policy's word: it is
     /// one of its local rejections.
@@ -299,7 +292,8 @@ mod tests {
                 &none
             ));
         }
-        let keyed = headers(&[("idempotency-key", "abc")]);
+        let mut keyed = HeaderMap::new();
+        keyed.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("abc"));
         assert!(is_idempotent(&Method::POST, &keyed));
     }
 }
