@@ -442,3 +442,33 @@ async fn by_class_shares_the_retry_policy_with_the_breaker() {
     assert!(send(&client).await.unwrap_err().is::<CircuitOpen>());
     assert_eq!(calls.calls(), 2);
 }
+
+/// Attempts reported through the hook from far more threads than the
+/// breaker has stripes of counters: each thread's reports land in a
+/// stripe, wrapping around, and every attempt is counted.
+#[test]
+fn attempts_reported_from_more_threads_than_stripes_are_all_counted() {
+    const THREADS: usize = 100;
+    let breaker = counted(1000);
+    let calls = CallCounter::default();
+    let client = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(retry())
+        .service(answering(&calls, 200));
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .unwrap();
+                let answer = runtime.block_on(send(&client)).unwrap();
+                assert_eq!(answer.status(), 200);
+            });
+        }
+    });
+    assert_eq!(calls.calls(), THREADS);
+    let s = breaker.snapshot();
+    assert_eq!(s.totals.successful, THREADS as u64);
+    assert_eq!(s.window.calls, THREADS as u64);
+}
