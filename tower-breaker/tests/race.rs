@@ -215,3 +215,19 @@ fn outcomes_from_more_threads_than_stripes_are_all_counted() {
     assert_eq!((s.window.calls, s.window.failures), (300, 100));
     assert_eq!(s.state, State::Closed);
 }
+
+/// Rejections from far more threads than the breaker has stripes of
+/// counters: every one is counted.
+#[test]
+fn rejections_from_more_threads_than_stripes_are_all_counted() {
+    const THREADS: usize = 100;
+    let b = Breaker::with_config("threads", config().count_window(1).minimum_calls(1));
+    record(&b, Outcome::Failure, 1);
+    assert_eq!(b.snapshot().state, State::Open);
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| assert!(b.try_acquire().is_err()));
+        }
+    });
+    assert_eq!(b.snapshot().totals.rejected, THREADS as u64);
+}
