@@ -632,3 +632,38 @@ async fn transitions_out_of_half_open_carry_the_probe_counts() {
         ]
     );
 }
+
+/// A random source that always draws three quarters, and counts its
+/// draws.
+#[derive(Debug)]
+struct ThreeQuarters(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl tower_breaker::RandomSource for ThreeQuarters {
+    fn next_u64(&self) -> u64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        3 << 62
+    }
+}
+
+/// The open period is multiplied by `1 + jitter * (2u - 1)` for a draw
+/// `u`: with a jitter of 0.5 and a draw of three quarters, 5 s becomes
+/// 6.25 s. Without jitter, the period is exact and nothing is drawn.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_jitter_factor_is_exact_and_no_jitter_draws_nothing() {
+    let opened = |jitter: f64| {
+        let draws = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let b = Breaker::with_config(
+            "t",
+            config()
+                .count_window(1)
+                .minimum_calls(1)
+                .jitter(jitter)
+                .random(ThreeQuarters(draws.clone())),
+        );
+        record(&b, Outcome::Failure, 1);
+        let period = b.try_acquire().unwrap_err().retry_after();
+        (period, draws.load(std::sync::atomic::Ordering::Relaxed))
+    };
+    assert_eq!(opened(0.5), (ms(6250), 1));
+    assert_eq!(opened(0.0), (secs(5), 0), "no jitter, no draw");
+}
