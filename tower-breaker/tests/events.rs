@@ -5,73 +5,11 @@
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use support::*;
 use tokio::time::Instant;
 use tower_breaker::{Breaker, Cause, Mode, Outcome, State, Transition};
-
-/// One event: its message, and its other fields as their `Debug` text.
-type Event = (String, BTreeMap<String, String>);
-
-/// A `tracing` subscriber that records the `INFO` and `WARN` events.
-#[derive(Clone, Default)]
-struct Events {
-    seen: Arc<Mutex<Vec<Event>>>,
-    next_id: Arc<AtomicU64>,
-}
-
-impl Events {
-    /// The events since the last call.
-    fn take(&self) -> Vec<Event> {
-        std::mem::take(&mut *self.seen.lock().unwrap())
-    }
-}
-
-struct Fields(Event);
-
-impl tracing::field::Visit for Fields {
-    // A string field reads the same whether it was recorded as a `&str` or
-    // with `%` (Display): unquoted.
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.record_debug(field, &format_args!("{value}"));
-    }
-
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        let text = format!("{value:?}");
-        if field.name() == "message" {
-            self.0 .0 = text;
-        } else {
-            self.0 .1.insert(field.name().to_owned(), text);
-        }
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        *metadata.level() <= tracing::Level::INFO
-    }
-
-    fn new_span(&self, _span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(self.next_id.fetch_add(1, Ordering::Relaxed) + 1)
-    }
-
-    fn record(&self, _span: &tracing::span::Id, _values: &tracing::span::Record<'_>) {}
-
-    fn record_follows_from(&self, _span: &tracing::span::Id, _follows: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut fields = Fields(Default::default());
-        event.record(&mut fields);
-        self.seen.lock().unwrap().push(fields.0);
-    }
-
-    fn enter(&self, _span: &tracing::span::Id) {}
-
-    fn exit(&self, _span: &tracing::span::Id) {}
-}
 
 fn event(message: &str, fields: &[(&str, &str)]) -> Event {
     let fields = fields

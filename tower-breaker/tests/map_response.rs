@@ -6,8 +6,8 @@
 mod support;
 
 use std::error::Error;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use http::{Request, Response};
 use support::*;
@@ -33,63 +33,9 @@ where
     svc.clone().oneshot(Request::new(String::new())).await
 }
 
-/// A `tracing` subscriber that keeps the message of every `WARN` (or more
-/// severe) event.
-#[derive(Clone, Default)]
-struct Warnings {
-    messages: Arc<Mutex<Vec<String>>>,
-    next_span: Arc<AtomicU64>,
-}
-
-impl Warnings {
-    /// How many warnings so far mention `text`.
-    fn mentioning(&self, text: &str) -> usize {
-        self.messages
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|m| m.contains(text))
-            .count()
-    }
-}
-
-struct Message(String);
-
-impl tracing::field::Visit for Message {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0 = format!("{value:?}");
-        }
-    }
-}
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        *metadata.level() <= tracing::Level::WARN
-    }
-
-    fn new_span(&self, _span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(self.next_span.fetch_add(1, Ordering::Relaxed) + 1)
-    }
-
-    fn record(&self, _span: &tracing::span::Id, _values: &tracing::span::Record<'_>) {}
-
-    fn record_follows_from(&self, _span: &tracing::span::Id, _follows: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut message = Message(String::new());
-        event.record(&mut message);
-        self.messages.lock().unwrap().push(message.0);
-    }
-
-    fn enter(&self, _span: &tracing::span::Id) {}
-
-    fn exit(&self, _span: &tracing::span::Id) {}
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_map_response_between_breaker_and_retry_still_counts_every_attempt() {
-    let warnings = Warnings::default();
+    let warnings = Events::default();
     let _guard = tracing::subscriber::set_default(warnings.clone());
     let breaker = counted(4);
     let calls = CallCounter::default();
@@ -130,7 +76,7 @@ async fn a_map_response_between_breaker_and_retry_still_counts_every_attempt() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_classifier_of_the_mapped_type_falls_back_to_the_default_rules_and_warns_once() {
-    let warnings = Warnings::default();
+    let warnings = Events::default();
     let _guard = tracing::subscriber::set_default(warnings.clone());
     // Only judges `Response<usize>`, the breaker's own response type; the
     // retry layer below reports `Response<String>`.

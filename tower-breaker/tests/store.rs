@@ -160,12 +160,14 @@ async fn a_failed_probe_keeps_the_fleet_open_for_the_longer_period() {
 
 /// A [`MemoryStore`] with faults: no pushes (the breakers learn from their
 /// reads alone, as when pushes are lost), a `close` that answers late, and
-/// elections that fail a number of times before they work.
+/// elections that fail a number of times before they work, or never answer.
 #[derive(Debug)]
 struct Faulty {
     inner: MemoryStore,
     close_delay: Duration,
     failing_elections: std::sync::atomic::AtomicU32,
+    /// Elections never answer.
+    mute_elections: bool,
 }
 
 impl Default for Faulty {
@@ -174,6 +176,7 @@ impl Default for Faulty {
             inner: MemoryStore::new(),
             close_delay: Duration::ZERO,
             failing_elections: std::sync::atomic::AtomicU32::new(0),
+            mute_elections: false,
         }
     }
 }
@@ -189,6 +192,9 @@ impl Store for Faulty {
         lease: Duration,
     ) -> StoreFuture<'a, Election> {
         use std::sync::atomic::Ordering::SeqCst;
+        if self.mute_elections {
+            return Box::pin(std::future::pending());
+        }
         let failing = self
             .failing_elections
             .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
@@ -542,30 +548,6 @@ async fn one_failed_election_does_not_let_the_process_probe_on_its_own() {
     assert_eq!(b.snapshot().totals.store_errors, 1);
 }
 
-/// A [`MemoryStore`] whose elections never answer.
-#[derive(Debug, Default)]
-struct MuteElections(MemoryStore);
-
-impl Store for MuteElections {
-    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
-        self.0.try_open(name, open_for)
-    }
-    fn try_acquire_probe<'a>(
-        &'a self,
-        _: &'a str,
-        _: Duration,
-        _: Duration,
-    ) -> StoreFuture<'a, Election> {
-        Box::pin(std::future::pending())
-    }
-    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
-        self.0.close(name, token)
-    }
-    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
-        self.0.read(name)
-    }
-}
-
 /// An election that never answers does not leave the circuit electing for
 /// ever: until the probe wait is over, callers are told to wait for it;
 /// one tick after, the election counts as a store error and the circuit
@@ -578,7 +560,10 @@ async fn an_election_that_never_answers_times_out_after_the_probe_wait() {
             .count_window(2)
             .minimum_calls(2)
             .max_half_open_wait(secs(1))
-            .store(Arc::new(MuteElections::default()))
+            .store(Arc::new(Faulty {
+                mute_elections: true,
+                ..Faulty::default()
+            }))
             .refresh_interval(REFRESH),
     );
     record(&b, Outcome::Failure, 2);

@@ -368,17 +368,25 @@ async fn a_transition_at_the_first_instant_is_reported() {
     assert_eq!(b.snapshot().last_transition, Some(start + secs(5)));
 }
 
-/// A random source that always draws exactly one half, and counts its
-/// draws.
+/// A random source that always draws `value`, and counts its draws.
 #[derive(Debug)]
-struct Half(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+struct FixedDraw {
+    value: u64,
+    draws: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
 
-impl tower_breaker::RandomSource for Half {
+impl tower_breaker::RandomSource for FixedDraw {
     fn next_u64(&self) -> u64 {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        1 << 63
+        self.draws
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.value
     }
 }
+
+/// One half, as a draw of a [`FixedDraw`].
+const HALF: u64 = 1 << 63;
+/// Three quarters, as a draw of a [`FixedDraw`].
+const THREE_QUARTERS: u64 = 3 << 62;
 
 /// A call is admitted while ramping up when its draw is below the share
 /// of the ramp gone by: a draw of one half is refused until just after
@@ -394,7 +402,10 @@ async fn the_ramp_admits_below_its_share_and_ends_on_time() {
             .count_window(1)
             .minimum_calls(1)
             .ramp_up(secs(10))
-            .random(Half(draws.clone())),
+            .random(FixedDraw {
+                value: HALF,
+                draws: draws.clone(),
+            }),
     );
     record(&b, Outcome::Failure, 1);
     advance(secs(5)).await;
@@ -633,18 +644,6 @@ async fn transitions_out_of_half_open_carry_the_probe_counts() {
     );
 }
 
-/// A random source that always draws three quarters, and counts its
-/// draws.
-#[derive(Debug)]
-struct ThreeQuarters(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl tower_breaker::RandomSource for ThreeQuarters {
-    fn next_u64(&self) -> u64 {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        3 << 62
-    }
-}
-
 /// The open period is multiplied by `1 + jitter * (2u - 1)` for a draw
 /// `u`: with a jitter of 0.5 and a draw of three quarters, 5 s becomes
 /// 6.25 s. Without jitter, the period is exact and nothing is drawn.
@@ -658,7 +657,10 @@ async fn the_jitter_factor_is_exact_and_no_jitter_draws_nothing() {
                 .count_window(1)
                 .minimum_calls(1)
                 .jitter(jitter)
-                .random(ThreeQuarters(draws.clone())),
+                .random(FixedDraw {
+                    value: THREE_QUARTERS,
+                    draws: draws.clone(),
+                }),
         );
         record(&b, Outcome::Failure, 1);
         let period = b.try_acquire().unwrap_err().retry_after();
