@@ -259,7 +259,9 @@ pub fn classify_fn<F>(f: F) -> ClassifyFn<F> {
 
 /// The default classification of errors.
 ///
-/// Walks the error and its `source()` chain:
+/// The [`Outcome`] of the error's [`Class`] by the toolkit's shared rules
+/// ([`tower_resilience_base::classify::classify_error`]), which walk the
+/// error and its `source()` chain:
 ///
 /// - a local rejection
 ///   ([`tower_resilience_base::error::is_local_rejection`]: another
@@ -284,13 +286,7 @@ pub fn classify_fn<F>(f: F) -> ClassifyFn<F> {
 /// ```
 #[must_use]
 pub fn classify_error(error: &(dyn Error + 'static)) -> Outcome {
-    if tower_resilience_base::error::is_local_rejection(error) {
-        Outcome::Ignored
-    } else {
-        // Every other class of an error (failed, or failed transiently)
-        // is a failure; no need to walk the chain for its kind.
-        Outcome::Failure
-    }
+    Outcome::from(shared::classify_error(error))
 }
 
 /// The [`DefaultClassifier`]'s rule for a response: the [`Outcome`] of its
