@@ -26,6 +26,27 @@ pub(crate) fn since(base: Instant) -> Duration {
     Instant::now().saturating_duration_since(base)
 }
 
+/// The time since `base` at the moment of the call being made: the clock
+/// reading a layer above already made for this call
+/// ([`CallContext::now`](tower_resilience_base::CallContext::now), at most
+/// the duration of the synchronous `call`s in between old), else the
+/// clock's. Saves a clock read (tens of nanoseconds on a virtual machine)
+/// on the paths that need the time per call, such as a rejection while
+/// open.
+#[cfg(not(tower_resilience_loom))]
+#[inline]
+pub(crate) fn call_since(base: Instant) -> Duration {
+    tower_resilience_base::CallContext::current(|cx| cx.now())
+        .map_or_else(|| since(base), |now| now.saturating_duration_since(base))
+}
+
+/// The time since `base`: the model's clock, whatever `base` (the models
+/// have no call context).
+#[cfg(tower_resilience_loom)]
+pub(crate) fn call_since(base: Instant) -> Duration {
+    since(base)
+}
+
 /// The time since `base`: the model's clock, whatever `base`.
 #[cfg(tower_resilience_loom)]
 pub(crate) fn since(_base: Instant) -> Duration {

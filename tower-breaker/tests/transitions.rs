@@ -170,6 +170,29 @@ async fn open_rejects_then_half_opens_one_tick_after_the_period() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn admission_takes_the_time_a_layer_above_read_for_the_call() {
+    // One clock read per call for the whole stack: the breaker judges the
+    // open period by the reading in the call context when a layer above
+    // made one, and reads the clock itself only when none did.
+    use tokio::time::Instant;
+    use tower_resilience_base::CallContext;
+
+    let b = breaker(2);
+    record(&b, Outcome::Failure, 2);
+    advance(secs(2)).await;
+    let at = |now: Instant| {
+        CallContext::scoped(|cx| cx.set_now(now), || b.try_acquire())
+            .map(|permit| permit.is_probe())
+            .map_err(|e| e.retry_after())
+    };
+    assert_eq!(b.try_acquire().unwrap_err().retry_after(), secs(3));
+    assert_eq!(at(Instant::now() + secs(1)), Err(secs(2)));
+    // A reading past the period admits the probe, as the clock would then.
+    assert_eq!(at(Instant::now() + secs(3) + ms(1)), Ok(true));
+    assert_eq!(state(&b), State::HalfOpen);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_open_period_grows_on_each_reopen_and_is_capped() {
     let b = breaker(1);
     record(&b, Outcome::Failure, 1);

@@ -163,7 +163,7 @@ impl Core {
     #[cold]
     pub(super) fn admit_slow(self: &Arc<Self>, mut w: Word) -> Result<Raw, Rejection> {
         let core = &**self;
-        let now = core.now_ns();
+        let now = nanos(crate::sync::call_since(core.base));
         if let Some(link) = &core.store {
             self.maybe_refresh(link, now);
         }
