@@ -10,6 +10,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::{sleep_until, Instant, Sleep};
+use tower_resilience_base::error::is_local_rejection;
 use tower_resilience_base::Answer;
 
 use crate::error::{DeadlineExceeded, InsufficientBudget};
@@ -256,14 +257,19 @@ where
             } => {
                 match inner.poll(cx) {
                     Poll::Ready(Ok(response)) => return Poll::Ready(Ok(response)),
-                    // An error in the tick of the deadline is usually a
-                    // timer below (tonic's `Channel` runs one from the header
-                    // we wrote) hitting the same deadline: report ours. A
-                    // response that made it in time is kept.
-                    Poll::Ready(Err(e)) if !timer.is_elapsed() => {
-                        return Poll::Ready(Err(e.into()));
+                    Poll::Ready(Err(e)) => {
+                        let e = e.into();
+                        // An error in the tick of the deadline is usually a
+                        // timer below (tonic's `Channel` runs one from the
+                        // header we wrote) hitting the same deadline: report
+                        // ours. A response that made it in time is kept, and
+                        // so is a local rejection (the circuit open, the
+                        // bulkhead full): the call was never sent, so no
+                        // timer below ran, and the clock is not read for it.
+                        if is_local_rejection(&*e) || !timer.is_elapsed() {
+                            return Poll::Ready(Err(e));
+                        }
                     }
-                    Poll::Ready(Err(_)) => {}
                     Poll::Pending => ready!(timer.poll(cx)),
                 }
                 expired.fire();

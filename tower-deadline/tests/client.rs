@@ -459,6 +459,36 @@ async fn an_inner_timeout_in_the_deadline_tick_is_reported_as_deadline_exceeded(
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_local_rejection_in_the_deadline_tick_is_kept() {
+    // A layer below that refused the call (the circuit open, the bulkhead
+    // full) never sent it, so no timer below can have fired: its refusal is
+    // the answer even when it comes in the tick of the deadline.
+    use tower_resilience_base::error::{BulkheadFull, CircuitOpen};
+    for refusal in ["circuit", "bulkhead", "plain"] {
+        let svc = ClientDeadlineLayer::new()
+            .default_timeout(Duration::from_millis(30))
+            .layer(service_fn(move |_req: Request<()>| {
+                let deadline = CallContext::current(|cx| cx.deadline()).unwrap();
+                async move {
+                    tokio::time::sleep_until(deadline.instant()).await;
+                    Err::<Response<()>, BoxError>(match refusal {
+                        "circuit" => CircuitOpen::new("db", Duration::from_secs(1), false).into(),
+                        "bulkhead" => BulkheadFull::new("db", 4, None).into(),
+                        _ => "connection reset".into(),
+                    })
+                }
+            }));
+        let err = svc.oneshot(Request::new(())).await.unwrap_err();
+        match refusal {
+            "circuit" => assert!(err.is::<CircuitOpen>(), "{err}"),
+            "bulkhead" => assert!(err.is::<BulkheadFull>(), "{err}"),
+            // Anything else in that tick is taken for a timer below.
+            _ => assert!(err.is::<DeadlineExceeded>(), "{err}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_response_in_the_deadline_tick_is_kept() {
     let svc = ClientDeadlineLayer::new()
         .default_timeout(Duration::from_millis(30))
