@@ -30,7 +30,7 @@ pin_project! {
     pub struct ResponseFuture<F, C> {
         #[pin]
         kind: Kind<F>,
-        tracker: Tracker<C>,
+        pub(crate) tracker: Tracker<C>,
     }
 }
 

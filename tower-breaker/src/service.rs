@@ -472,10 +472,14 @@ where
     match hook {
         Some(hook) if raw.kind != Kind::Untracked => {
             let attempts = Attempts::new(Arc::clone(hook), token(breaker, raw));
-            let (future, left) = CallContext::offer_attempts(attempts, || inner.call(request));
+            let mut left = None;
+            // The response future is built around the inner one in place.
+            let mut future = CallContext::offer_attempts_into(attempts, &mut left, || {
+                ResponseFuture::called(inner.call(request), Tracker::Done)
+            });
             // Taken: a retry layer below reports every attempt, this layer
             // counts nothing. Left: this layer counts the call once.
-            let tracker = match left.and_then(Attempts::into_in_flight) {
+            future.tracker = match left.and_then(Attempts::into_in_flight) {
                 None => Tracker::Done,
                 Some(token) => {
                     let (packed, started_ns) = token.parts();
@@ -488,7 +492,7 @@ where
                     }
                 }
             };
-            ResponseFuture::called(future, tracker)
+            future
         }
         _ => {
             let tracker = tracker(breaker, classifier, raw);

@@ -359,18 +359,20 @@ where
             );
         }
         let inner = &mut self.inner;
-        let future = CallContext::scoped(
-            |cx| {
-                cx.set_deadline(deadline, true);
-                cx.set_now(now);
-            },
-            || inner.call(request),
-        );
+        let expiry = self.metrics.expiry();
         // Armed even when a layer above enforces the same deadline: this
         // layer's `DeadlineExceeded` is how the layers in between (a retry
         // layer, a breaker's attempt hook) learn that the attempt timed out;
         // the outer layer's expiry would only drop them, as a cancellation.
-        ClientResponseFuture::bounded(deadline, future, self.metrics.expiry())
+        // (Built inside the scope so the inner future is written in place,
+        // not moved: a deep stack's futures are hundreds of bytes.)
+        CallContext::scoped(
+            |cx| {
+                cx.set_deadline(deadline, true);
+                cx.set_now(now);
+            },
+            || ClientResponseFuture::bounded(deadline, inner.call(request), expiry),
+        )
     }
 }
 

@@ -130,7 +130,7 @@ impl CallContext {
     /// through to the layers below.
     ///
     /// The previous values are restored even if `call` panics.
-    #[inline]
+    #[inline(always)]
     pub fn scoped<R>(change: impl FnOnce(&mut CallContext), call: impl FnOnce() -> R) -> R {
         struct Restore(CallContext);
 
@@ -158,17 +158,38 @@ impl CallContext {
     ///
     /// A hook already in the context (a breaker above this one) is hidden
     /// during `call` and put back afterwards.
-    #[inline]
+    #[inline(always)]
     pub fn offer_attempts<R>(
         attempts: Attempts,
         call: impl FnOnce() -> R,
     ) -> (R, Option<Attempts>) {
-        struct Restore(Option<Option<Attempts>>);
+        let mut left = None;
+        let result = Self::offer_attempts_into(attempts, &mut left, call);
+        (result, left)
+    }
 
-        impl Drop for Restore {
+    /// [`offer_attempts`](Self::offer_attempts) that puts the hook, if
+    /// nobody took it, in `left` and returns `call`'s result alone: a
+    /// layer can then build its response future around the inner one in
+    /// place rather than moving it out of a tuple (futures of a deep stack
+    /// are hundreds of bytes).
+    #[inline(always)]
+    pub fn offer_attempts_into<R>(
+        attempts: Attempts,
+        left: &mut Option<Attempts>,
+        call: impl FnOnce() -> R,
+    ) -> R {
+        struct Restore<'a> {
+            outer: Option<Option<Attempts>>,
+            left: &'a mut Option<Attempts>,
+        }
+
+        impl Drop for Restore<'_> {
             fn drop(&mut self) {
-                if let Some(outer) = self.0.take() {
-                    let _ = ATTEMPTS.try_with(|slot| *slot.borrow_mut() = outer);
+                if let Some(outer) = self.outer.take() {
+                    *self.left = ATTEMPTS
+                        .try_with(|slot| std::mem::replace(&mut *slot.borrow_mut(), outer))
+                        .unwrap_or_default();
                 }
             }
         }
@@ -176,15 +197,13 @@ impl CallContext {
         let Ok(outer) = ATTEMPTS.try_with(|slot| slot.borrow_mut().replace(attempts)) else {
             // Torn down: `attempts` was dropped with the closure, which
             // cancelled its admission; nothing was offered.
-            return (call(), None);
+            return call();
         };
-        let mut restore = Restore(Some(outer));
-        let result = call();
-        let outer = restore.0.take().unwrap_or_default();
-        let left = ATTEMPTS
-            .try_with(|slot| std::mem::replace(&mut *slot.borrow_mut(), outer))
-            .unwrap_or_default();
-        (result, left)
+        let _restore = Restore {
+            outer: Some(outer),
+            left,
+        };
+        call()
     }
 
     /// Takes the attempt hook out of the current context: the caller is now
