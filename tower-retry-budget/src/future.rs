@@ -44,7 +44,7 @@ pin_project! {
         #[pin]
         state: State<S::Future>,
         retry: Option<Retrying<S, M::Saved, M::Body>>,
-        shared: Arc<Shared<dyn Policy>>,
+        shared: Arc<Shared<S, dyn Policy>>,
         hook: Option<Attempts>,
         deadline: Option<Instant>,
         attempt: u32,
@@ -72,7 +72,9 @@ pin_project! {
 struct Retrying<S, Saved, Body> {
     template: Parts,
     saved: Saved,
-    service: S,
+    /// The service the retries go through: a clone of the layer's spare,
+    /// made when the first retry is about to be sent.
+    service: Option<S>,
     /// Whether the call's deadline was set and enforced by a layer above,
     /// to hand it to the layers below again on each retry.
     enforced: bool,
@@ -100,20 +102,21 @@ where
     M: ReplayMode<B>,
     S: Service<Request<M::Body>>,
 {
+    /// The response future of a call whose first attempt is not sent yet:
+    /// [`start`](Self::start) it with the first attempt's future.
     #[inline]
     pub(crate) fn new(
-        future: S::Future,
-        shared: Arc<Shared<dyn Policy>>,
+        shared: Arc<Shared<S, dyn Policy>>,
         hook: Option<Attempts>,
         deadline: Option<Instant>,
-        retry: Option<(Parts, M::Saved, S, bool)>,
+        retry: Option<(Parts, M::Saved, bool)>,
     ) -> Self {
         Self {
-            state: State::Attempt { future },
-            retry: retry.map(|(template, saved, service, enforced)| Retrying {
+            state: State::Done,
+            retry: retry.map(|(template, saved, enforced)| Retrying {
                 template,
                 saved,
-                service,
+                service: None,
                 enforced,
                 next: None,
                 jitter: None,
@@ -125,12 +128,19 @@ where
             attempt: 1,
         }
     }
+
+    /// Waits for `future`, the first attempt's (not yet polled, so the
+    /// future can be written into place).
+    #[inline]
+    pub(crate) fn start(&mut self, future: S::Future) {
+        self.state = State::Attempt { future };
+    }
 }
 
 impl<S, B, M, ResB: 'static> Future for ResponseFuture<S, B, M>
 where
     M: ReplayMode<B>,
-    S: Service<Request<M::Body>, Response = Response<ResB>>,
+    S: Service<Request<M::Body>, Response = Response<ResB>> + Clone,
     S::Error: Into<BoxError>,
 {
     type Output = Result<Response<ResB>, BoxError>;
@@ -179,7 +189,13 @@ where
                     let Some(retrying) = this.retry.as_mut() else {
                         unreachable!("a retry is only scheduled for a retryable request");
                     };
-                    if let Err(e) = ready!(retrying.service.poll_ready(cx)) {
+                    if retrying.service.is_none() {
+                        retrying.service = this.shared.retry_service();
+                    }
+                    let Some(service) = retrying.service.as_mut() else {
+                        unreachable!("a retryable call sets the spare service up first");
+                    };
+                    if let Err(e) = ready!(service.poll_ready(cx)) {
                         retrying.paid.refund();
                         this.state.set(State::Done);
                         return Poll::Ready(Err(e.into()));
@@ -209,7 +225,6 @@ where
                     );
                     *this.attempt += 1;
                     let attempt = *this.attempt;
-                    let service = &mut retrying.service;
                     let deadline = this.deadline.filter(|_| retrying.enforced);
                     let future = CallContext::scoped(
                         |cx| {
@@ -238,7 +253,7 @@ where
 fn next_step<M, B, S, ResB>(
     result: Result<Response<ResB>, BoxError>,
     (class, marked): (Class, bool),
-    shared: &Shared<dyn Policy>,
+    shared: &Shared<S, dyn Policy>,
     retry: &mut Option<Retrying<S, M::Saved, M::Body>>,
     hook: Option<&Attempts>,
     attempt: u32,
@@ -314,9 +329,9 @@ where
 
 /// The class of an attempt's outcome by the policy, and whether the answer
 /// carries the do-not-retry mark (then it is never retried).
-fn classify<ResB>(
+fn classify<S, ResB>(
     result: &Result<Response<ResB>, BoxError>,
-    shared: &Shared<dyn Policy>,
+    shared: &Shared<S, dyn Policy>,
     deadline: Option<Instant>,
 ) -> (Class, bool) {
     match result {

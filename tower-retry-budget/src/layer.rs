@@ -1,6 +1,6 @@
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::HeaderName;
@@ -279,6 +279,7 @@ impl<S, P: Clone, M> Layer<S> for RetryLayer<P, M> {
                 config: self.config.clone(),
                 budget: Arc::clone(&self.budget),
                 random: Arc::clone(&self.random),
+                spare: OnceLock::new(),
                 policy: self.policy.clone(),
             }),
         )

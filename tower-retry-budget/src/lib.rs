@@ -163,7 +163,9 @@
 //!
 //! `poll_ready` forwards the inner service's readiness, nothing else: the
 //! decision to retry is taken in the response future, which polls its own
-//! clone of the inner service for readiness before each retry. The layer
+//! clone of the inner service (see
+//! [the service the retries go through](Retry#the-service-the-retries-go-through))
+//! for readiness before each retry. The layer
 //! never waits in `poll_ready` for a budget or a backoff.
 //!
 //! # Errors

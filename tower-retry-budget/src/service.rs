@@ -1,7 +1,6 @@
 use std::fmt;
 use std::marker::PhantomData;
-use std::mem;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -29,8 +28,7 @@ use crate::{BoxError, RetryLayer};
 /// 1. counts the request in the [`RetryBudget`];
 /// 2. if the request may be retried (the [`Policy`] says it is idempotent,
 ///    more than one attempt is allowed and its body can be replayed), keeps
-///    a copy of its head and a way to replay its body, and a clone of the
-///    inner service for the retries;
+///    a copy of its head and a way to replay its body;
 /// 3. sends it, and classifies the outcome with the [`Policy`]; a response
 ///    carrying [`NO_RETRY_HEADER`](crate::NO_RETRY_HEADER) is never retried
 ///    and the header is removed;
@@ -46,6 +44,20 @@ use crate::{BoxError, RetryLayer};
 ///
 /// Clones share the budget, the counters, the random source and the
 /// configuration (one `Arc`), and clone the inner service.
+///
+/// # The service the retries go through
+///
+/// The first attempt goes through the service that was polled ready. The
+/// retries go through clones of a spare: a clone of the inner service made
+/// on the first retryable call and shared by this service's clones, cloned
+/// once more for each call that retries (and polled ready before each
+/// retry). A call that needs no retry clones no service, where a clone per
+/// call of a stack below (a bulkhead, a per-attempt deadline) would cost
+/// several reference-count updates. Clones of a tower service are expected
+/// to be equivalent (they share a connection pool, a buffer's worker, a
+/// bulkhead's slots); a service changed through
+/// [`get_mut`](Retry::get_mut) after the first retryable call is not
+/// what the retries use.
 ///
 /// # Example
 ///
@@ -66,19 +78,36 @@ use crate::{BoxError, RetryLayer};
 /// ```
 pub struct Retry<S, P = DefaultPolicy, M = Buffered> {
     inner: S,
-    shared: Arc<Shared<P>>,
+    shared: Arc<Shared<S, P>>,
     _mode: PhantomData<fn() -> M>,
 }
 
-/// Everything the services of one layer share. The policy comes last so
-/// that `Arc<Shared<P>>` coerces to `Arc<Shared<dyn Policy>>`.
-pub(crate) struct Shared<P: ?Sized> {
+/// Everything a service and its clones share (the budget and random
+/// source with the other services of the layer). The policy comes last so
+/// that `Arc<Shared<S, P>>` coerces to `Arc<Shared<S, dyn Policy>>`.
+pub(crate) struct Shared<S, P: ?Sized> {
     pub(crate) config: Config,
     pub(crate) budget: Arc<RetryBudget>,
     pub(crate) random: Arc<dyn RandomSource>,
     /// The `metrics` handles (nothing without the feature).
     pub(crate) metrics: RetryMetrics,
+    /// A clone of the inner service, made on the first retryable call,
+    /// that retries are sent through (each retry clones it): a call that
+    /// needs no retry then clones no service, where cloning one per call
+    /// (a stack below: a bulkhead, a per-attempt deadline) costs several
+    /// reference-count updates.
+    pub(crate) spare: OnceLock<Mutex<S>>,
     pub(crate) policy: P,
+}
+
+impl<S: Clone, P: ?Sized> Shared<S, P> {
+    /// A service for a retry: a clone of the spare.
+    pub(crate) fn retry_service(&self) -> Option<S> {
+        let spare = self.spare.get()?;
+        // A panic in another retry's `clone` leaves the spare as it was.
+        let spare = spare.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(spare.clone())
+    }
 }
 
 // === impl Retry ===
@@ -98,7 +127,7 @@ impl<S> Retry<S> {
 }
 
 impl<S, P, M> Retry<S, P, M> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<P>>) -> Self {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<S, P>>) -> Self {
         Self {
             inner,
             shared,
@@ -167,6 +196,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
         // The deadline and the clock reading of the call, from the layers
         // above (one clock read per call for the whole stack).
@@ -196,33 +226,38 @@ where
                 .is_retryable_request(&parts.method, &parts.headers);
         let (body, saved) = M::prepare(body, shared.config.body_limit, retryable);
 
-        let shared: Arc<Shared<dyn Policy>> = self.shared.clone();
         let first = |cx: &mut CallContext| {
             cx.set_attempt(1);
             cx.set_now(now);
         };
         match saved {
             Some(saved) if retryable => {
+                // The spare service the retries will clone, once per
+                // service rather than a clone per call.
+                let inner = &mut self.inner;
+                self.shared.spare.get_or_init(|| Mutex::new(inner.clone()));
                 let template = crate::future::clone_head(&parts);
-                // Call the service that was polled ready; keep the other
-                // for the retries, which poll it again first.
-                let clone = self.inner.clone();
-                let mut ready = mem::replace(&mut self.inner, clone);
                 let request = Request::from_parts(parts, body);
-                let future = CallContext::scoped(first, || ready.call(request));
-                ResponseFuture::new(
-                    future,
+                let shared: Arc<Shared<S, dyn Policy>> = self.shared.clone();
+                let mut future = ResponseFuture::new(
                     shared,
                     attempts,
                     deadline,
-                    Some((template, saved, ready, enforced)),
-                )
+                    Some((template, saved, enforced)),
+                );
+                // The inner future is written into the response future in
+                // place rather than moved into it (a deep stack's futures
+                // are hundreds of bytes).
+                future.start(CallContext::scoped(first, || inner.call(request)));
+                future
             }
             _ => {
                 let inner = &mut self.inner;
                 let request = Request::from_parts(parts, body);
-                let future = CallContext::scoped(first, || inner.call(request));
-                ResponseFuture::new(future, shared, attempts, deadline, None)
+                let shared: Arc<Shared<S, dyn Policy>> = self.shared.clone();
+                let mut future = ResponseFuture::new(shared, attempts, deadline, None);
+                future.start(CallContext::scoped(first, || inner.call(request)));
+                future
             }
         }
     }

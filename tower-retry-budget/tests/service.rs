@@ -111,6 +111,90 @@ async fn clones_share_the_budget_and_counters() {
     assert_eq!(svc.counters(), c);
 }
 
+/// A service that counts its clones and answers 503 to the first `fail`
+/// calls made through any of them, 200 after.
+#[derive(Clone)]
+struct CountsClones {
+    clones: Arc<std::sync::atomic::AtomicUsize>,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    fail: usize,
+}
+
+impl CountsClones {
+    fn new(fail: usize) -> Self {
+        Self {
+            clones: Arc::default(),
+            calls: Arc::default(),
+            fail,
+        }
+    }
+
+    fn clones(&self) -> usize {
+        self.clones.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// `Clone` by hand, to count.
+#[derive(Debug)]
+struct Counted(CountsClones);
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        self.0
+            .clones
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Counted(self.0.clone())
+    }
+}
+
+impl std::fmt::Debug for CountsClones {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CountsClones")
+    }
+}
+
+impl Service<Request<String>> for Counted {
+    type Response = Response<String>;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<Response<String>, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        let n = self
+            .0
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::ready(Ok(status(if n < self.0.fail { 503 } else { 200 })))
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn calls_that_need_no_retry_clone_no_service_and_retries_clone_a_spare() {
+    let probe = CountsClones::new(0);
+    let mut svc = layer().layer(Counted(probe.clone()));
+    for _ in 0..100 {
+        let response = svc.ready().await.unwrap().call(get()).await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    // One spare for the retries, made on the first retryable call; none per
+    // call (a clone per call costs several reference counts in a stack).
+    assert_eq!(probe.clones(), 1);
+
+    let probe = CountsClones::new(2);
+    let mut svc = layer().layer(Counted(probe.clone()));
+    let response = svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(response.status(), 200, "retried twice, through clones");
+    assert_eq!(probe.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // The spare, and one clone of it for this call's retries.
+    assert_eq!(probe.clones(), 2);
+}
+
 #[test]
 fn debug_output_is_useful() {
     let layer = RetryLayer::new();
