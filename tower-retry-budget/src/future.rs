@@ -72,12 +72,21 @@ pin_project! {
 struct Retrying<S, Saved, Body> {
     template: Parts,
     saved: Saved,
-    /// The service the retries go through: a clone of the layer's spare,
-    /// made when the first retry is about to be sent.
-    service: Option<S>,
     /// Whether the call's deadline was set and enforced by a layer above,
     /// to hand it to the layers below again on each retry.
     enforced: bool,
+    /// What only a call that retries needs, on the heap: allocated when
+    /// the first retry is decided, so that a call that needs none carries
+    /// none of it (the service alone is a whole stack's worth of bytes,
+    /// moved with the future by every layer above).
+    cold: Option<Box<Cold<S, Body>>>,
+}
+
+/// The part of [`Retrying`] that a call needs once it retries.
+struct Cold<S, Body> {
+    /// The service the retries go through: a clone of the layer's spare,
+    /// made when the first retry is about to be sent.
+    service: Option<S>,
     /// The body of the next attempt, taken from `saved` when the retry was
     /// decided (which supersedes the previous attempt's body).
     next: Option<Body>,
@@ -88,6 +97,27 @@ struct Retrying<S, Saved, Body> {
     /// retry is not sent after all (the hook refuses it, the service fails,
     /// the caller drops the call during the backoff).
     paid: Paid,
+}
+
+impl<S, Saved, Body> Retrying<S, Saved, Body> {
+    /// The part for retries, allocated on first use.
+    fn cold(&mut self) -> &mut Cold<S, Body> {
+        Cold::of(&mut self.cold)
+    }
+}
+
+impl<S, Body> Cold<S, Body> {
+    /// The part for retries in `slot`, allocated on first use.
+    fn of(slot: &mut Option<Box<Self>>) -> &mut Self {
+        slot.get_or_insert_with(|| {
+            Box::new(Cold {
+                service: None,
+                next: None,
+                jitter: None,
+                paid: Paid(None),
+            })
+        })
+    }
 }
 
 enum Step<T> {
@@ -116,11 +146,8 @@ where
             retry: retry.map(|(template, saved, enforced)| Retrying {
                 template,
                 saved,
-                service: None,
                 enforced,
-                next: None,
-                jitter: None,
-                paid: Paid(None),
+                cold: None,
             }),
             shared,
             hook,
@@ -189,21 +216,24 @@ where
                     let Some(retrying) = this.retry.as_mut() else {
                         unreachable!("a retry is only scheduled for a retryable request");
                     };
-                    if retrying.service.is_none() {
-                        retrying.service = this.shared.retry_service();
+                    let template = &retrying.template;
+                    let enforced = retrying.enforced;
+                    let cold = Cold::of(&mut retrying.cold);
+                    if cold.service.is_none() {
+                        cold.service = this.shared.retry_service();
                     }
-                    let Some(service) = retrying.service.as_mut() else {
+                    let Some(service) = cold.service.as_mut() else {
                         unreachable!("a retryable call sets the spare service up first");
                     };
                     if let Err(e) = ready!(service.poll_ready(cx)) {
-                        retrying.paid.refund();
+                        cold.paid.refund();
                         this.state.set(State::Done);
                         return Poll::Ready(Err(e.into()));
                     }
                     if let Some(hook) = this.hook.as_mut() {
                         if let Err(e) = hook.admit() {
                             // Paid for, never sent: the budget gets it back.
-                            retrying.paid.refund();
+                            cold.paid.refund();
                             tracing::debug!(
                                 attempt = *this.attempt + 1,
                                 error = %e,
@@ -213,10 +243,10 @@ where
                             return Poll::Ready(Err(e));
                         }
                     }
-                    let Some(body) = retrying.next.take() else {
+                    let Some(body) = cold.next.take() else {
                         unreachable!("a retry is scheduled with its body");
                     };
-                    let mut request = Request::from_parts(clone_head(&retrying.template), body);
+                    let mut request = Request::from_parts(clone_head(template), body);
                     let config = &this.shared.config;
                     mark_attempt(
                         request.headers_mut(),
@@ -225,7 +255,7 @@ where
                     );
                     *this.attempt += 1;
                     let attempt = *this.attempt;
-                    let deadline = this.deadline.filter(|_| retrying.enforced);
+                    let deadline = this.deadline.filter(|_| enforced);
                     let future = CallContext::scoped(
                         |cx| {
                             if let Some(at) = deadline {
@@ -236,7 +266,7 @@ where
                         },
                         || service.call(request),
                     );
-                    retrying.paid.spent();
+                    cold.paid.spent();
                     this.shared.metrics.retried();
                     this.state.set(State::Attempt { future });
                 }
@@ -282,6 +312,7 @@ where
             Some(retrying) => {
                 let random = &shared.random;
                 let jitter = retrying
+                    .cold()
                     .jitter
                     .get_or_insert_with(|| Jitter::new(random.next_u64()));
                 config.backoff.delay(attempt - 1, jitter)
@@ -316,8 +347,9 @@ where
         tracing::debug!(attempt, reason, "retry refused by the retry budget");
         return Step::Return(give_up(result, StopReason::Budget, attempt, true));
     }
-    retrying.paid = Paid(Some((Arc::clone(&shared.budget), now)));
-    retrying.next = Some(body);
+    let cold = retrying.cold();
+    cold.paid = Paid(Some((Arc::clone(&shared.budget), now)));
+    cold.next = Some(body);
     tracing::debug!(
         attempt = attempt + 1,
         delay_ms = delay.as_millis() as u64,
