@@ -173,6 +173,39 @@ impl CallContext {
     /// layer can then build its response future around the inner one in
     /// place rather than moving it out of a tuple (futures of a deep stack
     /// are hundreds of bytes).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, AttemptToken, Attempts};
+    /// use tower_resilience_base::{BoxError, CallContext};
+    ///
+    /// #[derive(Debug)]
+    /// struct Counts;
+    ///
+    /// impl AttemptHook for Counts {
+    ///     fn admit(&self) -> Result<AttemptToken, BoxError> {
+    ///         Ok(AttemptToken::new(0, 0))
+    ///     }
+    ///     fn record(&self, _: AttemptToken, _: AttemptOutcome<'_>) {}
+    ///     fn cancel(&self, _: AttemptToken) {}
+    /// }
+    ///
+    /// let offer = || Attempts::new(Arc::new(Counts), AttemptToken::new(0, 0));
+    ///
+    /// // Nobody below takes the hook: it comes back in `left`.
+    /// let mut left = None;
+    /// let answer = CallContext::offer_attempts_into(offer(), &mut left, || "sent");
+    /// assert_eq!(answer, "sent");
+    /// assert!(left.is_some());
+    ///
+    /// // A retry layer below takes it: `left` stays empty.
+    /// let mut left = None;
+    /// let taken = CallContext::offer_attempts_into(offer(), &mut left, CallContext::take_attempts);
+    /// assert!(taken.is_some());
+    /// assert!(left.is_none());
+    /// ```
     #[inline(always)]
     pub fn offer_attempts_into<R>(
         attempts: Attempts,
@@ -413,6 +446,31 @@ mod tests {
         let outer_token = outer_left.and_then(Attempts::into_in_flight);
         assert_eq!(outer_token, Some(AttemptToken::new(1, 1)));
         assert_eq!(hook.0.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_panicking_call_gives_the_outer_hook_back_and_cancels_the_offered_one() {
+        let hook = Arc::new(Cancels::default());
+        let outer = Attempts::new(hook.clone(), AttemptToken::new(1, 1));
+        let (seen, outer_left) = CallContext::offer_attempts(outer, || {
+            let offered = Attempts::new(hook.clone(), AttemptToken::new(2, 2));
+            let mut left = None;
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                CallContext::offer_attempts_into::<()>(offered, &mut left, || {
+                    panic!("inner service panicked")
+                })
+            }));
+            assert!(result.is_err());
+            // The offered hook came back untaken, and dropping it cancels
+            // its admission; the outer one is in the context again.
+            assert!(left.is_some());
+            drop(left);
+            assert_eq!(hook.0.load(Ordering::Relaxed), 1);
+            CallContext::current(CallContext::has_attempts)
+        });
+        assert!(seen, "the outer hook is offered again after the panic");
+        let outer_token = outer_left.and_then(Attempts::into_in_flight);
+        assert_eq!(outer_token, Some(AttemptToken::new(1, 1)));
     }
 
     #[test]
