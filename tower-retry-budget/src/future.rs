@@ -133,27 +133,35 @@ where
     S: Service<Request<M::Body>>,
 {
     /// The response future of a call whose first attempt is not sent yet:
-    /// [`start`](Self::start) it with the first attempt's future.
+    /// [`start`](Self::start) it with the first attempt's future, after
+    /// [`keep_for_retries`](Self::keep_for_retries) for a retryable call.
     #[inline]
     pub(crate) fn new(
         shared: Arc<Shared<S, dyn Policy>>,
         hook: Option<Attempts>,
         deadline: Option<Instant>,
-        retry: Option<(Parts, M::Saved, bool)>,
     ) -> Self {
         Self {
             state: State::Done,
-            retry: retry.map(|(template, saved, enforced)| Retrying {
-                template,
-                saved,
-                enforced,
-                cold: None,
-            }),
+            retry: None,
             shared,
             hook,
             deadline,
             attempt: 1,
         }
+    }
+
+    /// Keeps a copy of `head`, the saved body and whether the deadline is
+    /// enforced above, for the retries; the copy is written in place.
+    #[inline]
+    pub(crate) fn keep_for_retries(&mut self, head: &Parts, saved: M::Saved, enforced: bool) {
+        let retrying = self.retry.insert(Retrying {
+            template: Request::new(()).into_parts().0,
+            saved,
+            enforced,
+            cold: None,
+        });
+        copy_head(head, &mut retrying.template);
     }
 
     /// Waits for `future`, the first attempt's (not yet polled, so the
@@ -424,11 +432,18 @@ fn is_attempt_timeout(
         && deadline.is_none_or(|d| d.saturating_duration_since(Instant::now()) > min_remaining)
 }
 
-/// A copy of a request head for the next attempt; an empty header map or
-/// extension map is made anew rather than cloned (which costs more than
-/// nothing even when empty).
+/// A copy of a request head for the next attempt.
 pub(crate) fn clone_head(parts: &Parts) -> Parts {
     let (mut head, ()) = Request::new(()).into_parts();
+    copy_head(parts, &mut head);
+    head
+}
+
+/// Copies `parts` into `head`, a fresh (empty) head; an empty header map or
+/// extension map is left as it is rather than cloned (which costs more
+/// than nothing even when empty).
+#[inline]
+fn copy_head(parts: &Parts, head: &mut Parts) {
     head.method = parts.method.clone();
     head.uri = parts.uri.clone();
     head.version = parts.version;
@@ -438,7 +453,6 @@ pub(crate) fn clone_head(parts: &Parts) -> Parts {
     if !parts.extensions.is_empty() {
         head.extensions = parts.extensions.clone();
     }
-    head
 }
 
 /// Marks a retry with its attempt number: `grpc-previous-rpc-attempts`

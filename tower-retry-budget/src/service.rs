@@ -236,15 +236,10 @@ where
                 // service rather than a clone per call.
                 let inner = &mut self.inner;
                 self.shared.spare.get_or_init(|| Mutex::new(inner.clone()));
-                let template = crate::future::clone_head(&parts);
-                let request = Request::from_parts(parts, body);
                 let shared: Arc<Shared<S, dyn Policy>> = self.shared.clone();
-                let mut future = ResponseFuture::new(
-                    shared,
-                    attempts,
-                    deadline,
-                    Some((template, saved, enforced)),
-                );
+                let mut future = ResponseFuture::new(shared, attempts, deadline);
+                future.keep_for_retries(&parts, saved, enforced);
+                let request = Request::from_parts(parts, body);
                 // The inner future is written into the response future in
                 // place rather than moved into it (a deep stack's futures
                 // are hundreds of bytes).
@@ -255,7 +250,7 @@ where
                 let inner = &mut self.inner;
                 let request = Request::from_parts(parts, body);
                 let shared: Arc<Shared<S, dyn Policy>> = self.shared.clone();
-                let mut future = ResponseFuture::new(shared, attempts, deadline, None);
+                let mut future = ResponseFuture::new(shared, attempts, deadline);
                 future.start(CallContext::scoped(first, || inner.call(request)));
                 future
             }
