@@ -192,6 +192,43 @@ fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>
     tower::retry::Retry::new(Attempts(2), inner)
 }
 
+/// tower's `Retry` with its `TpsBudget` (10 s window, 10 retries per
+/// second floor, 10 %): the control for the retry layer, which also counts
+/// every request in a time-bucketed budget (and reads the clock for it).
+fn tower_retry_budgeted(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    use std::sync::Arc;
+    use tower::retry::budget::{Budget, TpsBudget};
+
+    #[derive(Clone)]
+    struct Budgeted(Arc<TpsBudget>);
+    impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for Budgeted {
+        type Future = Ready<()>;
+        fn retry(
+            &mut self,
+            _: &mut Request<()>,
+            result: &mut Result<Response<()>, E>,
+        ) -> Option<Self::Future> {
+            match result {
+                Ok(_) => {
+                    self.0.deposit();
+                    None
+                }
+                Err(_) => self.0.withdraw().then(|| ready(())),
+            }
+        }
+        fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
+            let mut copy = Request::new(());
+            *copy.method_mut() = req.method().clone();
+            *copy.uri_mut() = req.uri().clone();
+            *copy.headers_mut() = req.headers().clone();
+            *copy.extensions_mut() = req.extensions().clone();
+            Some(copy)
+        }
+    }
+    let budget = TpsBudget::new(Duration::from_secs(10), 10, 0.1);
+    tower::retry::Retry::new(Budgeted(Arc::new(budget)), inner)
+}
+
 fn breaker_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
     BreakerLayer::new(Breaker::new("bench")).layer(inner)
 }
@@ -245,6 +282,7 @@ variants! {
     "tower Timeout" => tower_timeout(bare()),
     "tower Timeout + ConcurrencyLimit" => tower_two(bare()),
     "tower Retry (policy cloning the request)" => tower_retry(bare()),
+    "tower Retry + TpsBudget" => tower_retry_budgeted(bare()),
     "bulkhead" => step_bulkhead(bare()),
     "retry alone" => retry_alone(bare()),
     "breaker alone (client mode, hook offered)" => breaker_client(bare()),
