@@ -35,6 +35,17 @@ fn bare() -> Bare {
     service_fn(|_req: Request<()>| ready(Ok::<_, Infallible>(Response::new(()))))
 }
 
+/// The bare service reading the clock once per call: a control for what a
+/// clock read costs on the machine at hand (a layer that must know the
+/// time, to write the remaining budget or to count a request in a
+/// time-bucketed budget, reads it once per call).
+fn clocked() -> Bare {
+    service_fn(|_req: Request<()>| {
+        std::hint::black_box(Instant::now());
+        ready(Ok::<_, Infallible>(Response::new(())))
+    })
+}
+
 /// What a request carries besides its head: an extension of the caller's.
 #[derive(Clone, Copy, Debug)]
 struct RequestId(#[allow(dead_code)] u64);
@@ -279,6 +290,7 @@ macro_rules! variants {
 
 variants! {
     "bare service_fn" => bare(),
+    "bare service_fn reading the clock (control)" => clocked(),
     "tower Timeout" => tower_timeout(bare()),
     "tower Timeout + ConcurrencyLimit" => tower_two(bare()),
     "tower Retry (policy cloning the request)" => tower_retry(bare()),
