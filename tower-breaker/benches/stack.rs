@@ -1,264 +1,29 @@
-//! The whole client stack and its joints, against a bare `service_fn` and
-//! against tower's own layers in the same run: the stack built up one layer
-//! at a time (to attribute the cost), the one-line `client_stack`, the
-//! rejection while the circuit is open, and allocations per call; each on a
+//! The whole client stack and its joints, timed against a bare
+//! `service_fn` and against tower's own layers in the same run: the stack
+//! built up one layer at a time (to attribute the cost), the one-line
+//! `client_stack`, and the rejection while the circuit is open; each on a
 //! bare `Request<()>` and on a request that carries headers and an
 //! extension as a real hyper or reqwest request does, with a deadline in
-//! scope (the task-local deadline of a request being served).
+//! scope (the task-local deadline of a request being served). After
+//! criterion's figures, the same variants in interleaved rounds (min and
+//! median per call), which a noisy machine disturbs less than one long run
+//! per variant. The allocations per call are counted by the `stack_allocs`
+//! bench, whose counting allocator would slow every allocation here.
 //!
-//! Run with `cargo bench -p tower-breaker --bench stack`.
+//! Run with `cargo bench -p tower-breaker --bench stack` (and
+//! `--bench stack_allocs`).
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
-use std::alloc::System;
-use std::convert::Infallible;
-use std::future::{ready, Ready};
-use std::time::Duration;
+#[path = "support/stack.rs"]
+#[macro_use]
+mod stack;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use http::{Request, Response};
-use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tokio::time::Instant;
-use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
-use tower_breaker::stack::client_stack;
-use tower_breaker::{Breaker, BreakerLayer, Mode};
-use tower_bulkhead::BulkheadLayer;
-use tower_deadline::{ClientDeadlineLayer, Deadline};
-use tower_retry_budget::RetryLayer;
+use stack::*;
+use tower_breaker::Breaker;
 
-#[global_allocator]
-static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-
-type Bare = tower::util::ServiceFn<fn(Request<()>) -> Ready<Result<Response<()>, Infallible>>>;
-
-fn bare() -> Bare {
-    service_fn(|_req: Request<()>| ready(Ok::<_, Infallible>(Response::new(()))))
-}
-
-/// The bare service reading the clock once per call: a control for what a
-/// clock read costs on the machine at hand (a layer that must know the
-/// time, to write the remaining budget or to count a request in a
-/// time-bucketed budget, reads it once per call).
-fn clocked() -> Bare {
-    service_fn(|_req: Request<()>| {
-        std::hint::black_box(Instant::now());
-        ready(Ok::<_, Infallible>(Response::new(())))
-    })
-}
-
-/// What a request carries besides its head: an extension of the caller's.
-#[derive(Clone, Copy, Debug)]
-struct RequestId(#[allow(dead_code)] u64);
-
-/// Which request each call sends.
-#[derive(Clone, Copy)]
-enum Shape {
-    /// `Request::new(())`: no headers, no extensions.
-    Bare,
-    /// A GET with a URI, three headers and one extension, as a real client
-    /// request has (built the same way for the bare service, so only the
-    /// layers' own cost shows).
-    Real,
-}
-
-fn request(shape: Shape) -> Request<()> {
-    match shape {
-        Shape::Bare => Request::new(()),
-        Shape::Real => {
-            let mut request = Request::get("http://catalog.internal/items?page=2")
-                .header("host", "catalog.internal")
-                .header("user-agent", "bench/1.0")
-                .header("accept", "*/*")
-                .body(())
-                .unwrap();
-            request.extensions_mut().insert(RequestId(42));
-            request
-        }
-    }
-}
-
-/// `iters` calls of `svc` inside the task-local scope of a 60 s deadline,
-/// timed.
-async fn run<S>(mut svc: S, shape: Shape, iters: u64) -> Duration
-where
-    S: Service<Request<()>>,
-{
-    Deadline::after(Duration::from_secs(60))
-        .scope(async move {
-            let start = Instant::now();
-            for _ in 0..iters {
-                let _ = svc.ready().await;
-                let out = svc.call(request(shape)).await;
-                std::hint::black_box(out.is_ok());
-            }
-            start.elapsed()
-        })
-        .await
-}
-
-fn tower_two<S>(inner: S) -> impl Service<Request<()>, Response = Response<()>> + Clone
-where
-    S: Service<Request<()>, Response = Response<()>> + Clone,
-    S::Error: Into<tower::BoxError>,
-{
-    ServiceBuilder::new()
-        .timeout(Duration::from_secs(60))
-        .concurrency_limit(1024)
-        .service(inner)
-}
-
-fn tower_timeout(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    ServiceBuilder::new()
-        .timeout(Duration::from_secs(60))
-        .service(inner)
-}
-
-fn step_bulkhead(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    BulkheadLayer::new("bench", 1024).layer(inner)
-}
-
-fn step_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    ServiceBuilder::new()
-        .layer(RetryLayer::new().clone_bodies())
-        .layer(BulkheadLayer::new("bench", 1024))
-        .service(inner)
-}
-
-fn step_breaker(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    ServiceBuilder::new()
-        .layer(BreakerLayer::new(Breaker::new("bench")))
-        .layer(RetryLayer::new().clone_bodies())
-        .layer(BulkheadLayer::new("bench", 1024))
-        .service(inner)
-}
-
-/// The full stack by hand, as the module docs of `tower_breaker::stack`
-/// show it.
-fn full_by_hand(
-    inner: Bare,
-    breaker: Breaker,
-) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    ServiceBuilder::new()
-        .layer(
-            ClientDeadlineLayer::new()
-                .default_timeout(Duration::from_secs(60))
-                .enforce_only(),
-        )
-        .layer(BreakerLayer::new(breaker))
-        .layer(RetryLayer::new().clone_bodies())
-        .layer(BulkheadLayer::new("bench", 1024))
-        .layer(ClientDeadlineLayer::new())
-        .service(inner)
-}
-
-/// The same stack in one line.
-fn one_line(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    client_stack("bench")
-        .timeout(Duration::from_secs(60))
-        .retry(RetryLayer::new().clone_bodies())
-        .concurrency(1024)
-        .layer(inner)
-}
-
-/// The full stack whose circuit is forced open.
-fn open(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    let breaker = Breaker::new("bench");
-    breaker.set_mode(Mode::ForcedOpen);
-    full_by_hand(inner, breaker)
-}
-
-/// Each layer alone, for the joints' own targets.
-fn retry_alone(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    RetryLayer::new().clone_bodies().layer(inner)
-}
-
-fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    #[derive(Clone)]
-    struct Attempts(usize);
-    impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for Attempts {
-        type Future = Ready<()>;
-        fn retry(
-            &mut self,
-            _: &mut Request<()>,
-            result: &mut Result<Response<()>, E>,
-        ) -> Option<Self::Future> {
-            match result {
-                Ok(_) => None,
-                Err(_) if self.0 > 0 => {
-                    self.0 -= 1;
-                    Some(ready(()))
-                }
-                Err(_) => None,
-            }
-        }
-        fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
-            let mut copy = Request::new(());
-            *copy.method_mut() = req.method().clone();
-            *copy.uri_mut() = req.uri().clone();
-            *copy.headers_mut() = req.headers().clone();
-            *copy.extensions_mut() = req.extensions().clone();
-            Some(copy)
-        }
-    }
-    tower::retry::Retry::new(Attempts(2), inner)
-}
-
-/// tower's `Retry` with its `TpsBudget` (10 s window, 10 retries per
-/// second floor, 10 %): the control for the retry layer, which also counts
-/// every request in a time-bucketed budget (and reads the clock for it).
-fn tower_retry_budgeted(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    use std::sync::Arc;
-    use tower::retry::budget::{Budget, TpsBudget};
-
-    #[derive(Clone)]
-    struct Budgeted(Arc<TpsBudget>);
-    impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for Budgeted {
-        type Future = Ready<()>;
-        fn retry(
-            &mut self,
-            _: &mut Request<()>,
-            result: &mut Result<Response<()>, E>,
-        ) -> Option<Self::Future> {
-            match result {
-                Ok(_) => {
-                    self.0.deposit();
-                    None
-                }
-                Err(_) => self.0.withdraw().then(|| ready(())),
-            }
-        }
-        fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
-            let mut copy = Request::new(());
-            *copy.method_mut() = req.method().clone();
-            *copy.uri_mut() = req.uri().clone();
-            *copy.headers_mut() = req.headers().clone();
-            *copy.extensions_mut() = req.extensions().clone();
-            Some(copy)
-        }
-    }
-    let budget = TpsBudget::new(Duration::from_secs(10), 10, 0.1);
-    tower::retry::Retry::new(Budgeted(Arc::new(budget)), inner)
-}
-
-fn breaker_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    BreakerLayer::new(Breaker::new("bench")).layer(inner)
-}
-
-fn deadline_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    ClientDeadlineLayer::new().layer(inner)
-}
-
-fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, svc: S, shape: Shape) -> f64
-where
-    S: Service<Request<()>>,
-{
-    const N: u64 = 10_000;
-    let region = Region::new(GLOBAL);
-    rt.block_on(run(svc, shape, N));
-    region.change().allocations as f64 / N as f64
-}
-
-macro_rules! variants {
+macro_rules! timed {
     ($($name:literal => $make:expr),* $(,)?) => {
         fn benches(c: &mut Criterion) {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -275,36 +40,46 @@ macro_rules! variants {
                 group.finish();
             }
             for (shape, label) in [(Shape::Bare, "bare request"), (Shape::Real, "real request")] {
-                println!("\nallocations per call, {label} (the bare service's included):");
-                $(
+                // Criterion measures the variants one after the other; on a
+                // shared virtual machine a slow minute then lands on one of
+                // them. Here every variant runs in turn in each round, and
+                // the minimum over the rounds is the least disturbed figure.
+                const ROUNDS: usize = 15;
+                const CALLS: u64 = 50_000;
+                let names = [$($name),*];
+                let mut samples = vec![Vec::with_capacity(ROUNDS); names.len()];
+                for _ in 0..ROUNDS {
+                    let mut i = 0;
+                    $(
+                        let elapsed = rt.block_on(run($make, shape, CALLS));
+                        samples[i].push(elapsed.as_nanos() as f64 / CALLS as f64);
+                        i += 1;
+                    )*
+                    let _ = i;
+                }
+                for v in &mut samples {
+                    v.sort_by(f64::total_cmp);
+                }
+                let base = samples[0][0];
+                println!(
+                    "\nns per call, {label}, {ROUNDS} interleaved rounds of {CALLS} calls \
+                     (min, median; min over the bare service):"
+                );
+                for (name, v) in names.iter().zip(&samples) {
                     println!(
-                        "  {:<44} {:.2}",
-                        $name,
-                        allocations_per_call(&rt, $make, shape)
+                        "  {:<44} {:>8.1} {:>8.1} {:>+8.1}",
+                        name,
+                        v[0],
+                        v[ROUNDS / 2],
+                        v[0] - base
                     );
-                )*
+                }
             }
         }
     };
 }
 
-variants! {
-    "bare service_fn" => bare(),
-    "bare service_fn reading the clock (control)" => clocked(),
-    "tower Timeout" => tower_timeout(bare()),
-    "tower Timeout + ConcurrencyLimit" => tower_two(bare()),
-    "tower Retry (policy cloning the request)" => tower_retry(bare()),
-    "tower Retry + TpsBudget" => tower_retry_budgeted(bare()),
-    "bulkhead" => step_bulkhead(bare()),
-    "retry alone" => retry_alone(bare()),
-    "breaker alone (client mode, hook offered)" => breaker_client(bare()),
-    "client deadline alone (deadline in scope)" => deadline_client(bare()),
-    "retry + bulkhead" => step_retry(bare()),
-    "breaker + retry + bulkhead" => step_breaker(bare()),
-    "full stack by hand" => full_by_hand(bare(), Breaker::new("bench")),
-    "client_stack (one line)" => one_line(bare()),
-    "full stack, circuit open (rejection)" => open(bare()),
-}
+for_each_variant!(timed);
 
 criterion_group!(group, benches);
 criterion_main!(group);

@@ -1,0 +1,264 @@
+//! The variants of the stack benches (`stack` times them, `stack_allocs`
+//! counts their allocations): a bare `service_fn`, tower's layers as
+//! controls, our layers one at a time and stacked, on a bare request and
+//! on one shaped like a real client request.
+
+#![allow(dead_code, unreachable_pub)] // each bench uses what it needs
+
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_breaker::stack::client_stack;
+use tower_breaker::{Breaker, BreakerLayer, Mode};
+use tower_bulkhead::BulkheadLayer;
+use tower_deadline::{ClientDeadlineLayer, Deadline};
+use tower_retry_budget::RetryLayer;
+
+pub type Bare = tower::util::ServiceFn<fn(Request<()>) -> Ready<Result<Response<()>, Infallible>>>;
+
+pub fn bare() -> Bare {
+    service_fn(|_req: Request<()>| ready(Ok::<_, Infallible>(Response::new(()))))
+}
+
+/// The bare service reading the clock once per call: a control for what a
+/// clock read costs on the machine at hand (a layer that must know the
+/// time, to write the remaining budget or to count a request in a
+/// time-bucketed budget, reads it once per call).
+pub fn clocked() -> Bare {
+    service_fn(|_req: Request<()>| {
+        std::hint::black_box(Instant::now());
+        ready(Ok::<_, Infallible>(Response::new(())))
+    })
+}
+
+/// What a request carries besides its head: an extension of the caller's.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestId(#[allow(dead_code)] u64);
+
+/// Which request each call sends.
+#[derive(Clone, Copy)]
+pub enum Shape {
+    /// `Request::new(())`: no headers, no extensions.
+    Bare,
+    /// A GET with a URI, three headers and one extension, as a real client
+    /// request has (built the same way for the bare service, so only the
+    /// layers' own cost shows).
+    Real,
+}
+
+pub fn request(shape: Shape) -> Request<()> {
+    match shape {
+        Shape::Bare => Request::new(()),
+        Shape::Real => {
+            let mut request = Request::get("http://catalog.internal/items?page=2")
+                .header("host", "catalog.internal")
+                .header("user-agent", "bench/1.0")
+                .header("accept", "*/*")
+                .body(())
+                .unwrap();
+            request.extensions_mut().insert(RequestId(42));
+            request
+        }
+    }
+}
+
+/// `iters` calls of `svc` inside the task-local scope of a 60 s deadline,
+/// timed.
+pub async fn run<S>(mut svc: S, shape: Shape, iters: u64) -> Duration
+where
+    S: Service<Request<()>>,
+{
+    Deadline::after(Duration::from_secs(60))
+        .scope(async move {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let _ = svc.ready().await;
+                let out = svc.call(request(shape)).await;
+                std::hint::black_box(out.is_ok());
+            }
+            start.elapsed()
+        })
+        .await
+}
+
+pub fn tower_two<S>(inner: S) -> impl Service<Request<()>, Response = Response<()>> + Clone
+where
+    S: Service<Request<()>, Response = Response<()>> + Clone,
+    S::Error: Into<tower::BoxError>,
+{
+    ServiceBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .concurrency_limit(1024)
+        .service(inner)
+}
+
+pub fn tower_timeout(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .service(inner)
+}
+
+pub fn step_bulkhead(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    BulkheadLayer::new("bench", 1024).layer(inner)
+}
+
+pub fn step_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .layer(RetryLayer::new().clone_bodies())
+        .layer(BulkheadLayer::new("bench", 1024))
+        .service(inner)
+}
+
+pub fn step_breaker(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .layer(BreakerLayer::new(Breaker::new("bench")))
+        .layer(RetryLayer::new().clone_bodies())
+        .layer(BulkheadLayer::new("bench", 1024))
+        .service(inner)
+}
+
+/// The full stack by hand, as the module docs of `tower_breaker::stack`
+/// show it.
+pub fn full_by_hand(
+    inner: Bare,
+    breaker: Breaker,
+) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .layer(
+            ClientDeadlineLayer::new()
+                .default_timeout(Duration::from_secs(60))
+                .enforce_only(),
+        )
+        .layer(BreakerLayer::new(breaker))
+        .layer(RetryLayer::new().clone_bodies())
+        .layer(BulkheadLayer::new("bench", 1024))
+        .layer(ClientDeadlineLayer::new())
+        .service(inner)
+}
+
+/// The same stack in one line.
+pub fn one_line(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    client_stack("bench")
+        .timeout(Duration::from_secs(60))
+        .retry(RetryLayer::new().clone_bodies())
+        .concurrency(1024)
+        .layer(inner)
+}
+
+/// The full stack whose circuit is forced open.
+pub fn open(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    let breaker = Breaker::new("bench");
+    breaker.set_mode(Mode::ForcedOpen);
+    full_by_hand(inner, breaker)
+}
+
+/// Each layer alone, for the joints' own targets.
+pub fn retry_alone(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    RetryLayer::new().clone_bodies().layer(inner)
+}
+
+pub fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    #[derive(Clone)]
+    struct Attempts(usize);
+    impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for Attempts {
+        type Future = Ready<()>;
+        fn retry(
+            &mut self,
+            _: &mut Request<()>,
+            result: &mut Result<Response<()>, E>,
+        ) -> Option<Self::Future> {
+            match result {
+                Ok(_) => None,
+                Err(_) if self.0 > 0 => {
+                    self.0 -= 1;
+                    Some(ready(()))
+                }
+                Err(_) => None,
+            }
+        }
+        fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
+            let mut copy = Request::new(());
+            *copy.method_mut() = req.method().clone();
+            *copy.uri_mut() = req.uri().clone();
+            *copy.headers_mut() = req.headers().clone();
+            *copy.extensions_mut() = req.extensions().clone();
+            Some(copy)
+        }
+    }
+    tower::retry::Retry::new(Attempts(2), inner)
+}
+
+/// tower's `Retry` with its `TpsBudget` (10 s window, 10 retries per
+/// second floor, 10 %): the control for the retry layer, which also counts
+/// every request in a time-bucketed budget (and reads the clock for it).
+pub fn tower_retry_budgeted(
+    inner: Bare,
+) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    use std::sync::Arc;
+    use tower::retry::budget::{Budget, TpsBudget};
+
+    #[derive(Clone)]
+    struct Budgeted(Arc<TpsBudget>);
+    impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for Budgeted {
+        type Future = Ready<()>;
+        fn retry(
+            &mut self,
+            _: &mut Request<()>,
+            result: &mut Result<Response<()>, E>,
+        ) -> Option<Self::Future> {
+            match result {
+                Ok(_) => {
+                    self.0.deposit();
+                    None
+                }
+                Err(_) => self.0.withdraw().then(|| ready(())),
+            }
+        }
+        fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
+            let mut copy = Request::new(());
+            *copy.method_mut() = req.method().clone();
+            *copy.uri_mut() = req.uri().clone();
+            *copy.headers_mut() = req.headers().clone();
+            *copy.extensions_mut() = req.extensions().clone();
+            Some(copy)
+        }
+    }
+    let budget = TpsBudget::new(Duration::from_secs(10), 10, 0.1);
+    tower::retry::Retry::new(Budgeted(Arc::new(budget)), inner)
+}
+
+pub fn breaker_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    BreakerLayer::new(Breaker::new("bench")).layer(inner)
+}
+
+pub fn deadline_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ClientDeadlineLayer::new().layer(inner)
+}
+
+/// Calls `$callback!` with every variant, as `name => service`, in the
+/// order the tables list them.
+macro_rules! for_each_variant {
+    ($callback:ident) => {
+        $callback! {
+        "bare service_fn" => bare(),
+        "bare service_fn reading the clock (control)" => clocked(),
+        "tower Timeout" => tower_timeout(bare()),
+        "tower Timeout + ConcurrencyLimit" => tower_two(bare()),
+        "tower Retry (policy cloning the request)" => tower_retry(bare()),
+        "tower Retry + TpsBudget" => tower_retry_budgeted(bare()),
+        "bulkhead" => step_bulkhead(bare()),
+        "retry alone" => retry_alone(bare()),
+        "breaker alone (client mode, hook offered)" => breaker_client(bare()),
+        "client deadline alone (deadline in scope)" => deadline_client(bare()),
+        "retry + bulkhead" => step_retry(bare()),
+        "breaker + retry + bulkhead" => step_breaker(bare()),
+        "full stack by hand" => full_by_hand(bare(), Breaker::new("bench")),
+        "client_stack (one line)" => one_line(bare()),
+        "full stack, circuit open (rejection)" => open(bare()),
+            }
+    };
+}
