@@ -161,35 +161,55 @@ pub fn retry_alone(inner: Bare) -> impl Service<Request<()>, Response = Response
     RetryLayer::new().clone_bodies().layer(inner)
 }
 
-pub fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    #[derive(Clone)]
-    struct Attempts(usize);
-    impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for Attempts {
-        type Future = Ready<()>;
-        fn retry(
-            &mut self,
-            _: &mut Request<()>,
-            result: &mut Result<Response<()>, E>,
-        ) -> Option<Self::Future> {
-            match result {
-                Ok(_) => None,
-                Err(_) if self.0 > 0 => {
-                    self.0 -= 1;
-                    Some(ready(()))
-                }
-                Err(_) => None,
+/// The policy of the tower `Retry` controls: up to two retries of an error,
+/// with or without tower's `TpsBudget` (which counts every request, as our
+/// budget does); a retry keeps a copy of the request head.
+#[derive(Clone)]
+struct TowerPolicy {
+    retries: usize,
+    budget: Option<std::sync::Arc<tower::retry::budget::TpsBudget>>,
+}
+
+impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for TowerPolicy {
+    type Future = Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut Request<()>,
+        result: &mut Result<Response<()>, E>,
+    ) -> Option<Self::Future> {
+        use tower::retry::budget::Budget;
+        match (result, &self.budget) {
+            (Ok(_), Some(budget)) => {
+                budget.deposit();
+                None
             }
-        }
-        fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
-            let mut copy = Request::new(());
-            *copy.method_mut() = req.method().clone();
-            *copy.uri_mut() = req.uri().clone();
-            *copy.headers_mut() = req.headers().clone();
-            *copy.extensions_mut() = req.extensions().clone();
-            Some(copy)
+            (Ok(_), None) => None,
+            (Err(_), Some(budget)) => budget.withdraw().then(|| ready(())),
+            (Err(_), None) if self.retries > 0 => {
+                self.retries -= 1;
+                Some(ready(()))
+            }
+            (Err(_), None) => None,
         }
     }
-    tower::retry::Retry::new(Attempts(2), inner)
+
+    fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
+        let mut copy = Request::new(());
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.headers_mut() = req.headers().clone();
+        *copy.extensions_mut() = req.extensions().clone();
+        Some(copy)
+    }
+}
+
+pub fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    let policy = TowerPolicy {
+        retries: 2,
+        budget: None,
+    };
+    tower::retry::Retry::new(policy, inner)
 }
 
 /// tower's `Retry` with its `TpsBudget` (10 s window, 10 retries per
@@ -198,37 +218,12 @@ pub fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response
 pub fn tower_retry_budgeted(
     inner: Bare,
 ) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    use std::sync::Arc;
-    use tower::retry::budget::{Budget, TpsBudget};
-
-    #[derive(Clone)]
-    struct Budgeted(Arc<TpsBudget>);
-    impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for Budgeted {
-        type Future = Ready<()>;
-        fn retry(
-            &mut self,
-            _: &mut Request<()>,
-            result: &mut Result<Response<()>, E>,
-        ) -> Option<Self::Future> {
-            match result {
-                Ok(_) => {
-                    self.0.deposit();
-                    None
-                }
-                Err(_) => self.0.withdraw().then(|| ready(())),
-            }
-        }
-        fn clone_request(&mut self, req: &Request<()>) -> Option<Request<()>> {
-            let mut copy = Request::new(());
-            *copy.method_mut() = req.method().clone();
-            *copy.uri_mut() = req.uri().clone();
-            *copy.headers_mut() = req.headers().clone();
-            *copy.extensions_mut() = req.extensions().clone();
-            Some(copy)
-        }
-    }
-    let budget = TpsBudget::new(Duration::from_secs(10), 10, 0.1);
-    tower::retry::Retry::new(Budgeted(Arc::new(budget)), inner)
+    let budget = tower::retry::budget::TpsBudget::new(Duration::from_secs(10), 10, 0.1);
+    let policy = TowerPolicy {
+        retries: 2,
+        budget: Some(std::sync::Arc::new(budget)),
+    };
+    tower::retry::Retry::new(policy, inner)
 }
 
 pub fn breaker_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
