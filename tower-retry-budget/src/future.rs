@@ -99,13 +99,6 @@ struct Cold<S, Body> {
     paid: Paid,
 }
 
-impl<S, Saved, Body> Retrying<S, Saved, Body> {
-    /// The part for retries, allocated on first use.
-    fn cold(&mut self) -> &mut Cold<S, Body> {
-        Cold::of(&mut self.cold)
-    }
-}
-
 impl<S, Body> Cold<S, Body> {
     /// The part for retries in `slot`, allocated on first use.
     fn of(slot: &mut Option<Box<Self>>) -> &mut Self {
@@ -319,8 +312,7 @@ where
         || match retry.as_mut() {
             Some(retrying) => {
                 let random = &shared.random;
-                let jitter = retrying
-                    .cold()
+                let jitter = Cold::of(&mut retrying.cold)
                     .jitter
                     .get_or_insert_with(|| Jitter::new(random.next_u64()));
                 config.backoff.delay(attempt - 1, jitter)
@@ -355,7 +347,7 @@ where
         tracing::debug!(attempt, reason, "retry refused by the retry budget");
         return Step::Return(give_up(result, StopReason::Budget, attempt, true));
     }
-    let cold = retrying.cold();
+    let cold = Cold::of(&mut retrying.cold);
     cold.paid = Paid(Some((Arc::clone(&shared.budget), now)));
     cold.next = Some(body);
     tracing::debug!(

@@ -226,34 +226,26 @@ where
                 .is_retryable_request(&parts.method, &parts.headers);
         let (body, saved) = M::prepare(body, shared.config.body_limit, retryable);
 
-        let first = |cx: &mut CallContext| {
-            cx.set_attempt(1);
-            cx.set_now(now);
-        };
-        match saved {
-            Some(saved) if retryable => {
-                // The spare service the retries will clone, once per
-                // service rather than a clone per call.
-                let inner = &mut self.inner;
-                self.shared.spare.get_or_init(|| Mutex::new(inner.clone()));
-                let shared: Arc<Shared<S, dyn Policy>> = self.shared.clone();
-                let mut future = ResponseFuture::new(shared, attempts, deadline);
-                future.keep_for_retries(&parts, saved, enforced);
-                let request = Request::from_parts(parts, body);
-                // The inner future is written into the response future in
-                // place rather than moved into it (a deep stack's futures
-                // are hundreds of bytes).
-                future.start(CallContext::scoped(first, || inner.call(request)));
-                future
-            }
-            _ => {
-                let inner = &mut self.inner;
-                let request = Request::from_parts(parts, body);
-                let shared: Arc<Shared<S, dyn Policy>> = self.shared.clone();
-                let mut future = ResponseFuture::new(shared, attempts, deadline);
-                future.start(CallContext::scoped(first, || inner.call(request)));
-                future
-            }
+        let shared: Arc<Shared<S, dyn Policy>> = self.shared.clone();
+        let mut future = ResponseFuture::new(shared, attempts, deadline);
+        let inner = &mut self.inner;
+        if let Some(saved) = saved.filter(|_| retryable) {
+            // The spare service the retries will clone, once per service
+            // rather than a clone per call.
+            self.shared.spare.get_or_init(|| Mutex::new(inner.clone()));
+            future.keep_for_retries(&parts, saved, enforced);
         }
+        let request = Request::from_parts(parts, body);
+        // The inner future is written into the response future in place
+        // rather than moved into it (a deep stack's futures are hundreds of
+        // bytes).
+        future.start(CallContext::scoped(
+            |cx| {
+                cx.set_attempt(1);
+                cx.set_now(now);
+            },
+            || inner.call(request),
+        ));
+        future
     }
 }
