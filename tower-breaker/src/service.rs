@@ -68,6 +68,10 @@ pub struct CircuitBreaker<S, C = DefaultClassifier> {
     /// The attempt hook, made on the first call (when the response type is
     /// known) and shared by every clone.
     hook: Arc<OnceLock<HookStripes>>,
+    /// The hook's attempts as the last call left them untaken (no retry
+    /// layer below took them), kept for the next call: no `Arc` clone and
+    /// drop of the hook per call. Not shared with clones.
+    spare: Option<Attempts>,
 }
 
 /// Middleware for HTTP servers that answers `503 Service Unavailable`
@@ -251,6 +255,7 @@ impl<S, C> CircuitBreaker<S, C> {
             classifier,
             count_attempts,
             hook: Arc::new(OnceLock::new()),
+            spare: None,
         }
     }
 }
@@ -264,6 +269,7 @@ impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
             count_attempts: self.count_attempts,
             // Shared, not reset: the hook holds no per-handle state.
             hook: Arc::clone(&self.hook),
+            spare: None,
         }
     }
 }
@@ -296,6 +302,7 @@ where
             &self.breaker,
             &self.classifier,
             hook,
+            &mut self.spare,
             &mut self.inner,
             request,
         )
@@ -452,12 +459,15 @@ fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, Circ
 
 /// The call of the client flavour, shared with the keyed service: admits the call,
 /// offers the hook to a retry layer below, and counts the call itself when
-/// no layer took the hook.
+/// no layer took the hook. `spare` holds the attempts a previous call left
+/// untaken, reused instead of a new clone of `hook`, and receives this
+/// call's if nobody takes them.
 #[inline]
 pub(crate) fn call_client<S, C, B>(
     breaker: &Breaker,
     classifier: &C,
     hook: Option<&Arc<dyn AttemptHook>>,
+    spare: &mut Option<Attempts>,
     inner: &mut S,
     request: Request<B>,
 ) -> ResponseFuture<S::Future, C>
@@ -471,7 +481,14 @@ where
     };
     match hook {
         Some(hook) if raw.kind != Kind::Untracked => {
-            let attempts = Attempts::new(Arc::clone(hook), token(breaker, raw));
+            let first = token(breaker, raw);
+            let attempts = match spare.take() {
+                Some(mut attempts) => {
+                    attempts.restart(first);
+                    attempts
+                }
+                None => Attempts::new(Arc::clone(hook), first),
+            };
             let mut left = None;
             // The response future is built around the inner one in place.
             let mut future = CallContext::offer_attempts_into(attempts, &mut left, || {
@@ -479,7 +496,12 @@ where
             });
             // Taken: a retry layer below reports every attempt, this layer
             // counts nothing. Left: this layer counts the call once.
-            future.tracker = match left.and_then(Attempts::into_in_flight) {
+            let untaken = left.and_then(|mut attempts| {
+                let token = attempts.take_in_flight();
+                *spare = Some(attempts);
+                token
+            });
+            future.tracker = match untaken {
                 None => Tracker::Done,
                 Some(token) => {
                     let (packed, started_ns) = token.parts();
@@ -512,5 +534,98 @@ fn tracker<C: Clone>(breaker: &Breaker, classifier: &C, raw: Raw) -> Tracker<C> 
             permit: breaker.permit(raw),
             classifier: classifier.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::{ready, Ready};
+    use std::time::Duration;
+
+    use http::{Request, Response};
+    use tower::{service_fn, ServiceExt};
+
+    use super::*;
+    use crate::{BreakerConfig, State};
+
+    type Answering =
+        tower::util::ServiceFn<fn(Request<()>) -> Ready<Result<Response<()>, BoxError>>>;
+
+    /// Answers 503 to `/fail`, 200 to anything else.
+    fn answering() -> Answering {
+        service_fn(|request: Request<()>| {
+            let status = if request.uri().path() == "/fail" {
+                503
+            } else {
+                200
+            };
+            let mut response = Response::new(());
+            *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
+            ready(Ok(response))
+        })
+    }
+
+    fn request(path: &str) -> Request<()> {
+        Request::get(path).body(()).unwrap_or_default()
+    }
+
+    /// The reference count of this thread's stripe of the service's hook.
+    fn hook_refs<S, C>(svc: &CircuitBreaker<S, C>) -> usize {
+        svc.hook
+            .get()
+            .map_or(0, |stripes| Arc::strong_count(hook::stripe(stripes)))
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn one_service_keeps_its_untaken_hook_and_still_counts_every_call_once() {
+        let breaker = Breaker::with_config(
+            "dependency",
+            BreakerConfig::new()
+                .count_window(4)
+                .minimum_calls(4)
+                .failure_rate(0.5)
+                .jitter(0.0)
+                .open_period(Duration::from_secs(5)),
+        );
+        let mut svc = CircuitBreaker::new(answering(), breaker.clone());
+
+        for (i, path) in ["/ok", "/fail", "/ok", "/fail"].into_iter().enumerate() {
+            let response = svc.ready().await.unwrap().call(request(path)).await;
+            assert!(response.is_ok());
+            // The stripes hold one reference, the kept attempts the other:
+            // no clone per call, none leaked.
+            assert_eq!(hook_refs(&svc), 2, "after call {}", i + 1);
+            assert!(svc.spare.is_some());
+        }
+        let s = breaker.snapshot();
+        assert_eq!(
+            (s.window.calls, s.window.failures),
+            (4, 2),
+            "each call once"
+        );
+        assert_eq!(s.state, State::Open);
+
+        let refused = svc.ready().await.unwrap().call(request("/ok")).await;
+        assert!(refused.is_err_and(|e| e.is::<CircuitOpen>()));
+        assert_eq!(hook_refs(&svc), 2);
+
+        // The probe's admission rides on the kept attempts; dropping its
+        // call unsent gives the probe slot back.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let probe = svc.ready().await.unwrap().call(request("/ok"));
+        assert_eq!(breaker.snapshot().probes_in_flight, 1);
+        drop(probe);
+        assert_eq!(breaker.snapshot().probes_in_flight, 0, "no probe leaked");
+        let probe = svc.ready().await.unwrap().call(request("/ok")).await;
+        assert!(probe.is_ok(), "the slot was free for the next probe");
+        assert_eq!(hook_refs(&svc), 2);
+
+        // A clone starts without kept attempts and makes its own.
+        let mut clone = svc.clone();
+        assert!(clone.spare.is_none());
+        let _ = clone.ready().await.unwrap().call(request("/ok")).await;
+        assert_eq!(hook_refs(&svc), 3);
+        drop(clone);
+        assert_eq!(hook_refs(&svc), 2);
     }
 }

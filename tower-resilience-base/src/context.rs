@@ -431,6 +431,49 @@ mod tests {
     }
 
     #[test]
+    fn kept_attempts_restarted_cancel_only_a_stale_admission() {
+        let hook = Arc::new(Cancels::default());
+        let mut kept = None;
+        for call in 1..=3 {
+            let first = AttemptToken::new(call, call);
+            let attempts = match kept.take() {
+                Some(mut attempts) => {
+                    Attempts::restart(&mut attempts, first);
+                    attempts
+                }
+                None => Attempts::new(hook.clone(), first),
+            };
+            let mut left = None;
+            CallContext::offer_attempts_into(attempts, &mut left, || {});
+            let mut untaken = left.expect("nobody took the hook");
+            assert_eq!(untaken.take_in_flight(), Some(first));
+            kept = Some(untaken);
+        }
+        assert_eq!(
+            hook.0.load(Ordering::Relaxed),
+            0,
+            "nothing in flight was cancelled"
+        );
+        assert_eq!(
+            Arc::strong_count(&hook),
+            2,
+            "one hook kept, no clone per call"
+        );
+
+        // Restarting over an admission still in flight cancels it.
+        let mut attempts = kept.take().expect("kept");
+        attempts.restart(AttemptToken::new(8, 8));
+        attempts.restart(AttemptToken::new(9, 9));
+        assert_eq!(hook.0.load(Ordering::Relaxed), 1);
+        drop(attempts);
+        assert_eq!(
+            hook.0.load(Ordering::Relaxed),
+            2,
+            "dropped in flight: cancelled"
+        );
+    }
+
+    #[test]
     fn an_outer_hook_is_hidden_then_restored() {
         let hook = Arc::new(Cancels::default());
         let outer = Attempts::new(hook.clone(), AttemptToken::new(1, 1));

@@ -382,6 +382,63 @@ impl Attempts {
     pub fn into_in_flight(mut self) -> Option<AttemptToken> {
         self.in_flight.take()
     }
+
+    /// Takes the admission in flight without cancelling it, and keeps the
+    /// hook: the layer that offered it and finds it untaken can keep this
+    /// `Attempts` for its next call ([`restart`](Attempts::restart))
+    /// instead of cloning the hook's `Arc` again (two atomic operations per
+    /// call saved).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, AttemptToken, Attempts};
+    /// use tower_resilience_base::{BoxError, CallContext};
+    ///
+    /// #[derive(Debug)]
+    /// struct Counts;
+    ///
+    /// impl AttemptHook for Counts {
+    ///     fn admit(&self) -> Result<AttemptToken, BoxError> {
+    ///         Ok(AttemptToken::new(0, 0))
+    ///     }
+    ///     fn record(&self, _: AttemptToken, _: AttemptOutcome<'_>) {}
+    ///     fn cancel(&self, _: AttemptToken) {}
+    /// }
+    ///
+    /// let mut kept: Option<Attempts> = None;
+    /// for call in 1..=2 {
+    ///     let first = AttemptToken::new(call, 0);
+    ///     let attempts = match kept.take() {
+    ///         Some(mut attempts) => {
+    ///             attempts.restart(first);
+    ///             attempts
+    ///         }
+    ///         None => Attempts::new(Arc::new(Counts), first),
+    ///     };
+    ///     let mut left = None;
+    ///     CallContext::offer_attempts_into(attempts, &mut left, || ());
+    ///     // Nobody took it: the admission is this layer's to count, the
+    ///     // hook is kept for the next call.
+    ///     let mut untaken = left.expect("no layer below takes the hook");
+    ///     assert_eq!(untaken.take_in_flight(), Some(first));
+    ///     kept = Some(untaken);
+    /// }
+    /// ```
+    #[must_use]
+    pub fn take_in_flight(&mut self) -> Option<AttemptToken> {
+        self.in_flight.take()
+    }
+
+    /// Starts over with `first` as the attempt in flight (cancelling one
+    /// still in flight, which will then never be reported): the reuse of an
+    /// `Attempts` whose hook nobody took ([`take_in_flight`](Attempts::take_in_flight)).
+    pub fn restart(&mut self, first: AttemptToken) {
+        if let Some(stale) = self.in_flight.replace(first) {
+            self.hook.cancel(stale);
+        }
+    }
 }
 
 impl Drop for Attempts {

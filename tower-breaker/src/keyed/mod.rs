@@ -736,6 +736,8 @@ where
             &handle.breaker,
             &self.classifier,
             hook.as_ref().map(HookRef::get),
+            // Per key: not kept across calls.
+            &mut None,
             &mut self.inner,
             request,
         )
