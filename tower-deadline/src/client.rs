@@ -392,10 +392,10 @@ fn write_budget<B>(config: &ClientConfig, request: &mut Request<B>, grpc: bool, 
     } else if let Some(name) = &config.http_header {
         let millis = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
         let mut buf = [0; 20];
-        let len = codec::write_decimal(millis, &mut buf);
+        let digits = codec::write_decimal(millis, &mut buf);
         // `from_bytes` copies into an exactly sized buffer: one
         // allocation, where `HeaderValue::from(u64)` makes two.
-        if let Ok(value) = HeaderValue::from_bytes(&buf[..len]) {
+        if let Ok(value) = HeaderValue::from_bytes(digits) {
             request.headers_mut().insert(name.clone(), value);
         }
     }

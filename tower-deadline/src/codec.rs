@@ -418,24 +418,38 @@ fn duration_from_nanos(nanos: u128) -> Duration {
     Duration::new(secs, sub)
 }
 
-/// Writes `value` in decimal into `buf`; returns the length written.
-pub(crate) fn write_decimal(value: u64, buf: &mut [u8; 20]) -> usize {
-    // Digits are produced from the right end of `buf`, then moved to the
-    // front: one division per digit, no second buffer.
+/// The two-digit strings "00" to "99", back to back.
+const PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
+
+/// Writes `value` in decimal at the end of `buf`; returns the digits
+/// written (a slice of `buf`).
+pub(crate) fn write_decimal(value: u64, buf: &mut [u8; 20]) -> &[u8] {
+    // Two digits per division, from the right end of `buf`: a remaining
+    // budget in milliseconds (5 to 7 digits) takes three divisions.
     let mut n = value;
     let mut at = buf.len();
-    loop {
-        at -= 1;
-        // `n % 10` is below 10: the cast cannot truncate.
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+    while n >= 100 {
+        // Below 100: the cast cannot truncate.
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
     }
-    let len = buf.len() - at;
-    buf.copy_within(at.., 0);
-    len
+    if n >= 10 {
+        let pair = n as usize * 2;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        at -= 1;
+        // Below 10: the cast cannot truncate.
+        buf[at] = b'0' + n as u8;
+    }
+    &buf[at..]
 }
 
 /// Writes `value` (at most 8 digits) and `unit` into `buf`; returns the
@@ -444,8 +458,9 @@ fn render(value: u128, unit: u8, buf: &mut [u8; GRPC_TIMEOUT_MAX_DIGITS + 1]) ->
     let mut digits = [0u8; 20];
     // At most 99_999_999: fits u64, and 8 digits.
     let value = u64::try_from(value.min(u128::from(MAX_GRPC_VALUE))).unwrap_or(MAX_GRPC_VALUE);
-    let len = write_decimal(value, &mut digits);
-    buf[..len].copy_from_slice(&digits[..len]);
+    let digits = write_decimal(value, &mut digits);
+    let len = digits.len();
+    buf[..len].copy_from_slice(digits);
     buf[len] = unit;
     len + 1
 }
@@ -516,10 +531,25 @@ mod tests {
 
     #[test]
     fn decimal_writer_matches_display() {
-        for n in [0, 7, 10, 99, 12_345, u64::from(u32::MAX), u64::MAX] {
+        for n in [
+            0,
+            7,
+            9,
+            10,
+            42,
+            99,
+            100,
+            101,
+            999,
+            1_000,
+            12_345,
+            59_999,
+            60_000,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
             let mut buf = [0; 20];
-            let len = write_decimal(n, &mut buf);
-            assert_eq!(&buf[..len], n.to_string().as_bytes());
+            assert_eq!(write_decimal(n, &mut buf), n.to_string().as_bytes());
         }
     }
 
@@ -600,6 +630,13 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn decimal_writer_matches_display_for_any_value(n in any::<u64>()) {
+            let mut buf = [0; 20];
+            let expected = n.to_string();
+            prop_assert_eq!(write_decimal(n, &mut buf), expected.as_bytes());
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..16)) {
             let _ = parse_grpc_timeout(&bytes);
