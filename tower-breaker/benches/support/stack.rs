@@ -226,6 +226,44 @@ pub fn tower_retry_budgeted(
     tower::retry::Retry::new(policy, inner)
 }
 
+/// tower's own layers doing the work of the full stack but the breaker's:
+/// an outer `Timeout`, `Retry` with `TpsBudget` (keeping a copy of the
+/// head), `ConcurrencyLimit`, a per-attempt `Timeout`, and a `map_request`
+/// that writes the remaining budget of the task's deadline as a header, as
+/// the per-attempt `ClientDeadline` does (the value formatted on the stack,
+/// one allocation, as ours). The control for the full stack's target: what
+/// the same work costs when composed from tower's layers.
+pub fn tower_equivalent(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    let budget = tower::retry::budget::TpsBudget::new(Duration::from_secs(10), 10, 0.1);
+    let policy = TowerPolicy {
+        retries: 2,
+        budget: Some(std::sync::Arc::new(budget)),
+    };
+    ServiceBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .layer(tower::retry::RetryLayer::new(policy))
+        .concurrency_limit(1024)
+        .timeout(Duration::from_secs(60))
+        .map_request(|mut request: Request<()>| {
+            let remaining = Deadline::current().map_or(Duration::from_secs(60), Deadline::remaining);
+            let millis = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
+            let mut buf = [0u8; 20];
+            let len = {
+                use std::io::Write;
+                let mut cursor = std::io::Cursor::new(&mut buf[..]);
+                let _ = write!(cursor, "{millis}");
+                cursor.position() as usize
+            };
+            if let Ok(value) = http::HeaderValue::from_bytes(&buf[..len]) {
+                request
+                    .headers_mut()
+                    .insert(tower_deadline::DEFAULT_HTTP_HEADER, value);
+            }
+            request
+        })
+        .service(inner)
+}
+
 pub fn breaker_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
     BreakerLayer::new(Breaker::new("bench")).layer(inner)
 }
@@ -253,6 +291,7 @@ macro_rules! for_each_variant {
         "breaker + retry + bulkhead" => step_breaker(bare()),
         "full stack by hand" => full_by_hand(bare(), Breaker::new("bench")),
         "client_stack (one line)" => one_line(bare()),
+        "tower equivalent of the stack, no breaker" => tower_equivalent(bare()),
         "full stack, circuit open (rejection)" => open(bare()),
             }
     };
