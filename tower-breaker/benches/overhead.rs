@@ -1,61 +1,28 @@
 //! Per-call overhead of the breaker over a bare `service_fn`, against
-//! `tower::limit::ConcurrencyLimit`: the closed path (with and without the
-//! attempt hook), the open path's rejection, and allocations per call, with
-//! one thread and with two threads hammering clones of one stack.
+//! `tower::limit::ConcurrencyLimit`: the closed path (count window, time
+//! window with slow-call timing, with and without the attempt hook) and the
+//! open path's rejection, with one thread and with two threads hammering
+//! clones of one stack. After criterion's figures, the same variants in
+//! interleaved rounds (min and median per call; for two threads, the
+//! aggregate: wall time over the calls of both). Allocations per call are
+//! counted by the `overhead_allocs` bench, whose counting allocator would
+//! slow every allocation here.
 //!
-//! Run with `cargo bench -p tower-breaker --bench overhead`.
-//!
-//! The binary counts allocations with `stats_alloc`, whose counters are
-//! shared atomics: with two threads, the variants that allocate (the attempt
-//! hook, the boxed rejection, the HTTP answer) also pay for that counting
-//! allocator's contention, not only their own.
+//! Run with `cargo bench -p tower-breaker --bench overhead` (and
+//! `--bench overhead_allocs`).
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
-use std::alloc::System;
-use std::convert::Infallible;
-use std::future::{ready, Ready};
+#[path = "support/overhead.rs"]
+#[macro_use]
+mod overhead;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use http::{Request, Response};
-use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tokio::time::Instant;
-use tower::limit::ConcurrencyLimit;
-use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_breaker::{
-    Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Outcome, PlainBreakerLayer,
-};
-
-#[global_allocator]
-static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-
-type Bare = tower::util::ServiceFn<fn(Request<()>) -> Ready<Result<Response<()>, Infallible>>>;
-
-fn bare() -> Bare {
-    service_fn(|_req: Request<()>| ready(Ok::<_, Infallible>(Response::new(()))))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
-}
-
-/// `iters` calls of `svc`, timed.
-async fn run<S>(mut svc: S, iters: u64) -> Duration
-where
-    S: Service<Request<()>>,
-{
-    let start = Instant::now();
-    for _ in 0..iters {
-        let _ = svc.ready().await;
-        let out = svc.call(Request::new(())).await;
-        std::hint::black_box(out.is_ok());
-    }
-    start.elapsed()
-}
+use http::Request;
+use overhead::*;
+use tower::Service;
 
 /// `iters` calls on each of two OS threads at once (each with its own
 /// current-thread runtime and a clone of the stack); returns the wall time,
@@ -81,68 +48,6 @@ where
         .map(|t| t.join().unwrap())
         .max()
         .unwrap()
-}
-
-fn allocations<S>(rt: &tokio::runtime::Runtime, svc: S) -> f64
-where
-    S: Service<Request<()>>,
-{
-    const CALLS: u64 = 10_000;
-    rt.block_on(async {
-        let region = Region::new(GLOBAL);
-        run(svc, CALLS).await;
-        region.change().allocations as f64 / CALLS as f64
-    })
-}
-
-fn open_breaker() -> Breaker {
-    let b = Breaker::with_config(
-        "bench-open",
-        BreakerConfig::new()
-            .count_window(1)
-            .minimum_calls(1)
-            .open_period(Duration::from_secs(3600))
-            .max_open_period(Duration::from_secs(3600))
-            .rejection_event_interval(Duration::from_secs(3600)),
-    );
-    b.try_acquire().unwrap().record(Outcome::Failure);
-    b
-}
-
-fn closed() -> Breaker {
-    Breaker::new("bench")
-}
-
-macro_rules! variants {
-    ($f:ident) => {{
-        $f!("bare", bare());
-        $f!(
-            "concurrency_limit",
-            ConcurrencyLimit::new(bare(), 1_000_000)
-        );
-        $f!(
-            "breaker_closed",
-            BreakerLayer::new(closed())
-                .count_attempts(false)
-                .layer(bare())
-        );
-        $f!(
-            "breaker_closed_plain",
-            PlainBreakerLayer::new(closed()).layer(bare())
-        );
-        $f!(
-            "breaker_closed_with_hook",
-            BreakerLayer::new(closed()).layer(bare())
-        );
-        $f!(
-            "breaker_open_rejects",
-            BreakerLayer::new(open_breaker()).layer(bare())
-        );
-        $f!(
-            "breaker_open_http_answer",
-            HttpBreakerLayer::new(open_breaker()).layer(bare())
-        );
-    }};
 }
 
 fn one_thread(c: &mut Criterion) {
@@ -173,17 +78,60 @@ fn two_threads(c: &mut Criterion) {
     group.finish();
 }
 
-fn allocations_per_call(_c: &mut Criterion) {
+/// The variants in turn, round after round: the minimum over the rounds is
+/// the figure a noisy machine disturbs least.
+fn interleaved(_c: &mut Criterion) {
+    const ROUNDS: usize = 15;
+    const CALLS: u64 = 100_000;
     let rt = runtime();
-    println!("\nallocations per call:");
-    macro_rules! count {
+    let mut names = Vec::new();
+    macro_rules! name {
         ($name:expr, $svc:expr) => {{
-            let svc = rt.block_on(async { $svc });
-            println!("  {:<28} {:.2}", $name, allocations(&rt, svc));
+            // Named, not built.
+            let _ = || $svc;
+            names.push($name);
         }};
     }
-    variants!(count);
+    variants!(name);
+    let mut one = vec![Vec::with_capacity(ROUNDS); names.len()];
+    let mut two = vec![Vec::with_capacity(ROUNDS); names.len()];
+    for _ in 0..ROUNDS {
+        let mut i = 0;
+        macro_rules! round {
+            ($name:expr, $svc:expr) => {{
+                let svc = rt.block_on(async { $svc });
+                let elapsed = rt.block_on(run(svc.clone(), CALLS));
+                one[i].push(elapsed.as_nanos() as f64 / CALLS as f64);
+                // Two threads: the aggregate cost, wall time over both
+                // threads' calls.
+                let elapsed = run_two(&svc, CALLS);
+                two[i].push(elapsed.as_nanos() as f64 / (2 * CALLS) as f64);
+                i += 1;
+            }};
+        }
+        variants!(round);
+        let _ = i;
+    }
+    for v in one.iter_mut().chain(two.iter_mut()) {
+        v.sort_by(f64::total_cmp);
+    }
+    for (label, samples) in [("one thread", &one), ("two threads, aggregate", &two)] {
+        let base = samples[0][0];
+        println!(
+            "\nns per call, {label}, {ROUNDS} interleaved rounds of {CALLS} calls \
+             (min, median; min over the bare service):"
+        );
+        for (name, v) in names.iter().zip(samples) {
+            println!(
+                "  {:<44} {:>8.1} {:>8.1} {:>+8.1}",
+                name,
+                v[0],
+                v[ROUNDS / 2],
+                v[0] - base
+            );
+        }
+    }
 }
 
-criterion_group!(benches, allocations_per_call, one_thread, two_threads);
+criterion_group!(benches, one_thread, two_threads, interleaved);
 criterion_main!(benches);

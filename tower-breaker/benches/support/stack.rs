@@ -245,7 +245,8 @@ pub fn tower_equivalent(inner: Bare) -> impl Service<Request<()>, Response = Res
         .concurrency_limit(1024)
         .timeout(Duration::from_secs(60))
         .map_request(|mut request: Request<()>| {
-            let remaining = Deadline::current().map_or(Duration::from_secs(60), Deadline::remaining);
+            let remaining =
+                Deadline::current().map_or(Duration::from_secs(60), Deadline::remaining);
             let millis = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
             let mut buf = [0u8; 20];
             let len = {

@@ -1,0 +1,117 @@
+//! The variants of the breaker's overhead benches (`overhead` times them,
+//! `overhead_allocs` counts their allocations): a bare `service_fn`,
+//! tower's `ConcurrencyLimit` as the control, and the breaker's closed
+//! paths (count window, time window with slow-call timing, with and without
+//! the attempt hook) and open paths.
+
+#![allow(dead_code, unreachable_pub)] // each bench uses what it needs
+
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{service_fn, Service, ServiceExt};
+use tower_breaker::{Breaker, BreakerConfig, Outcome};
+
+pub type Bare = tower::util::ServiceFn<fn(Request<()>) -> Ready<Result<Response<()>, Infallible>>>;
+
+pub fn bare() -> Bare {
+    service_fn(|_req: Request<()>| ready(Ok::<_, Infallible>(Response::new(()))))
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// `iters` calls of `svc`, timed.
+pub async fn run<S>(mut svc: S, iters: u64) -> Duration
+where
+    S: Service<Request<()>>,
+{
+    let start = Instant::now();
+    for _ in 0..iters {
+        let _ = svc.ready().await;
+        let out = svc.call(Request::new(())).await;
+        std::hint::black_box(out.is_ok());
+    }
+    start.elapsed()
+}
+
+/// A breaker opened by one failure, for an hour.
+pub fn open_breaker() -> Breaker {
+    let b = Breaker::with_config(
+        "bench-open",
+        BreakerConfig::new()
+            .count_window(1)
+            .minimum_calls(1)
+            .open_period(Duration::from_secs(3600))
+            .max_open_period(Duration::from_secs(3600))
+            .rejection_event_interval(Duration::from_secs(3600)),
+    );
+    b.try_acquire().unwrap().record(Outcome::Failure);
+    b
+}
+
+/// The default breaker: a count window.
+pub fn closed() -> Breaker {
+    Breaker::new("bench")
+}
+
+/// A time window (10 buckets of 1 s) that also counts slow calls (over
+/// 1 s): every call reads the clock when it starts and when it ends.
+pub fn closed_timed() -> Breaker {
+    Breaker::with_config(
+        "bench-timed",
+        BreakerConfig::new()
+            .time_window(10, Duration::from_secs(1))
+            .slow_calls(Duration::from_secs(1), 0.5),
+    )
+}
+
+/// Calls `$f!(name, service)` with every variant.
+macro_rules! variants {
+    ($f:ident) => {{
+        use tower::Layer;
+        use tower_breaker::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
+        $f!("bare", bare());
+        $f!(
+            "concurrency_limit",
+            tower::limit::ConcurrencyLimit::new(bare(), 1_000_000)
+        );
+        $f!(
+            "breaker_closed",
+            BreakerLayer::new(closed())
+                .count_attempts(false)
+                .layer(bare())
+        );
+        $f!(
+            "breaker_closed_plain",
+            PlainBreakerLayer::new(closed()).layer(bare())
+        );
+        $f!(
+            "breaker_closed_plain_time_window_slow_calls",
+            PlainBreakerLayer::new(closed_timed()).layer(bare())
+        );
+        $f!(
+            "breaker_closed_with_hook",
+            BreakerLayer::new(closed()).layer(bare())
+        );
+        $f!(
+            "breaker_open_rejects",
+            BreakerLayer::new(open_breaker()).layer(bare())
+        );
+        $f!(
+            "breaker_open_rejects_plain",
+            PlainBreakerLayer::new(open_breaker()).layer(bare())
+        );
+        $f!(
+            "breaker_open_http_answer",
+            HttpBreakerLayer::new(open_breaker()).layer(bare())
+        );
+    }};
+}
