@@ -320,8 +320,9 @@ impl Core {
         raw: Raw,
         outcome: Outcome,
         elapsed: Option<Duration>,
+        now_ns: u64,
     ) {
-        self.complete_at(thread_index(), raw, outcome, elapsed);
+        self.complete_at(thread_index(), raw, outcome, elapsed, now_ns);
     }
 
     /// [`complete`](Self::complete), counting in the figures of stripe
@@ -333,6 +334,7 @@ impl Core {
         raw: Raw,
         outcome: Outcome,
         elapsed: Option<Duration>,
+        now_ns: u64,
     ) {
         let core = &**self;
         if raw.kind == Kind::Untracked {
@@ -385,20 +387,25 @@ impl Core {
             }
         };
         match raw.kind {
-            Kind::Tracked => self.complete_tracked(w, code),
+            Kind::Tracked => self.complete_tracked(w, code, now_ns),
             _ => self.complete_probe(w, code),
         }
     }
 
     /// Counts a closed-state outcome; closed -> open when the window (or
     /// the run of failures) says so.
-    pub(super) fn complete_tracked(self: &Arc<Self>, w: Word, code: u32) {
+    ///
+    /// `now_ns` is a clock reading made as the call ended (the one its
+    /// duration was measured with), 0 if none was made.
+    pub(super) fn complete_tracked(self: &Arc<Self>, w: Word, code: u32, now_ns: u64) {
         let core = &**self;
         let gen = w.gen();
-        let now = if core.window.needs_clock() {
-            core.now_ns()
-        } else {
-            0
+        let now = match (core.window.needs_clock(), now_ns) {
+            (false, _) => 0,
+            (true, 0) => core.now_ns(),
+            // The reading the call's duration was measured with: one clock
+            // read per call end, not two.
+            (true, now) => now,
         };
         core.window.record(gen, code, now);
         let mut in_a_row = 0;
@@ -660,16 +667,26 @@ impl Core {
     #[inline]
     pub(crate) fn started_ns(&self, raw: Raw) -> u64 {
         if self.s.slow_ns != 0 && raw.kind != Kind::Untracked {
-            self.now_ns()
+            // The reading a layer above made for the call, if any.
+            nanos(crate::sync::call_since(self.base))
         } else {
             0
         }
     }
 
+    /// The duration of a call that started at `started_ns`, if slow-call
+    /// detection needs it, with the clock reading it was measured with (0
+    /// when none was made), for the window to count the call at.
     #[inline]
-    pub(crate) fn elapsed(&self, started_ns: u64) -> Option<Duration> {
-        (self.s.slow_ns != 0)
-            .then(|| Duration::from_nanos(self.now_ns().saturating_sub(started_ns)))
+    pub(crate) fn elapsed(&self, started_ns: u64) -> (Option<Duration>, u64) {
+        if self.s.slow_ns == 0 {
+            return (None, 0);
+        }
+        let now = self.now_ns();
+        (
+            Some(Duration::from_nanos(now.saturating_sub(started_ns))),
+            now,
+        )
     }
 
     pub(super) fn cas(&self, from: Word, to: Word) -> Result<(), Word> {

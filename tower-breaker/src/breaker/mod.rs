@@ -277,8 +277,13 @@ impl Breaker {
         CircuitOpen::new(Arc::clone(name), rejection.retry_after, rejection.forced)
     }
 
-    pub(crate) fn complete(&self, raw: Raw, outcome: Outcome, elapsed: Option<Duration>) {
-        self.core.complete(raw, outcome, elapsed);
+    pub(crate) fn complete(
+        &self,
+        raw: Raw,
+        outcome: Outcome,
+        (elapsed, now_ns): (Option<Duration>, u64),
+    ) {
+        self.core.complete(raw, outcome, elapsed, now_ns);
     }
 
     pub(crate) fn cancel(&self, raw: Raw) {
@@ -473,19 +478,23 @@ impl Permit {
     /// threshold.
     pub fn record(mut self, outcome: Outcome) {
         self.armed = false;
-        let elapsed = self.shard.core.elapsed(self.started_ns);
+        let (elapsed, now_ns) = self.shard.core.elapsed(self.started_ns);
         self.shard
             .core
-            .complete_at(usize::from(self.stripe), self.raw, outcome, elapsed);
+            .complete_at(usize::from(self.stripe), self.raw, outcome, elapsed, now_ns);
     }
 
     /// Counts the call's outcome, with the call's duration measured by the
     /// caller.
     pub fn record_with_elapsed(mut self, outcome: Outcome, elapsed: Duration) {
         self.armed = false;
-        self.shard
-            .core
-            .complete_at(usize::from(self.stripe), self.raw, outcome, Some(elapsed));
+        self.shard.core.complete_at(
+            usize::from(self.stripe),
+            self.raw,
+            outcome,
+            Some(elapsed),
+            0,
+        );
     }
 }
 
