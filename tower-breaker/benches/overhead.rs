@@ -123,7 +123,7 @@ fn interleaved(_c: &mut Criterion) {
         );
         for (name, v) in names.iter().zip(samples) {
             println!(
-                "  {:<44} {:>8.1} {:>8.1} {:>+8.1}",
+                "  {:<56} {:>8.1} {:>8.1} {:>+8.1}",
                 name,
                 v[0],
                 v[ROUNDS / 2],

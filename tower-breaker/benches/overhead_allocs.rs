@@ -38,7 +38,7 @@ fn main() {
     macro_rules! count {
         ($name:expr, $svc:expr) => {{
             let svc = rt.block_on(async { $svc });
-            println!("  {:<44} {:.2}", $name, allocations(&rt, svc));
+            println!("  {:<56} {:.2}", $name, allocations(&rt, svc));
         }};
     }
     variants!(count);

@@ -469,6 +469,7 @@
 
 mod breaker;
 pub mod classify;
+mod clock;
 mod config;
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]

@@ -44,9 +44,18 @@ where
 
 /// A breaker opened by one failure, for an hour.
 pub fn open_breaker() -> Breaker {
+    open_breaker_with(BreakerConfig::new())
+}
+
+/// [`open_breaker`] on the coarse clock.
+pub fn open_breaker_coarse() -> Breaker {
+    open_breaker_with(BreakerConfig::new().coarse_clock(true))
+}
+
+fn open_breaker_with(config: BreakerConfig) -> Breaker {
     let b = Breaker::with_config(
         "bench-open",
-        BreakerConfig::new()
+        config
             .count_window(1)
             .minimum_calls(1)
             .open_period(Duration::from_secs(3600))
@@ -65,9 +74,18 @@ pub fn closed() -> Breaker {
 /// A time window (10 buckets of 1 s) that also counts slow calls (over
 /// 1 s): every call reads the clock when it starts and when it ends.
 pub fn closed_timed() -> Breaker {
+    closed_timed_with(BreakerConfig::new())
+}
+
+/// [`closed_timed`] on the coarse clock: an atomic load per reading.
+pub fn closed_timed_coarse() -> Breaker {
+    closed_timed_with(BreakerConfig::new().coarse_clock(true))
+}
+
+fn closed_timed_with(config: BreakerConfig) -> Breaker {
     Breaker::with_config(
         "bench-timed",
-        BreakerConfig::new()
+        config
             .time_window(10, Duration::from_secs(1))
             .slow_calls(Duration::from_secs(1), 0.5),
     )
@@ -98,6 +116,10 @@ macro_rules! variants {
             PlainBreakerLayer::new(closed_timed()).layer(bare())
         );
         $f!(
+            "breaker_closed_plain_time_window_slow_calls_coarse_clock",
+            PlainBreakerLayer::new(closed_timed_coarse()).layer(bare())
+        );
+        $f!(
             "breaker_closed_with_hook",
             BreakerLayer::new(closed()).layer(bare())
         );
@@ -108,6 +130,10 @@ macro_rules! variants {
         $f!(
             "breaker_open_rejects_plain",
             PlainBreakerLayer::new(open_breaker()).layer(bare())
+        );
+        $f!(
+            "breaker_open_rejects_plain_coarse_clock",
+            PlainBreakerLayer::new(open_breaker_coarse()).layer(bare())
         );
         $f!(
             "breaker_open_http_answer",

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::fleet::StoreLink;
 use super::{nanos, thread_index, Kind, Raw, Rejection, NANOS_PER_MS, NANOS_PER_SEC, PPM, STRIPES};
 use crate::classify::Outcome;
+use crate::clock::Coarse;
 use crate::config::{BreakerConfig, WindowKind};
 use crate::metrics::{BreakerMetrics, ProbeResult};
 use crate::snapshot::{Cause, Totals, Transition, WindowCounts};
@@ -43,6 +44,9 @@ pub(crate) struct Core {
     pub(super) stripes: Box<[Stripe]>,
     pub(crate) name: Arc<str>,
     pub(super) base: Instant,
+    /// The coarse clock and the offset of `base` on it, when configured
+    /// (`BreakerConfig::coarse_clock`): readings are then one atomic load.
+    pub(super) coarse: Option<(&'static Coarse, u64)>,
     pub(super) s: Settings,
     pub(super) config: BreakerConfig,
     pub(super) store: Option<StoreLink>,
@@ -122,6 +126,12 @@ impl Core {
         let metrics = BreakerMetrics::new(&name);
         // Generation 1: epoch 0 would read as "empty" in the time window.
         let first = Word::new(CLOSED, Mode::Automatic, 1, 0);
+        // The coarse clock was started with the configuration, before
+        // `base`: its readings are never before `base`'s offset on it.
+        let base = Instant::now();
+        let coarse = config
+            .coarse_clock
+            .map(|clock| (clock, clock.offset_of(base.into_std())));
         Core {
             word: Padded(AtomicU64::new(first.0)),
             probes: Padded(AtomicU64::new(0)),
@@ -136,7 +146,8 @@ impl Core {
             store_errors: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
             name,
-            base: Instant::now(),
+            base,
+            coarse,
             s,
             config,
             store,
@@ -163,7 +174,7 @@ impl Core {
     #[cold]
     pub(super) fn admit_slow(self: &Arc<Self>, mut w: Word) -> Result<Raw, Rejection> {
         let core = &**self;
-        let now = nanos(crate::sync::call_since(core.base));
+        let now = core.call_now_ns();
         if let Some(link) = &core.store {
             self.maybe_refresh(link, now);
         }
@@ -658,17 +669,32 @@ impl Core {
             });
         }
     }
+    /// Nanoseconds since `base`, now.
     #[inline]
     pub(crate) fn now_ns(&self) -> u64 {
-        nanos(crate::sync::since(self.base))
+        match self.coarse {
+            Some((clock, offset)) => clock.now_ns().saturating_sub(offset),
+            None => nanos(crate::sync::since(self.base)),
+        }
+    }
+
+    /// Nanoseconds since `base` at the moment of the call being made: the
+    /// reading a layer above made for the call, if any, else
+    /// [`now_ns`](Self::now_ns) (the coarse clock, when configured, is
+    /// cheaper than looking).
+    #[inline]
+    pub(crate) fn call_now_ns(&self) -> u64 {
+        match self.coarse {
+            Some(_) => self.now_ns(),
+            None => nanos(crate::sync::call_since(self.base)),
+        }
     }
 
     /// The start time of a call, if slow-call detection needs it.
     #[inline]
     pub(crate) fn started_ns(&self, raw: Raw) -> u64 {
         if self.s.slow_ns != 0 && raw.kind != Kind::Untracked {
-            // The reading a layer above made for the call, if any.
-            nanos(crate::sync::call_since(self.base))
+            self.call_now_ns()
         } else {
             0
         }
@@ -906,3 +932,82 @@ pub(super) fn window_counts(c: Counts) -> WindowCounts {
 
 #[cfg(all(test, tower_resilience_loom))]
 mod loom_models;
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::clock::Coarse;
+    use crate::{Breaker, BreakerConfig, Outcome, State};
+
+    /// A breaker telling time by `clock`, which only the test advances; and
+    /// a function that sets the breaker's time to `ms` milliseconds.
+    fn on_coarse_clock(config: BreakerConfig) -> (Breaker, impl Fn(u64)) {
+        let clock: &'static Coarse = Box::leak(Box::new(Coarse::new(std::time::Instant::now())));
+        let mut config = config;
+        config.coarse_clock = Some(clock);
+        let breaker = Breaker::with_config("coarse", config);
+        let (_, offset) = breaker.core.coarse.expect("configured");
+        let set = move |ms: u64| clock.advance(Duration::from_nanos(offset + ms * 1_000_000));
+        set(0);
+        (breaker, set)
+    }
+
+    #[test]
+    fn slow_calls_are_timed_by_the_coarse_clock() {
+        let (breaker, set) = on_coarse_clock(
+            BreakerConfig::new()
+                .count_window(2)
+                .minimum_calls(2)
+                .slow_calls(Duration::from_millis(100), 0.5)
+                .jitter(0.0),
+        );
+        let fast = breaker.try_acquire().expect("closed");
+        set(99);
+        fast.record(Outcome::Success);
+        assert_eq!(breaker.snapshot().window.slow, 0, "99 ms is not slow");
+        let slow = breaker.try_acquire().expect("closed");
+        set(199);
+        slow.record(Outcome::Success);
+        let s = breaker.snapshot();
+        assert_eq!(s.window.slow, 1, "100 ms on the coarse clock is slow");
+        assert_eq!(s.state, State::Open, "half the window slow");
+    }
+
+    #[test]
+    fn the_open_period_ends_by_the_coarse_clock() {
+        let (breaker, set) = on_coarse_clock(
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(5))
+                .jitter(0.0),
+        );
+        breaker
+            .try_acquire()
+            .expect("closed")
+            .record(Outcome::Failure);
+        set(4_999);
+        assert!(breaker.try_acquire().is_err(), "still open at 4.999 s");
+        set(5_000);
+        let probe = breaker.try_acquire().expect("the open period is over");
+        assert!(probe.is_probe());
+    }
+
+    #[test]
+    fn a_time_window_counts_by_the_coarse_clock() {
+        let (breaker, set) = on_coarse_clock(
+            BreakerConfig::new()
+                .time_window(2, Duration::from_secs(1))
+                .minimum_calls(100),
+        );
+        breaker
+            .try_acquire()
+            .expect("closed")
+            .record(Outcome::Failure);
+        assert_eq!(breaker.snapshot().window.calls, 1);
+        // Two buckets of 1 s later, the failure has left the window.
+        set(2_500);
+        assert_eq!(breaker.snapshot().window.calls, 0);
+    }
+}
