@@ -124,6 +124,7 @@
 //! | [`listener`](BreakerConfig::listener) | none | told about every [`Transition`] |
 //! | [`store`](BreakerConfig::store) / [`refresh_interval`](BreakerConfig::refresh_interval) | none / 1 s | share the decision across processes ([`store`]; see [Shared state](#shared-state-redis)) |
 //! | [`on_store_failure`](BreakerConfig::on_store_failure) | fail open | what to do while the store fails ([`StoreFailureMode`](store::StoreFailureMode)) |
+//! | [`coarse_clock`](BreakerConfig::coarse_clock) | off | tell time by a millisecond clock read with one atomic load (not for paused-time tests) |
 //!
 //! Why these defaults: 20 calls with a minimum of 10 is the "half of the
 //! last 20 calls" rule of thumb, and 10 calls keep one unlucky pair of
@@ -139,7 +140,11 @@
 //! built, so paused test time applies. The closed path reads no clock,
 //! unless the window is time based (one read per outcome) or slow-call
 //! detection is on (two reads per call) or a store is configured (one read
-//! per call, to see whether a refresh is due).
+//! per call, to see whether a refresh is due). With
+//! [`coarse_clock`](BreakerConfig::coarse_clock) each of those reads is an
+//! atomic load of a clock a background thread advances every millisecond
+//! (its error is documented there); it follows the real clock, not paused
+//! test time.
 //!
 //! Observability: `tracing` events `circuit_opened` (warn; with the
 //! breaker's name, the cause, the rates, the window's counts and the open
