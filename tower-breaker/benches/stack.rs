@@ -67,7 +67,7 @@ macro_rules! timed {
                 );
                 for (name, v) in names.iter().zip(&samples) {
                     println!(
-                        "  {:<44} {:>8.1} {:>8.1} {:>+8.1}",
+                        "  {:<48} {:>8.1} {:>8.1} {:>+8.1}",
                         name,
                         v[0],
                         v[ROUNDS / 2],

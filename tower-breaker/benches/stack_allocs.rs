@@ -41,7 +41,7 @@ macro_rules! counted {
                 println!("\nallocations per call, {label} (the bare service's included):");
                 $(
                     println!(
-                        "  {:<44} {:.2}",
+                        "  {:<48} {:.2}",
                         $name,
                         allocations_per_call(&rt, $make, shape)
                     );

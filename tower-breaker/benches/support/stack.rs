@@ -244,24 +244,40 @@ pub fn tower_equivalent(inner: Bare) -> impl Service<Request<()>, Response = Res
         .layer(tower::retry::RetryLayer::new(policy))
         .concurrency_limit(1024)
         .timeout(Duration::from_secs(60))
-        .map_request(|mut request: Request<()>| {
-            let remaining =
-                Deadline::current().map_or(Duration::from_secs(60), Deadline::remaining);
-            let millis = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
-            let mut buf = [0u8; 20];
-            let len = {
-                use std::io::Write;
-                let mut cursor = std::io::Cursor::new(&mut buf[..]);
-                let _ = write!(cursor, "{millis}");
-                cursor.position() as usize
-            };
-            if let Ok(value) = http::HeaderValue::from_bytes(&buf[..len]) {
-                request
-                    .headers_mut()
-                    .insert(tower_deadline::DEFAULT_HTTP_HEADER, value);
-            }
-            request
-        })
+        .map_request(write_remaining)
+        .service(inner)
+}
+
+/// Writes the remaining budget of the task's deadline into `request`, as
+/// the client deadline does, in a `map_request` (the value formatted on the
+/// stack: one allocation, as ours).
+fn write_remaining(mut request: Request<()>) -> Request<()> {
+    let remaining = Deadline::current().map_or(Duration::from_secs(60), Deadline::remaining);
+    let millis = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
+    let mut buf = [0u8; 20];
+    let len = {
+        use std::io::Write;
+        let mut cursor = std::io::Cursor::new(&mut buf[..]);
+        let _ = write!(cursor, "{millis}");
+        cursor.position() as usize
+    };
+    if let Ok(value) = http::HeaderValue::from_bytes(&buf[..len]) {
+        request
+            .headers_mut()
+            .insert(tower_deadline::DEFAULT_HTTP_HEADER, value);
+    }
+    request
+}
+
+/// tower `Timeout` plus the header write of [`write_remaining`]: the
+/// control for the client deadline, which bounds the call and writes the
+/// remaining budget.
+pub fn tower_timeout_writing_budget(
+    inner: Bare,
+) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    ServiceBuilder::new()
+        .timeout(Duration::from_secs(60))
+        .map_request(write_remaining)
         .service(inner)
 }
 
@@ -288,6 +304,7 @@ macro_rules! for_each_variant {
         "retry alone" => retry_alone(bare()),
         "breaker alone (client mode, hook offered)" => breaker_client(bare()),
         "client deadline alone (deadline in scope)" => deadline_client(bare()),
+        "tower Timeout + map_request writing the budget" => tower_timeout_writing_budget(bare()),
         "retry + bulkhead" => step_retry(bare()),
         "breaker + retry + bulkhead" => step_breaker(bare()),
         "full stack by hand" => full_by_hand(bare(), Breaker::new("bench")),
