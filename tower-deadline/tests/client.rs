@@ -193,6 +193,60 @@ async fn an_existing_header_is_replaced_not_duplicated() {
     assert_eq!(values, ["40"]);
 }
 
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_request_with_other_headers_gets_the_budget_beside_them() {
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_millis(40))
+        .layer(service_fn(|req: Request<()>| async move {
+            let mut lines: Vec<_> = req
+                .headers()
+                .iter()
+                .map(|(name, value)| format!("{name}: {}", value.to_str().unwrap()))
+                .collect();
+            lines.sort();
+            Ok::<_, BoxError>(Response::new(lines))
+        }));
+    let req = Request::builder()
+        .header("accept", "*/*")
+        .header("x-request-id", "7")
+        .header("x-request-id", "8")
+        .body(())
+        .unwrap();
+    let lines = svc.oneshot(req).await.unwrap().into_body();
+    assert_eq!(
+        lines,
+        [
+            "accept: */*",
+            "x-request-id: 7",
+            "x-request-id: 8",
+            "x-request-timeout-ms: 40"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_request_with_a_shorter_grpc_timeout_keeps_one_value() {
+    let svc = ClientDeadlineLayer::new()
+        .default_timeout(Duration::from_secs(1))
+        .layer(service_fn(|req: Request<()>| async move {
+            let values: Vec<_> = req
+                .headers()
+                .get_all("grpc-timeout")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect();
+            Ok::<_, BoxError>(Response::new(values))
+        }));
+    let req = Request::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-timeout", "200m")
+        .header("grpc-timeout", "900m")
+        .body(())
+        .unwrap();
+    let values = svc.oneshot(req).await.unwrap().into_body();
+    assert_eq!(values, ["200m"], "the shortest, written once");
+}
+
 /// What `echo_all` saw: every value of the millisecond header, every value
 /// of `grpc-timeout`, and the deadline.
 type EchoAll = (Vec<String>, Vec<String>, Option<Deadline>);
