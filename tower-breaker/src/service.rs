@@ -292,12 +292,13 @@ where
 
     #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let hook =
-            self.count_attempts.then(|| {
-                hook::stripe(self.hook.get_or_init(|| {
-                    hook::stripes::<C, S::Response>(&self.breaker, &self.classifier)
-                }))
-            });
+        let (stripes, breaker, classifier) = (&self.hook, &self.breaker, &self.classifier);
+        // Looked up only when no attempts were kept from the last call.
+        let hook = self.count_attempts.then_some(move || {
+            hook::stripe(
+                stripes.get_or_init(|| hook::stripes::<C, S::Response>(breaker, classifier)),
+            )
+        });
         call_client(
             &self.breaker,
             &self.classifier,
@@ -463,10 +464,10 @@ fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, Circ
 /// untaken, reused instead of a new clone of `hook`, and receives this
 /// call's if nobody takes them.
 #[inline]
-pub(crate) fn call_client<S, C, B>(
+pub(crate) fn call_client<'h, S, C, B>(
     breaker: &Breaker,
     classifier: &C,
-    hook: Option<&Arc<dyn AttemptHook>>,
+    hook: Option<impl FnOnce() -> &'h Arc<dyn AttemptHook>>,
     spare: &mut Option<Attempts>,
     inner: &mut S,
     request: Request<B>,
@@ -487,7 +488,7 @@ where
                     attempts.restart(first);
                     attempts
                 }
-                None => Attempts::new(Arc::clone(hook), first),
+                None => Attempts::new(Arc::clone(hook()), first),
             };
             let mut left = None;
             // The response future is built around the inner one in place.

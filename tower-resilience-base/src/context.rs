@@ -1,7 +1,7 @@
 //! The per-call context the layers hand to each other during `call`, and
 //! [`Captured`], for a layer that calls its inner service later.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 
 use tokio::time::Instant;
 
@@ -12,8 +12,9 @@ thread_local! {
     /// The plain fields: a `Cell` of a `Copy` value, so reading and
     /// restoring them costs a copy, not a borrow.
     static FIELDS: Cell<CallContext> = const { Cell::new(CallContext::EMPTY) };
-    /// The attempt hook on offer, if any.
-    static ATTEMPTS: RefCell<Option<Attempts>> = const { RefCell::new(None) };
+    /// The attempt hook on offer, if any: a `Cell` too, moved in and out
+    /// whole (no borrow flag to check).
+    static ATTEMPTS: Cell<Option<Attempts>> = const { Cell::new(None) };
 }
 
 /// What the layers of one client stack tell the layers below them about a
@@ -221,13 +222,13 @@ impl CallContext {
             fn drop(&mut self) {
                 if let Some(outer) = self.outer.take() {
                     *self.left = ATTEMPTS
-                        .try_with(|slot| std::mem::replace(&mut *slot.borrow_mut(), outer))
+                        .try_with(|slot| slot.replace(outer))
                         .unwrap_or_default();
                 }
             }
         }
 
-        let Ok(outer) = ATTEMPTS.try_with(|slot| slot.borrow_mut().replace(attempts)) else {
+        let Ok(outer) = ATTEMPTS.try_with(|slot| slot.replace(Some(attempts))) else {
             // Torn down: `attempts` was dropped with the closure, which
             // cancelled its admission; nothing was offered.
             return call();
@@ -244,10 +245,7 @@ impl CallContext {
     #[inline]
     #[must_use]
     pub fn take_attempts() -> Option<Attempts> {
-        ATTEMPTS
-            .try_with(|slot| slot.borrow_mut().take())
-            .ok()
-            .flatten()
+        ATTEMPTS.try_with(Cell::take).ok().flatten()
     }
 
     /// The current context's deadline and attempt number, to re-enter later
@@ -324,7 +322,13 @@ impl CallContext {
     #[must_use]
     pub fn has_attempts(&self) -> bool {
         ATTEMPTS
-            .try_with(|slot| slot.borrow().is_some())
+            .try_with(|slot| {
+                // A `Cell` is not peeked at: taken out and put back.
+                let attempts = slot.take();
+                let some = attempts.is_some();
+                slot.set(attempts);
+                some
+            })
             .unwrap_or(false)
     }
 }

@@ -5,7 +5,7 @@ mod registry;
 
 #[allow(deprecated)]
 pub use registry::DEFAULT_IDLE_EVICTION;
-use registry::{next_layer_id, Handle, HookOwner, HookRef};
+use registry::{next_layer_id, Handle, HookOwner};
 pub use registry::{BreakerRegistry, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
 
 use std::fmt;
@@ -735,7 +735,7 @@ where
         call_client(
             &handle.breaker,
             &self.classifier,
-            hook.as_ref().map(HookRef::get),
+            hook.as_ref().map(|hook| move || hook.get()),
             // Per key: not kept across calls.
             &mut None,
             &mut self.inner,
