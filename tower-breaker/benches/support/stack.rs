@@ -35,6 +35,16 @@ pub fn clocked() -> Bare {
     })
 }
 
+/// The bare service allocating (and freeing) 8 bytes per call: a control
+/// for what the one allocation a layer may make per call (a boxed error)
+/// costs on the machine at hand.
+pub fn allocating() -> Bare {
+    service_fn(|_req: Request<()>| {
+        drop(std::hint::black_box(Box::new(0u64)));
+        ready(Ok::<_, Infallible>(Response::new(())))
+    })
+}
+
 /// What a request carries besides its head: an extension of the caller's.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestId(#[allow(dead_code)] u64);
@@ -296,6 +306,7 @@ macro_rules! for_each_variant {
         $callback! {
         "bare service_fn" => bare(),
         "bare service_fn reading the clock (control)" => clocked(),
+        "bare service_fn allocating once (control)" => allocating(),
         "tower Timeout" => tower_timeout(bare()),
         "tower Timeout + ConcurrencyLimit" => tower_two(bare()),
         "tower Retry (policy cloning the request)" => tower_retry(bare()),
