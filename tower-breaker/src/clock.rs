@@ -8,6 +8,10 @@
 //! system adds to the ticking thread's wake-ups (on a loaded machine, more
 //! than a tick).
 
+// The coarse clock is the real clock by design (documented on
+// `BreakerConfig::coarse_clock`: it does not follow paused test time).
+#![allow(clippy::disallowed_types)]
+
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};

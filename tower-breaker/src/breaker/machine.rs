@@ -934,6 +934,7 @@ pub(super) fn window_counts(c: Counts) -> WindowCounts {
 mod loom_models;
 
 #[cfg(test)]
+#[allow(clippy::disallowed_types)] // the coarse clock's origin is a real instant
 mod tests {
     use std::time::Duration;
 
