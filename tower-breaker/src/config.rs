@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tower_resilience_base::clock::CoarseClock;
+
 use crate::snapshot::{DebugListener, Listener};
 use crate::store::{Store, StoreFailureMode};
 use crate::{ProcessRandom, RandomSource};
@@ -135,7 +137,7 @@ pub struct BreakerConfig {
     pub(crate) store_failure: StoreFailureMode,
     pub(crate) fleet_window: bool,
     /// The coarse clock to tell time by, if any (`coarse_clock`).
-    pub(crate) coarse_clock: Option<&'static crate::clock::Coarse>,
+    pub(crate) coarse_clock: Option<&'static CoarseClock>,
     pub(crate) flush_interval: Duration,
 }
 
@@ -195,9 +197,8 @@ impl BreakerConfig {
     }
 
     /// Tell time by a coarse clock (off by default): a reading of the real
-    /// clock that one background thread per process (named
-    /// `tower-breaker-clock`, started by the first breaker that asks)
-    /// advances every millisecond. Reading it is one atomic load instead of
+    /// clock that one background thread per process advances every
+    /// millisecond ([`CoarseClock`]). Reading it is one atomic load instead of
     /// a clock read (about 20 ns on a virtual machine): it makes the time
     /// window, slow-call timing and the rejections while open cheaper.
     ///
@@ -214,7 +215,7 @@ impl BreakerConfig {
     /// The coarse clock follows the real clock, not tokio's paused test
     /// clock: a breaker that uses it does not see `tokio::time::advance`.
     /// If the thread cannot be started, the breaker reads the real clock
-    /// (with a `breaker_coarse_clock_unavailable` warning).
+    /// (with a `coarse_clock_unavailable` warning).
     ///
     /// # Example
     ///
@@ -232,7 +233,7 @@ impl BreakerConfig {
     /// assert!(breaker.try_acquire().is_ok());
     /// ```
     pub fn coarse_clock(mut self, on: bool) -> Self {
-        self.coarse_clock = if on { crate::clock::shared() } else { None };
+        self.coarse_clock = if on { CoarseClock::shared() } else { None };
         self
     }
 

@@ -474,7 +474,6 @@
 
 mod breaker;
 pub mod classify;
-mod clock;
 mod config;
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]

@@ -225,6 +225,32 @@ impl<P, M> ClientStack<P, M> {
         self
     }
 
+    /// Tell time by the coarse clock ([`ClientDeadlineLayer::coarse_clock`]
+    /// on the outer deadline, whose reading every layer below takes): a
+    /// call, or a rejection while the circuit is open, then reads no real
+    /// clock. Deadlines set from [`timeout`](Self::timeout) may then be up
+    /// to the coarse clock's lag (a millisecond plus the clock thread's
+    /// wake-up delay) early. It follows the real clock, not tokio's paused
+    /// test clock. Off by default. The breaker's own readings (a time
+    /// window, slow calls) use it when its configuration says so
+    /// ([`BreakerConfig::coarse_clock`]).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::stack::client_stack;
+    ///
+    /// let stack = client_stack("catalog")
+    ///     .timeout(Duration::from_millis(800))
+    ///     .coarse_clock(true);
+    /// # let _ = stack;
+    /// ```
+    pub fn coarse_clock(mut self, on: bool) -> Self {
+        self.call = self.call.coarse_clock(on);
+        self
+    }
+
     /// The per-attempt deadline layer, for its margin, header names or a
     /// per-attempt timeout shorter than the call's.
     pub fn attempt_deadline(mut self, layer: ClientDeadlineLayer) -> Self {

@@ -917,3 +917,19 @@ async fn server_stack_answers_503_when_the_breaker_is_forced_open() {
     }
     assert_eq!(seen[0], seen[1], "one line and by hand differ");
 }
+
+#[test]
+fn the_stacks_coarse_clock_is_its_outer_deadlines() {
+    // The layer's own tests show what the coarse clock changes (with a
+    // clock only the test moves); here, that the stack hands the setting
+    // to its outer deadline, whose reading the layers below take.
+    let off = format!("{:?}", client_stack("catalog"));
+    let on = format!("{:?}", client_stack("catalog").coarse_clock(true));
+    assert_eq!(off.matches("coarse: None").count(), 2, "{off}");
+    assert_eq!(on.matches("coarse: Some(").count(), 1, "{on}");
+    assert_eq!(on.matches("coarse: None").count(), 1, "{on}");
+    let outer = on.find("call: ").expect("the outer deadline");
+    let attempt = on.find("attempt: ").expect("the per-attempt deadline");
+    let coarse = on.find("coarse: Some(").expect("set");
+    assert!(outer < coarse && coarse < attempt, "{on}");
+}

@@ -65,6 +65,7 @@
 
 pub mod answer;
 pub mod classify;
+pub mod clock;
 pub mod context;
 mod deadline;
 pub mod error;

@@ -159,6 +159,29 @@ pub fn one_line(inner: Bare) -> impl Service<Request<()>, Response = Response<()
         .layer(inner)
 }
 
+/// The one-line stack on the coarse clock.
+pub fn one_line_coarse(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    client_stack("bench")
+        .timeout(Duration::from_secs(60))
+        .retry(RetryLayer::new().clone_bodies())
+        .concurrency(1024)
+        .coarse_clock(true)
+        .layer(inner)
+}
+
+/// The one-line stack on the coarse clock, its circuit forced open.
+pub fn open_coarse(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    let breaker = Breaker::new("bench");
+    breaker.set_mode(Mode::ForcedOpen);
+    client_stack("bench")
+        .timeout(Duration::from_secs(60))
+        .breaker(breaker)
+        .retry(RetryLayer::new().clone_bodies())
+        .concurrency(1024)
+        .coarse_clock(true)
+        .layer(inner)
+}
+
 /// The full stack whose circuit is forced open.
 pub fn open(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
     let breaker = Breaker::new("bench");
@@ -322,6 +345,8 @@ macro_rules! for_each_variant {
         "client_stack (one line)" => one_line(bare()),
         "tower equivalent of the stack, no breaker" => tower_equivalent(bare()),
         "full stack, circuit open (rejection)" => open(bare()),
+        "client_stack, coarse clock" => one_line_coarse(bare()),
+        "client_stack, coarse clock, circuit open" => open_coarse(bare()),
             }
     };
 }

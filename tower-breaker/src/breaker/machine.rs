@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tower_resilience_base::clock::CoarseClock;
 
 use super::fleet::StoreLink;
 use super::{nanos, thread_index, Kind, Raw, Rejection, NANOS_PER_MS, NANOS_PER_SEC, PPM, STRIPES};
 use crate::classify::Outcome;
-use crate::clock::Coarse;
 use crate::config::{BreakerConfig, WindowKind};
 use crate::metrics::{BreakerMetrics, ProbeResult};
 use crate::snapshot::{Cause, Totals, Transition, WindowCounts};
@@ -46,7 +46,7 @@ pub(crate) struct Core {
     pub(super) base: Instant,
     /// The coarse clock and the offset of `base` on it, when configured
     /// (`BreakerConfig::coarse_clock`): readings are then one atomic load.
-    pub(super) coarse: Option<(&'static Coarse, u64)>,
+    pub(super) coarse: Option<(&'static CoarseClock, u64)>,
     pub(super) s: Settings,
     pub(super) config: BreakerConfig,
     pub(super) store: Option<StoreLink>,
@@ -131,7 +131,7 @@ impl Core {
         let base = Instant::now();
         let coarse = config
             .coarse_clock
-            .map(|clock| (clock, clock.offset_of(base.into_std())));
+            .map(|clock| (clock, nanos(base.saturating_duration_since(clock.origin()))));
         Core {
             word: Padded(AtomicU64::new(first.0)),
             probes: Padded(AtomicU64::new(0)),
@@ -673,7 +673,7 @@ impl Core {
     #[inline]
     pub(crate) fn now_ns(&self) -> u64 {
         match self.coarse {
-            Some((clock, offset)) => clock.now_ns().saturating_sub(offset),
+            Some((clock, offset)) => clock.nanos().saturating_sub(offset),
             None => nanos(crate::sync::since(self.base)),
         }
     }
@@ -934,23 +934,31 @@ pub(super) fn window_counts(c: Counts) -> WindowCounts {
 mod loom_models;
 
 #[cfg(test)]
-#[allow(clippy::disallowed_types)] // the coarse clock's origin is a real instant
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::time::Duration;
 
-    use crate::clock::Coarse;
+    use tower_resilience_base::clock::CoarseClock;
+
     use crate::{Breaker, BreakerConfig, Outcome, State};
 
-    /// A breaker telling time by `clock`, which only the test advances; and
-    /// a function that sets the breaker's time to `ms` milliseconds.
+    /// A breaker telling time by a clock which only the test advances; and
+    /// a function that sets the breaker's time to `ms` milliseconds (never
+    /// backwards).
     fn on_coarse_clock(config: BreakerConfig) -> (Breaker, impl Fn(u64)) {
-        let clock: &'static Coarse = Box::leak(Box::new(Coarse::new(std::time::Instant::now())));
+        let clock = CoarseClock::manual();
         let mut config = config;
         config.coarse_clock = Some(clock);
         let breaker = Breaker::with_config("coarse", config);
         let (_, offset) = breaker.core.coarse.expect("configured");
-        let set = move |ms: u64| clock.advance(Duration::from_nanos(offset + ms * 1_000_000));
-        set(0);
+        // The breaker's time 0 is its creation, `offset` after the clock's
+        // origin.
+        clock.advance(Duration::from_nanos(offset));
+        let at = AtomicU64::new(0);
+        let set = move |ms: u64| {
+            let from = at.swap(ms, Relaxed);
+            clock.advance(Duration::from_millis(ms.saturating_sub(from)));
+        };
         (breaker, set)
     }
 
