@@ -13,29 +13,29 @@
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
+#[path = "support/overhead.rs"]
+#[allow(unused_macros)] // the overhead variants are not this bench's
+mod overhead;
+
 use std::alloc::System;
 use std::convert::Infallible;
-use std::future::{ready, Ready};
+use std::future::ready;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{Request, Response, StatusCode};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tokio::time::Instant;
 use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
 use tower_breaker::fallback::{Fallback, FallbackLayer};
 use tower_breaker::SeededRandom;
+
+use overhead::{bare, run, run_two, runtime, Bare};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 type Req = Request<()>;
 type Res = Response<()>;
-type Bare = tower::util::ServiceFn<fn(Req) -> Ready<Result<Res, Infallible>>>;
-
-fn bare() -> Bare {
-    service_fn(|_req: Req| ready(Ok::<_, Infallible>(Response::new(()))))
-}
 
 /// A dependency that answers 503 at once.
 fn failing() -> Bare {
@@ -52,52 +52,6 @@ fn to_box(e: Infallible) -> BoxError {
 
 fn value() -> FallbackLayer<Req, Res> {
     FallbackLayer::new(Fallback::value(Response::new(())))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
-}
-
-/// `iters` calls of `svc`, timed.
-async fn run<S>(mut svc: S, iters: u64) -> Duration
-where
-    S: Service<Req>,
-{
-    let start = Instant::now();
-    for _ in 0..iters {
-        let _ = svc.ready().await;
-        let out = svc.call(Request::new(())).await;
-        std::hint::black_box(out.is_ok());
-    }
-    start.elapsed()
-}
-
-/// `iters` calls on each of two OS threads at once, each with its own
-/// current-thread runtime and a clone of the stack; the wall time.
-fn run_two<S>(svc: &S, iters: u64) -> Duration
-where
-    S: Service<Req> + Clone + Send + 'static,
-{
-    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
-    let threads: Vec<_> = (0..2)
-        .map(|_| {
-            let svc = svc.clone();
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                let rt = runtime();
-                barrier.wait();
-                rt.block_on(run(svc, iters))
-            })
-        })
-        .collect();
-    threads
-        .into_iter()
-        .map(|t| t.join().unwrap())
-        .max()
-        .unwrap()
 }
 
 fn allocations<S>(rt: &tokio::runtime::Runtime, svc: S) -> f64

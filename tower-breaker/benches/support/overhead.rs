@@ -42,6 +42,32 @@ where
     start.elapsed()
 }
 
+/// `iters` calls on each of two OS threads at once (each with its own
+/// current-thread runtime and a clone of the stack); returns the wall time,
+/// i.e. the time per call as each thread sees it.
+pub fn run_two<S>(svc: &S, iters: u64) -> Duration
+where
+    S: Service<Request<()>> + Clone + Send + 'static,
+{
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let svc = svc.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let rt = runtime();
+                barrier.wait();
+                rt.block_on(run(svc, iters))
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .max()
+        .unwrap()
+}
+
 /// A breaker opened by one failure, for an hour.
 pub fn open_breaker() -> Breaker {
     open_breaker_with(BreakerConfig::new())
