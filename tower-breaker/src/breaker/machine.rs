@@ -331,7 +331,7 @@ impl Core {
         raw: Raw,
         outcome: Outcome,
         elapsed: Option<Duration>,
-        now_ns: u64,
+        now_ns: Option<u64>,
     ) {
         self.complete_at(thread_index(), raw, outcome, elapsed, now_ns);
     }
@@ -345,7 +345,7 @@ impl Core {
         raw: Raw,
         outcome: Outcome,
         elapsed: Option<Duration>,
-        now_ns: u64,
+        now_ns: Option<u64>,
     ) {
         let core = &**self;
         if raw.kind == Kind::Untracked {
@@ -406,17 +406,17 @@ impl Core {
     /// Counts a closed-state outcome; closed -> open when the window (or
     /// the run of failures) says so.
     ///
-    /// `now_ns` is a clock reading made as the call ended (the one its
-    /// duration was measured with), 0 if none was made.
-    pub(super) fn complete_tracked(self: &Arc<Self>, w: Word, code: u32, now_ns: u64) {
+    /// `now_ns` is the clock reading made as the call ended (the one its
+    /// duration was measured with), if one was made.
+    pub(super) fn complete_tracked(self: &Arc<Self>, w: Word, code: u32, now_ns: Option<u64>) {
         let core = &**self;
         let gen = w.gen();
-        let now = match (core.window.needs_clock(), now_ns) {
-            (false, _) => 0,
-            (true, 0) => core.now_ns(),
-            // The reading the call's duration was measured with: one clock
-            // read per call end, not two.
-            (true, now) => now,
+        let now = if core.window.needs_clock() {
+            // The reading the call's duration was measured with, if any:
+            // one clock read per call end, not two.
+            now_ns.unwrap_or_else(|| core.now_ns())
+        } else {
+            0
         };
         core.window.record(gen, code, now);
         let mut in_a_row = 0;
@@ -701,17 +701,17 @@ impl Core {
     }
 
     /// The duration of a call that started at `started_ns`, if slow-call
-    /// detection needs it, with the clock reading it was measured with (0
-    /// when none was made), for the window to count the call at.
+    /// detection needs it, with the clock reading it was measured with, for
+    /// the window to count the call at.
     #[inline]
-    pub(crate) fn elapsed(&self, started_ns: u64) -> (Option<Duration>, u64) {
+    pub(crate) fn elapsed(&self, started_ns: u64) -> (Option<Duration>, Option<u64>) {
         if self.s.slow_ns == 0 {
-            return (None, 0);
+            return (None, None);
         }
         let now = self.now_ns();
         (
             Some(Duration::from_nanos(now.saturating_sub(started_ns))),
-            now,
+            Some(now),
         )
     }
 

@@ -281,7 +281,7 @@ impl Breaker {
         &self,
         raw: Raw,
         outcome: Outcome,
-        (elapsed, now_ns): (Option<Duration>, u64),
+        (elapsed, now_ns): (Option<Duration>, Option<u64>),
     ) {
         self.core.complete(raw, outcome, elapsed, now_ns);
     }
@@ -493,7 +493,7 @@ impl Permit {
             self.raw,
             outcome,
             Some(elapsed),
-            0,
+            None,
         );
     }
 }
