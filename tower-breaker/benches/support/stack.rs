@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
-use tower_breaker::stack::client_stack;
+use tower_breaker::stack::{client_stack, ClientStack};
 use tower_breaker::{Breaker, BreakerLayer, Mode};
 use tower_bulkhead::BulkheadLayer;
 use tower_deadline::{ClientDeadlineLayer, Deadline};
@@ -150,43 +150,44 @@ pub fn full_by_hand(
         .service(inner)
 }
 
-/// The same stack in one line.
-pub fn one_line(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    client_stack("bench")
-        .timeout(Duration::from_secs(60))
+/// The same stack in one line, as `configure` leaves `client_stack`.
+fn one_line_with(
+    inner: Bare,
+    configure: impl FnOnce(ClientStack) -> ClientStack,
+) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    configure(client_stack("bench").timeout(Duration::from_secs(60)))
         .retry(RetryLayer::new().clone_bodies())
         .concurrency(1024)
         .layer(inner)
+}
+
+/// A breaker forced open.
+fn forced_open() -> Breaker {
+    let breaker = Breaker::new("bench");
+    breaker.set_mode(Mode::ForcedOpen);
+    breaker
+}
+
+/// The same stack in one line.
+pub fn one_line(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+    one_line_with(inner, |stack| stack)
 }
 
 /// The one-line stack on the coarse clock.
 pub fn one_line_coarse(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    client_stack("bench")
-        .timeout(Duration::from_secs(60))
-        .retry(RetryLayer::new().clone_bodies())
-        .concurrency(1024)
-        .coarse_clock(true)
-        .layer(inner)
+    one_line_with(inner, |stack| stack.coarse_clock(true))
 }
 
 /// The one-line stack on the coarse clock, its circuit forced open.
 pub fn open_coarse(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    let breaker = Breaker::new("bench");
-    breaker.set_mode(Mode::ForcedOpen);
-    client_stack("bench")
-        .timeout(Duration::from_secs(60))
-        .breaker(breaker)
-        .retry(RetryLayer::new().clone_bodies())
-        .concurrency(1024)
-        .coarse_clock(true)
-        .layer(inner)
+    one_line_with(inner, |stack| {
+        stack.breaker(forced_open()).coarse_clock(true)
+    })
 }
 
 /// The full stack whose circuit is forced open.
 pub fn open(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
-    let breaker = Breaker::new("bench");
-    breaker.set_mode(Mode::ForcedOpen);
-    full_by_hand(inner, breaker)
+    full_by_hand(inner, forced_open())
 }
 
 /// Each layer alone, for the joints' own targets.
