@@ -12,6 +12,7 @@ use crate::compartment::Permit;
 pin_project! {
     /// A response body that holds its call's bulkhead slot until the body
     /// has been read to its end, fails, or is dropped; the body of
+    /// [`Bulkhead`](crate::Bulkhead) and
     /// [`HttpBulkhead`](crate::HttpBulkhead) in
     /// [`BodyEnd`](crate::release::BodyEnd) mode.
     ///

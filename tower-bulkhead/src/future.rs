@@ -16,9 +16,10 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::compartment::{Acquire, Permit};
 use crate::error::BulkheadFull;
-use crate::release::Release;
+use crate::release::{BodyEnd, Head, Release};
 use crate::BoxError;
 use tower_resilience_base::context::Captured;
 use tower_resilience_base::{Answer, CallContext};
@@ -27,15 +28,18 @@ pin_project! {
     /// Response future of [`Bulkhead`](crate::Bulkhead).
     ///
     /// Resolves to the inner service's response, its error boxed, or a
-    /// [`BulkheadFull`] error. The slot is released as soon as the inner
-    /// future completes, or when this future is dropped.
+    /// [`BulkheadFull`] error. In [`Head`](crate::release::Head) mode the
+    /// slot is released as soon as the inner future completes, or when this
+    /// future is dropped; in [`BodyEnd`](crate::release::BodyEnd) mode it
+    /// moves into the response body.
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<S, Req>
+    pub struct ResponseFuture<S, Req, M = Head>
     where
         S: Service<Req>,
     {
         #[pin]
         state: State<S, Req>,
+        _release: PhantomData<fn() -> M>,
     }
 }
 
@@ -186,30 +190,31 @@ where
 
 // === impl ResponseFuture ===
 
-impl<S, Req> ResponseFuture<S, Req>
+impl<S, Req, M> ResponseFuture<S, Req, M>
 where
     S: Service<Req>,
 {
     pub(crate) fn called(future: S::Future, permit: Permit) -> Self {
-        Self {
-            state: State::called(future, permit),
-        }
+        Self::with_state(State::called(future, permit))
     }
 
     pub(crate) fn waiting(acquire: Acquire, service: S, request: Req) -> Self {
-        Self {
-            state: State::waiting(acquire, service, request),
-        }
+        Self::with_state(State::waiting(acquire, service, request))
     }
 
     pub(crate) fn rejected(error: BulkheadFull) -> Self {
+        Self::with_state(State::rejected(error))
+    }
+
+    fn with_state(state: State<S, Req>) -> Self {
         Self {
-            state: State::rejected(error),
+            state,
+            _release: PhantomData,
         }
     }
 }
 
-impl<S, Req> Future for ResponseFuture<S, Req>
+impl<S, Req> Future for ResponseFuture<S, Req, Head>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
@@ -226,7 +231,24 @@ where
     }
 }
 
-impl<S, Req> fmt::Debug for ResponseFuture<S, Req>
+impl<S, ReqBody, B> Future for ResponseFuture<S, Request<ReqBody>, BodyEnd>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody<B>>, BoxError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match ready!(self.project().state.poll_outcome(cx)) {
+            Outcome::Response(response, permit) => Ok(BodyEnd::finish(response, permit)),
+            Outcome::Inner(error) => Err(error.into()),
+            Outcome::Full(full) => Err(full.into()),
+        })
+    }
+}
+
+impl<S, Req, M> fmt::Debug for ResponseFuture<S, Req, M>
 where
     S: Service<Req>,
 {

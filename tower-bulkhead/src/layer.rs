@@ -8,7 +8,7 @@ use tower_layer::Layer;
 
 use crate::compartment::{CompartmentHandle, WaitPolicy};
 use crate::partition::{KeyedConfig, KeyedHandle, PerKey, Single};
-use crate::release::{BodyEnd, Head};
+use crate::release::{BodyEnd, Head, Release};
 use crate::service::{Bulkhead, HttpBulkhead};
 use crate::{DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
 
@@ -53,11 +53,11 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// [`idle_timeout`](BulkheadLayer::idle_timeout),
 /// [`fallback_limit`](BulkheadLayer::fallback_limit)) start afresh with new
 /// ones: configure first, then clone, wrap and take [`handle`](Self::handle)s.
-#[derive(Clone)]
 #[must_use]
-pub struct BulkheadLayer<K = Single> {
+pub struct BulkheadLayer<K = Single, M = Head> {
     partition: K,
     wait: WaitPolicy,
+    _release: PhantomData<fn() -> M>,
 }
 
 /// Like [`BulkheadLayer`], for HTTP servers: a full compartment is answered
@@ -97,7 +97,7 @@ pub struct HttpBulkheadLayer<K = Single, M = Head> {
 
 // === impl BulkheadLayer ===
 
-impl BulkheadLayer<Single> {
+impl BulkheadLayer<Single, Head> {
     /// A layer with one compartment named `name` that lets at most `limit`
     /// calls through at once.
     ///
@@ -108,9 +108,12 @@ impl BulkheadLayer<Single> {
         Self {
             partition: Single::new(name.into(), limit),
             wait: WaitPolicy::default(),
+            _release: PhantomData,
         }
     }
+}
 
+impl<M> BulkheadLayer<Single, M> {
     /// One compartment per key instead of one for all: `key_fn` computes
     /// the key of each request (a host, a route, a tenant), and every key
     /// gets its own compartment of the same `limit`, so a saturated key
@@ -138,7 +141,7 @@ impl BulkheadLayer<Single> {
     /// let handle = layer.handle();
     /// assert!(handle.is_empty());
     /// ```
-    pub fn per_key<Req, F, Q>(self, key_fn: F) -> BulkheadLayer<PerKey<F, Q>>
+    pub fn per_key<Req, F, Q>(self, key_fn: F) -> BulkheadLayer<PerKey<F, Q>, M>
     where
         F: Fn(&Req) -> Q,
         Q: Hash + Eq + fmt::Debug,
@@ -154,6 +157,7 @@ impl BulkheadLayer<Single> {
         BulkheadLayer {
             partition: PerKey::new(key_fn, config),
             wait: self.wait,
+            _release: PhantomData,
         }
     }
 
@@ -165,7 +169,7 @@ impl BulkheadLayer<Single> {
     }
 }
 
-impl<F, Q> BulkheadLayer<PerKey<F, Q>>
+impl<F, Q, M> BulkheadLayer<PerKey<F, Q>, M>
 where
     Q: Hash + Eq,
 {
@@ -200,7 +204,70 @@ where
     }
 }
 
-impl<K> BulkheadLayer<K> {
+impl<K, M> BulkheadLayer<K, M> {
+    /// Keep each call's slot until its HTTP response body has been read to
+    /// its end, has failed, or has been dropped, instead of giving it back
+    /// when the response head is ready: a body that streams (or stalls)
+    /// still occupies the dependency, and the bulkhead's count says so.
+    /// The service then takes `http::Request`s and answers
+    /// `http::Response<`[`ResponseBody<B>`](crate::body::ResponseBody)`>`.
+    ///
+    /// It costs one pointer in the response body and nothing per frame; a
+    /// caller that keeps a response without reading or dropping its body
+    /// keeps the slot, as it keeps the dependency's connection.
+    /// `tower_breaker::client_stack` builds its bulkhead this way.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use http_body_util::BodyExt;
+    /// use tower::{service_fn, BoxError, Layer, ServiceExt};
+    /// use tower_bulkhead::BulkheadLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), BoxError> {
+    /// let layer = BulkheadLayer::new("catalog", 8).hold_until_body_end();
+    /// let handle = layer.handle();
+    /// let svc = layer.layer(service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, BoxError>(http::Response::new(String::from("items")))
+    /// }));
+    ///
+    /// let response = svc.oneshot(http::Request::new(())).await?;
+    /// assert_eq!(handle.in_flight(), 1, "the body is not read yet");
+    /// let body = response.into_body().collect().await?.to_bytes();
+    /// assert_eq!(body, "items");
+    /// assert_eq!(handle.in_flight(), 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_until_body_end(self) -> BulkheadLayer<K, BodyEnd> {
+        self.release::<BodyEnd>()
+    }
+
+    /// Give each call's slot back as soon as the response head is ready
+    /// (or the call failed, or its future was dropped): the default of
+    /// [`BulkheadLayer::new`], and the only mode for responses that are not
+    /// `http::Response`s. Undoes [`hold_until_body_end`](Self::hold_until_body_end).
+    pub fn release_at_head(self) -> BulkheadLayer<K, Head> {
+        self.release::<Head>()
+    }
+
+    /// This layer in release mode `N` ([`Head`] or [`BodyEnd`]), for code
+    /// generic over the mode; the same as
+    /// [`release_at_head`](Self::release_at_head) or
+    /// [`hold_until_body_end`](Self::hold_until_body_end).
+    pub fn with_release<N: Release>(self) -> BulkheadLayer<K, N> {
+        self.release::<N>()
+    }
+
+    fn release<N>(self) -> BulkheadLayer<K, N> {
+        BulkheadLayer {
+            partition: self.partition,
+            wait: self.wait,
+            _release: PhantomData,
+        }
+    }
+
     /// Lets a call that finds its compartment full wait up to `max_wait`
     /// for a slot before it is refused (default: no waiting, refuse at
     /// once). The wait happens in the response future, never in
@@ -290,29 +357,40 @@ impl<K> BulkheadLayer<K> {
     /// The HTTP flavour of this layer, with the same compartments: full
     /// compartments answer `503` (gRPC: RESOURCE_EXHAUSTED) instead of
     /// failing. See [`HttpBulkheadLayer`].
-    pub fn http(self) -> HttpBulkheadLayer<K> {
+    pub fn http(self) -> HttpBulkheadLayer<K, M> {
         HttpBulkheadLayer {
-            inner: self,
+            inner: self.release_at_head(),
             retry_after_secs: DEFAULT_RETRY_AFTER.as_secs(),
             _release: PhantomData,
         }
     }
 }
 
-impl<S, K: Clone> Layer<S> for BulkheadLayer<K> {
-    type Service = Bulkhead<S, K>;
+impl<S, K: Clone, M> Layer<S> for BulkheadLayer<K, M> {
+    type Service = Bulkhead<S, K, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Bulkhead::from_parts(inner, self.partition.clone(), self.wait)
     }
 }
 
-impl<K: fmt::Debug> fmt::Debug for BulkheadLayer<K> {
+impl<K: Clone, M> Clone for BulkheadLayer<K, M> {
+    fn clone(&self) -> Self {
+        Self {
+            partition: self.partition.clone(),
+            wait: self.wait,
+            _release: PhantomData,
+        }
+    }
+}
+
+impl<K: fmt::Debug, M> fmt::Debug for BulkheadLayer<K, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BulkheadLayer")
             .field("partition", &self.partition)
             .field("max_wait", &self.wait.max_wait)
             .field("max_waiters", &self.wait.max_waiters)
+            .field("release", &std::any::type_name::<M>())
             .finish()
     }
 }
@@ -437,6 +515,12 @@ impl<K, M> HttpBulkheadLayer<K, M> {
     /// dependency is busy. The response body becomes
     /// [`ResponseBody<B>`](crate::body::ResponseBody).
     pub fn hold_until_body_end(self) -> HttpBulkheadLayer<K, BodyEnd> {
+        self.with_release::<BodyEnd>()
+    }
+
+    /// This layer in release mode `N` ([`Head`] or [`BodyEnd`]), for code
+    /// generic over the mode.
+    pub fn with_release<N: Release>(self) -> HttpBulkheadLayer<K, N> {
         HttpBulkheadLayer {
             inner: self.inner,
             retry_after_secs: self.retry_after_secs,

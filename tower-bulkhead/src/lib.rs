@@ -77,7 +77,7 @@
 //! | [`idle_timeout`](BulkheadLayer::idle_timeout) | [`DEFAULT_IDLE_TIMEOUT`] (60 s) | unused this long and not busy, a keyed compartment may be evicted |
 //! | [`fallback_limit`](BulkheadLayer::fallback_limit) | the per-key limit | limit of the compartment shared by new keys past `max_keys` |
 //! | [`retry_after`](HttpBulkheadLayer::retry_after) | [`DEFAULT_RETRY_AFTER`] (1 s) | HTTP mode: `Retry-After` of the 503, whole seconds rounded up |
-//! | [`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end) | off | HTTP mode: keep the slot until the response body is sent or dropped |
+//! | [`hold_until_body_end`](BulkheadLayer::hold_until_body_end) | off (the one-line stacks of `tower-breaker` turn it on) | HTTP responses (client or server flavour): keep the slot until the response body has been read to its end, has failed or has been dropped |
 //!
 //! There are two flavours with the same compartments:
 //!
@@ -242,8 +242,12 @@
 //!   compartment: two clones of a layer configured differently share the
 //!   compartment but each applies its own bounds to its own calls.
 //! - In [`Head`](release::Head) mode (the default) a streaming response
-//!   body is no longer counted once its head is out; use
-//!   [`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end).
+//!   body is no longer counted once its head is out, and a dependency whose
+//!   bodies stall after the head never fills the compartment; use
+//!   [`hold_until_body_end`](BulkheadLayer::hold_until_body_end) (clients)
+//!   or [`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end)
+//!   (servers). In that mode a caller that keeps a response without
+//!   reading or dropping its body keeps the slot.
 //! - Keyed compartments take a short lock and read the clock per call, and
 //!   allocate if the key function does; prefer cheap keys.
 //! - Evicting a keyed compartment forgets its counters.

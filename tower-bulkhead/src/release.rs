@@ -1,11 +1,13 @@
-//! When an HTTP bulkhead gives a call's slot back: when the response head is
-//! ready ([`Head`], the default) or when the response body has been sent or
-//! dropped ([`BodyEnd`]).
+//! When a bulkhead gives a call's slot back: when the response head is
+//! ready ([`Head`], the default of both layers) or when the response body
+//! has been read to its end, has failed or has been dropped ([`BodyEnd`]).
 //!
 //! Choose with
-//! [`HttpBulkheadLayer::hold_until_body_end`](crate::HttpBulkheadLayer::hold_until_body_end).
-//! The client [`Bulkhead`](crate::Bulkhead) always releases when its
-//! response future completes.
+//! [`BulkheadLayer::hold_until_body_end`](crate::BulkheadLayer::hold_until_body_end)
+//! (clients) or
+//! [`HttpBulkheadLayer::hold_until_body_end`](crate::HttpBulkheadLayer::hold_until_body_end)
+//! (servers). The one-line stacks of `tower-breaker` use [`BodyEnd`]: a body
+//! that streams or stalls after the head still occupies the dependency.
 
 use http::Response;
 

@@ -7,11 +7,12 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::compartment::{Admission, WaitPolicy};
 use crate::future::{HttpResponseFuture, ResponseFuture};
 use crate::layer::{BulkheadLayer, HttpBulkheadLayer};
 use crate::partition::{Partition, Single};
-use crate::release::{Head, Release};
+use crate::release::{BodyEnd, Head, Release};
 use crate::BoxError;
 use tower_resilience_base::grpc::is_grpc;
 
@@ -31,11 +32,11 @@ use tower_resilience_base::grpc::is_grpc;
 ///
 /// Clones share the compartments (limit, counters) and clone the inner
 /// service.
-#[derive(Clone)]
-pub struct Bulkhead<S, K = Single> {
+pub struct Bulkhead<S, K = Single, M = Head> {
     inner: S,
     partition: K,
     wait: WaitPolicy,
+    _release: PhantomData<fn() -> M>,
 }
 
 /// Middleware that caps the requests in flight to the inner HTTP service
@@ -81,12 +82,34 @@ impl<S> Bulkhead<S, Single> {
     }
 }
 
-impl<S, K> Bulkhead<S, K> {
+impl<S, K, M> Bulkhead<S, K, M> {
     pub(crate) fn from_parts(inner: S, partition: K, wait: WaitPolicy) -> Self {
         Self {
             inner,
             partition,
             wait,
+            _release: PhantomData,
+        }
+    }
+
+    /// The admission of one call: the response future that carries it.
+    #[inline]
+    fn admit<Req>(&mut self, request: Req) -> ResponseFuture<S, Req, M>
+    where
+        S: Service<Req> + Clone,
+        K: Partition<Req>,
+    {
+        let wait = self.wait;
+        let admission = self
+            .partition
+            .with_compartment(&request, |c| Admission::decide(c, wait));
+        match admission {
+            Admission::Go(permit) => ResponseFuture::called(self.inner.call(request), permit),
+            Admission::Wait(acquire) => {
+                let ready = take_ready(&mut self.inner);
+                ResponseFuture::waiting(acquire, ready, request)
+            }
+            Admission::Full(error) => ResponseFuture::rejected(error),
         }
     }
 
@@ -106,7 +129,7 @@ impl<S, K> Bulkhead<S, K> {
     }
 }
 
-impl<S, K, Req> Service<Req> for Bulkhead<S, K>
+impl<S, K, Req> Service<Req> for Bulkhead<S, K, Head>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
@@ -123,22 +146,38 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
-        let wait = self.wait;
-        let admission = self
-            .partition
-            .with_compartment(&request, |c| Admission::decide(c, wait));
-        match admission {
-            Admission::Go(permit) => ResponseFuture::called(self.inner.call(request), permit),
-            Admission::Wait(acquire) => {
-                let ready = take_ready(&mut self.inner);
-                ResponseFuture::waiting(acquire, ready, request)
-            }
-            Admission::Full(error) => ResponseFuture::rejected(error),
-        }
+        self.admit(request)
     }
 }
 
-impl<S: fmt::Debug, K: fmt::Debug> fmt::Debug for Bulkhead<S, K> {
+impl<S, K, ReqBody, B> Service<Request<ReqBody>> for Bulkhead<S, K, BodyEnd>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>> + Clone,
+    S::Error: Into<BoxError>,
+    K: Partition<Request<ReqBody>>,
+{
+    type Response = Response<ResponseBody<B>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Request<ReqBody>, BodyEnd>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        self.admit(request)
+    }
+}
+
+impl<S: Clone, K: Clone, M> Clone for Bulkhead<S, K, M> {
+    fn clone(&self) -> Self {
+        Self::from_parts(self.inner.clone(), self.partition.clone(), self.wait)
+    }
+}
+
+impl<S: fmt::Debug, K: fmt::Debug, M> fmt::Debug for Bulkhead<S, K, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Bulkhead")
             .field("inner", &self.inner)

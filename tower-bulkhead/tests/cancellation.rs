@@ -175,3 +175,69 @@ async fn body_mode_releases_when_the_body_is_read_to_its_end() {
     );
     drop(body);
 }
+
+// --- the client bulkhead in body mode ---
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn client_body_mode_counts_a_call_until_its_body_ends_and_refuses_meanwhile() {
+    let layer = BulkheadLayer::new("catalog", 1).hold_until_body_end();
+    let (mock, mut handle) = mock::pair::<support::Request, http::Response<ChannelBody>>();
+    let mut service = layer.layer(mock);
+
+    let call = service.ready().await.unwrap().call(request());
+    let (_, send) = handle.next_request().await.unwrap();
+    let (tx, body) = channel_body();
+    send.send_response(http::Response::new(body));
+    let mut body = call.await.unwrap().into_body();
+    assert!(body.holds_permit());
+    assert_eq!(layer.handle().in_flight(), 1, "the head is out, the body is not");
+
+    // The only slot is held by the body being read: the next call is refused.
+    let refused = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap_err();
+    assert!(refused.is::<tower_bulkhead::error::BulkheadFull>());
+
+    tx.send(Bytes::from_static(b"items")).await.unwrap();
+    body.frame().await.unwrap().unwrap();
+    drop(tx);
+    assert!(body.frame().await.is_none());
+    assert_eq!(layer.handle().in_flight(), 0, "released at the body's end");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn client_body_mode_frees_the_slot_of_a_half_read_body_when_it_is_dropped() {
+    let layer = BulkheadLayer::new("catalog", N).hold_until_body_end();
+    let (mock, mut handle) = mock::pair::<support::Request, http::Response<ChannelBody>>();
+    let mut service = layer.layer(mock);
+
+    let call = service.ready().await.unwrap().call(request());
+    let (_, send) = handle.next_request().await.unwrap();
+    let (tx, body) = channel_body();
+    send.send_response(http::Response::new(body));
+    let mut body = call.await.unwrap().into_body();
+    tx.send(Bytes::from_static(b"half")).await.unwrap();
+    body.frame().await.unwrap().unwrap();
+    assert_eq!(layer.handle().in_flight(), 1);
+    drop(body);
+    assert_eq!(layer.handle().in_flight(), 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn client_head_mode_releases_the_slot_with_the_head() {
+    let layer = BulkheadLayer::new("catalog", 1);
+    let (mock, mut handle) = mock::pair::<support::Request, http::Response<ChannelBody>>();
+    let mut service = layer.layer(mock);
+
+    let call = service.ready().await.unwrap().call(request());
+    let (_, send) = handle.next_request().await.unwrap();
+    let (_tx, body) = channel_body();
+    send.send_response(http::Response::new(body));
+    let response = call.await.unwrap();
+    assert_eq!(layer.handle().in_flight(), 0, "head mode: released at the head");
+    drop(response);
+}

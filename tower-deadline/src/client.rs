@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Request};
+use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_resilience_base::clock::CoarseClock;
@@ -10,6 +10,7 @@ use tower_resilience_base::grpc::is_grpc;
 use tower_resilience_base::CallContext;
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::codec;
 use crate::error::InsufficientBudget;
 use crate::future::ClientResponseFuture;
@@ -57,6 +58,8 @@ struct ClientConfig {
     name: Option<Arc<str>>,
     /// The coarse clock to read instead of the real one, if any.
     coarse: Option<&'static CoarseClock>,
+    /// Whether the response body is bounded too (else the head only).
+    body: bool,
 }
 
 /// Middleware that gives each outgoing request the caller's remaining
@@ -92,8 +95,12 @@ struct ClientConfig {
 ///    it without an entry in the request's extensions;
 /// 5. when the deadline passes first, drops the inner future (cancelling
 ///    the request) and fails with
-///    [`DeadlineExceeded`](crate::error::DeadlineExceeded). The timer is
-///    armed only if the inner future does not answer at once. A
+///    [`DeadlineExceeded`](crate::error::DeadlineExceeded); when the head
+///    comes in time, goes on enforcing the deadline over the response body
+///    ([`ResponseBody`]: a body still being read when the deadline passes
+///    fails with `DeadlineExceeded` on its next poll; see
+///    [`head_only`](ClientDeadlineLayer::head_only)). The timer is
+///    armed only if the inner future (or body) does not answer at once. A
 ///    per-attempt layer arms its own timer even for the deadline a layer
 ///    above enforces: its `DeadlineExceeded` is what tells a retry layer
 ///    and a breaker between them that the attempt timed out (the outer
@@ -125,6 +132,7 @@ impl ClientDeadlineLayer {
                 min_remaining: Duration::ZERO,
                 name: None,
                 coarse: None,
+                body: true,
             },
         }
     }
@@ -152,6 +160,37 @@ impl ClientDeadlineLayer {
     /// [`tower_breaker::client_stack`]: https://docs.rs/tower-breaker
     pub const fn enforce_only(mut self) -> Self {
         self.config.propagate = false;
+        self
+    }
+
+    /// Stop enforcing the deadline when the response head arrives: the
+    /// response body, still a [`ResponseBody`](crate::body::ResponseBody),
+    /// is then not bounded by this layer (by default it is, until the body
+    /// ends).
+    ///
+    /// Only for the outer layer of a stack whose per-attempt
+    /// `ClientDeadline` below already bounds the body by the same or an
+    /// earlier deadline: the outer timer would be a second one for the same
+    /// instant. `tower_breaker::client_stack` builds its outer layer this
+    /// way. Alone, a head-only deadline leaves a caller waiting for ever on
+    /// a body that stalls after the head.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_deadline::ClientDeadlineLayer;
+    ///
+    /// // The outer layer of a hand-built stack; the per-attempt layer
+    /// // below (ClientDeadlineLayer::new()) bounds the body.
+    /// let outer = ClientDeadlineLayer::new()
+    ///     .default_timeout(Duration::from_secs(2))
+    ///     .enforce_only()
+    ///     .head_only();
+    /// # let _ = outer;
+    /// ```
+    pub const fn head_only(mut self) -> Self {
+        self.config.body = false;
         self
     }
 
@@ -328,12 +367,12 @@ impl<S> ClientDeadline<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for ClientDeadline<S>
+impl<S, B, RB> Service<Request<B>> for ClientDeadline<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
 {
-    type Response = S::Response;
+    type Response = Response<ResponseBody<RB>>;
     type Error = BoxError;
     type Future = ClientResponseFuture<S::Future>;
 
@@ -413,7 +452,7 @@ where
                 cx.set_deadline(deadline, true);
                 cx.set_now(now);
             },
-            || ClientResponseFuture::bounded(deadline, inner.call(request), expiry),
+            || ClientResponseFuture::bounded(deadline, inner.call(request), expiry, config.body),
         )
     }
 }
@@ -466,7 +505,12 @@ mod tests {
             let header = req.headers().get("x-request-timeout-ms").cloned();
             std::future::ready(Ok::<_, BoxError>(Response::new((seen, header))))
         }));
-        let ((now, deadline), header) = svc.oneshot(Request::new(())).await.unwrap().into_body();
+        let ((now, deadline), header) = svc
+            .oneshot(Request::new(()))
+            .await
+            .unwrap()
+            .into_body()
+            .into_inner();
         assert_eq!(now, Some(clock.now()), "the coarse reading is handed down");
         assert_eq!(
             deadline.map(Deadline::instant),

@@ -13,6 +13,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tower_resilience_base::error::is_local_rejection;
 use tower_resilience_base::Answer;
 
+use crate::body::ResponseBody;
 use crate::error::{DeadlineExceeded, InsufficientBudget};
 use crate::metrics::Expiry;
 use crate::{BoxError, Deadline};
@@ -22,7 +23,10 @@ pin_project! {
     ///
     /// Runs the inner future inside the deadline's task-local scope and
     /// races it against the deadline; when the deadline wins, the inner
-    /// future is dropped at once and the timeout answer is returned.
+    /// future is dropped at once and the timeout answer is returned. A
+    /// response that comes in time gets a [`ResponseBody`] that goes on
+    /// enforcing the deadline (and its scope) while a streaming body is
+    /// sent.
     #[must_use = "futures do nothing unless polled"]
     pub struct ServerResponseFuture<F, B> {
         #[pin]
@@ -88,12 +92,14 @@ where
     F: Future<Output = Result<Response<B>, E>>,
     B: Default,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         match state.as_mut().project() {
-            ServerStateProj::Unbounded { inner } => inner.poll(cx),
+            ServerStateProj::Unbounded { inner } => inner
+                .poll(cx)
+                .map(|r| r.map(|res| res.map(ResponseBody::free))),
             ServerStateProj::Bounded {
                 inner,
                 sleep,
@@ -106,7 +112,13 @@ where
                     // client calls were cut by the same deadline): the caller
                     // has given up, so the answer is the deadline's.
                     if !sleep.is_elapsed() {
-                        return Poll::Ready(out);
+                        // The caller's budget covers the whole response: a
+                        // streaming body goes on under the same deadline.
+                        let deadline = Deadline::at(sleep.deadline());
+                        let (grpc, expired) = (*grpc, expired.clone());
+                        return Poll::Ready(out.map(|res| {
+                            res.map(|b| ResponseBody::serving(b, deadline, grpc, expired))
+                        }));
                     }
                 } else {
                     ready!(sleep.poll(cx));
@@ -121,10 +133,11 @@ where
                 // not a local refusal.
                 Poll::Ready(Ok(Answer::deadline_exceeded()
                     .service_called()
-                    .into_response(grpc)))
+                    .into_response(grpc)
+                    .map(ResponseBody::free)))
             }
             ServerStateProj::Answer { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
+                Some(response) => Poll::Ready(Ok(response.map(ResponseBody::free))),
                 None => panic!("ServerResponseFuture polled after completion"),
             },
         }
@@ -151,7 +164,9 @@ pin_project! {
     /// the inner future is dropped at once and the call fails with
     /// [`DeadlineExceeded`]. The timer is armed only when the inner future
     /// first returns `Pending`, so a call that answers at once never
-    /// touches the timer wheel.
+    /// touches the timer wheel. The response's body is a
+    /// [`ResponseBody`], which goes on enforcing the deadline until the
+    /// body ends (taking over the timer, if the head armed it).
     #[must_use = "futures do nothing unless polled"]
     pub struct ClientResponseFuture<F> {
         #[pin]
@@ -171,6 +186,8 @@ pin_project! {
             inner: F,
             timer: Timer,
             expired: Expiry,
+            // Whether the response body is bounded too (the default).
+            body: bool,
         },
         Refused {
             error: Option<InsufficientBudget>,
@@ -208,6 +225,15 @@ impl Timer {
             Timer::Armed { sleep } => sleep.is_elapsed(),
         }
     }
+
+    /// The armed timer, for the response body to take over (no second
+    /// allocation); `None` if it was never armed.
+    fn take_armed(&mut self) -> Option<Pin<Box<Sleep>>> {
+        match std::mem::replace(self, Timer::Idle { at: Instant::now() }) {
+            Timer::Armed { sleep } => Some(sleep),
+            Timer::Idle { .. } => None,
+        }
+    }
 }
 
 // === impl ClientResponseFuture ===
@@ -219,7 +245,7 @@ impl<F> ClientResponseFuture<F> {
         }
     }
 
-    pub(crate) fn bounded(deadline: Deadline, inner: F, expired: Expiry) -> Self {
+    pub(crate) fn bounded(deadline: Deadline, inner: F, expired: Expiry, body: bool) -> Self {
         Self {
             state: ClientState::Bounded {
                 inner,
@@ -227,6 +253,7 @@ impl<F> ClientResponseFuture<F> {
                     at: deadline.instant(),
                 },
                 expired,
+                body,
             },
         }
     }
@@ -238,25 +265,42 @@ impl<F> ClientResponseFuture<F> {
     }
 }
 
-impl<F, T, E> Future for ClientResponseFuture<F>
+impl<F, B, E> Future for ClientResponseFuture<F>
 where
-    F: Future<Output = Result<T, E>>,
+    F: Future<Output = Result<Response<B>, E>>,
     E: Into<BoxError>,
 {
-    type Output = Result<T, BoxError>;
+    type Output = Result<Response<ResponseBody<B>>, BoxError>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         match state.as_mut().project() {
-            ClientStateProj::Unbounded { inner } => inner.poll(cx).map_err(Into::into),
+            ClientStateProj::Unbounded { inner } => inner
+                .poll(cx)
+                .map(|r| r.map(|res| res.map(ResponseBody::free)).map_err(Into::into)),
             ClientStateProj::Bounded {
                 inner,
                 timer,
                 expired,
+                body,
             } => {
                 match inner.poll(cx) {
-                    Poll::Ready(Ok(response)) => return Poll::Ready(Ok(response)),
+                    Poll::Ready(Ok(response)) => {
+                        if !*body {
+                            return Poll::Ready(Ok(response.map(ResponseBody::free)));
+                        }
+                        // The deadline goes on over the body, with the
+                        // timer the head armed, if it did.
+                        let at = match timer {
+                            Timer::Idle { at } => *at,
+                            Timer::Armed { sleep } => sleep.deadline(),
+                        };
+                        let sleep = timer.take_armed();
+                        let expired = expired.clone();
+                        return Poll::Ready(Ok(response
+                            .map(|b| ResponseBody::bounded(b, Deadline::at(at), sleep, expired))));
+                    }
                     Poll::Ready(Err(e)) => {
                         let e = e.into();
                         // An error in the tick of the deadline is usually a

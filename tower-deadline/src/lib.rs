@@ -32,7 +32,8 @@
 //!         assert!(Deadline::current().is_some());
 //!         tokio::time::sleep(Duration::from_millis(100)).await;
 //!         let answer = client.oneshot(http::Request::new(())).await?;
-//!         let budget = answer.into_body();
+//!         // The body, out of the deadline's `body::ResponseBody`.
+//!         let budget = answer.into_body().into_inner();
 //!         Ok::<_, BoxError>(http::Response::new(budget.to_str()?.to_owned()))
 //!     }
 //! });
@@ -45,7 +46,7 @@
 //!     .header("x-request-timeout-ms", "300")
 //!     .body(())?;
 //! let response = server.oneshot(request).await?;
-//! assert_eq!(response.into_body(), "200");
+//! assert_eq!(response.into_body().into_inner(), "200");
 //! # Ok(())
 //! # }
 //! ```
@@ -232,6 +233,7 @@
 //! is noted in the changelog.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod body;
 mod client;
 pub mod codec;
 mod deadline;

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::codec::{self, BudgetList, MalformedTimeout};
 use crate::future::ServerResponseFuture;
 use crate::metrics::ServerMetrics;
@@ -427,7 +428,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Default,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ServerResponseFuture<S::Future, ResBody>;
 

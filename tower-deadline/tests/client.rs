@@ -41,7 +41,12 @@ fn echo(
 async fn without_any_deadline_the_request_passes_untouched() {
     let calls = CallCounter::default();
     let svc = ClientDeadlineLayer::new().layer(echo(calls.clone()));
-    let (ms, grpc, ext) = svc.oneshot(Request::new(())).await.unwrap().into_body();
+    let (ms, grpc, ext) = svc
+        .oneshot(Request::new(()))
+        .await
+        .unwrap()
+        .into_body()
+        .into_inner();
     assert_eq!((ms, grpc, ext), (None, None, None));
     assert_eq!(calls.calls(), 1);
 }
@@ -51,7 +56,12 @@ async fn default_timeout_is_written_and_inserted() {
     let svc = ClientDeadlineLayer::new()
         .default_timeout(Duration::from_millis(750))
         .layer(echo(CallCounter::default()));
-    let (ms, grpc, ext) = svc.oneshot(Request::new(())).await.unwrap().into_body();
+    let (ms, grpc, ext) = svc
+        .oneshot(Request::new(()))
+        .await
+        .unwrap()
+        .into_body()
+        .into_inner();
     assert_eq!(ms.as_deref(), Some("750"));
     assert_eq!(grpc, None);
     assert_eq!(ext.unwrap().remaining(), Duration::from_millis(750));
@@ -71,7 +81,8 @@ async fn task_local_deadline_is_inherited_and_measured_at_send_time() {
         })
         .await
         .unwrap()
-        .into_body();
+        .into_body()
+        .into_inner();
     // 300 - 120 - 10 (margin)
     assert_eq!(ms.as_deref(), Some("170"));
     assert_eq!(ext, Some(deadline));
@@ -103,7 +114,7 @@ async fn the_earliest_of_extension_task_local_and_default_wins() {
             Some(ms) => Deadline::after(Duration::from_millis(ms)).scope(call).await,
             None => call.await,
         };
-        let (ms, _, _) = response.unwrap().into_body();
+        let (ms, _, _) = response.unwrap().into_body().into_inner();
         assert_eq!(ms.as_deref(), Some(want), "{ext:?} {scoped:?}");
     }
 }
@@ -118,7 +129,7 @@ async fn grpc_requests_get_grpc_timeout_instead_of_the_http_header() {
         .header("grpc-timeout", "1H") // replaced
         .body(())
         .unwrap();
-    let (ms, grpc, _) = svc.oneshot(req).await.unwrap().into_body();
+    let (ms, grpc, _) = svc.oneshot(req).await.unwrap().into_body().into_inner();
     assert_eq!(ms, None);
     assert_eq!(grpc.as_deref(), Some("1500m"));
 }
@@ -136,7 +147,13 @@ async fn a_shorter_budget_already_in_the_request_header_is_kept() {
         .header("grpc-timeout", "1500m")
         .body(())
         .unwrap();
-    let (_, grpc, ext) = svc.clone().oneshot(req).await.unwrap().into_body();
+    let (_, grpc, ext) = svc
+        .clone()
+        .oneshot(req)
+        .await
+        .unwrap()
+        .into_body()
+        .into_inner();
     assert_eq!(grpc.as_deref(), Some("1500m"));
     assert_eq!(ext.unwrap().remaining(), Duration::from_millis(1500));
 
@@ -147,7 +164,13 @@ async fn a_shorter_budget_already_in_the_request_header_is_kept() {
             .header("x-request-timeout-ms", sent)
             .body(())
             .unwrap();
-        let (ms, _, _) = svc.clone().oneshot(req).await.unwrap().into_body();
+        let (ms, _, _) = svc
+            .clone()
+            .oneshot(req)
+            .await
+            .unwrap()
+            .into_body()
+            .into_inner();
         assert_eq!(ms.as_deref(), Some(want), "sent {sent}");
     }
 }
@@ -166,7 +189,9 @@ async fn a_header_written_from_the_extension_is_not_read_again() {
         .scope(svc.oneshot(Request::new(())))
         .await
         .unwrap()
-        .into_body();
+        .into_body()
+        .into_inner()
+        .into_inner();
     assert_eq!(ms.as_deref(), Some("950"));
     assert_eq!(ext, Some(deadline));
 }
@@ -189,7 +214,7 @@ async fn an_existing_header_is_replaced_not_duplicated() {
         .header("x-request-timeout-ms", "88888")
         .body(())
         .unwrap();
-    let values = svc.oneshot(req).await.unwrap().into_body();
+    let values = svc.oneshot(req).await.unwrap().into_body().into_inner();
     assert_eq!(values, ["40"]);
 }
 
@@ -212,7 +237,7 @@ async fn a_request_with_other_headers_gets_the_budget_beside_them() {
         .header("x-request-id", "8")
         .body(())
         .unwrap();
-    let lines = svc.oneshot(req).await.unwrap().into_body();
+    let lines = svc.oneshot(req).await.unwrap().into_body().into_inner();
     assert_eq!(
         lines,
         [
@@ -243,7 +268,7 @@ async fn a_grpc_request_with_a_shorter_grpc_timeout_keeps_one_value() {
         .header("grpc-timeout", "900m")
         .body(())
         .unwrap();
-    let values = svc.oneshot(req).await.unwrap().into_body();
+    let values = svc.oneshot(req).await.unwrap().into_body().into_inner();
     assert_eq!(values, ["200m"], "the shortest, written once");
 }
 
@@ -302,7 +327,8 @@ async fn a_malformed_header_with_no_deadline_in_scope_is_not_forwarded() {
             .oneshot(request_with_lines(lines))
             .await
             .unwrap()
-            .into_body();
+            .into_body()
+            .into_inner();
         assert!(ms.is_empty(), "{lines:?} forwarded {ms:?}");
         assert!(grpc.is_empty(), "{lines:?} forwarded {grpc:?}");
         assert_eq!(deadline, None, "{lines:?}");
@@ -321,7 +347,8 @@ async fn a_malformed_header_is_replaced_when_a_deadline_is_in_scope() {
         .scope(svc.oneshot(req))
         .await
         .unwrap()
-        .into_body();
+        .into_body()
+        .into_inner();
     assert_eq!(ms, ["300"]);
 }
 
@@ -381,7 +408,8 @@ async fn duplicates_on_an_outgoing_request_give_the_shortest_budget() {
             .oneshot(request_with_lines(lines))
             .await
             .unwrap()
-            .into_body();
+            .into_body()
+            .into_inner();
         assert_eq!(
             deadline.unwrap().remaining(),
             Duration::from_millis(want_ms),
@@ -555,7 +583,7 @@ async fn a_response_in_the_deadline_tick_is_kept() {
             }
         }));
     let response = svc.oneshot(Request::new(())).await.unwrap();
-    assert_eq!(response.into_body(), "late but here");
+    assert_eq!(response.into_body().into_inner(), "late but here");
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
