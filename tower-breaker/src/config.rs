@@ -78,6 +78,21 @@ pub enum WindowKind {
     },
 }
 
+/// Where a call ends for the breaker's slow-call timing; see
+/// [`BreakerConfig::slow_call_end`].
+///
+/// The outcome of an HTTP call always waits for its body (a body that fails
+/// after a good head is a failure); this says only when its duration stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallEnd {
+    /// When the response head arrives.
+    Head,
+    /// When the response body has been read to its end, has failed, or has
+    /// been dropped (the default).
+    #[default]
+    Body,
+}
+
 /// Every knob of a [`Breaker`](crate::Breaker), with the defaults of the
 /// [crate docs](crate#semantics).
 ///
@@ -120,6 +135,7 @@ pub struct BreakerConfig {
     pub(crate) failure_rate: f64,
     pub(crate) slow_call_duration: Option<Duration>,
     pub(crate) slow_call_rate: f64,
+    pub(crate) slow_call_end: CallEnd,
     pub(crate) consecutive_failures: Option<u32>,
     pub(crate) open_period: Duration,
     pub(crate) max_open_period: Duration,
@@ -154,6 +170,7 @@ impl BreakerConfig {
             failure_rate: DEFAULT_FAILURE_RATE,
             slow_call_duration: None,
             slow_call_rate: DEFAULT_SLOW_CALL_RATE,
+            slow_call_end: CallEnd::Body,
             consecutive_failures: None,
             open_period: DEFAULT_OPEN_PERIOD,
             max_open_period: DEFAULT_MAX_OPEN_PERIOD,
@@ -260,6 +277,38 @@ impl BreakerConfig {
     pub fn slow_calls(mut self, duration: Duration, rate: f64) -> Self {
         self.slow_call_duration = Some(duration);
         self.slow_call_rate = clamp_rate(rate);
+        self
+    }
+
+    /// Where a call's duration ends for slow-call detection (default
+    /// [`CallEnd::Body`]: when its HTTP response body has been read to its
+    /// end, failed or been dropped).
+    ///
+    /// Why the body by default: a resilience4j user decorates the whole
+    /// exchange (a Feign or `RestTemplate` call returns the decoded body),
+    /// so a dependency that sends its head at once and then trickles the
+    /// body is slow to them, and it is to their callers. [`CallEnd::Head`]
+    /// measures only the time to the response head (what the dependency
+    /// took to start answering); choose it when bodies are long streams
+    /// whose length says nothing about the dependency's health (downloads,
+    /// server-sent events), so that they are not all counted slow. Either
+    /// way the *outcome* waits for the body: a body that fails or is cut
+    /// by the deadline after a good head counts as a failure.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::{BreakerConfig, CallEnd};
+    ///
+    /// // A download service: judge the time to first byte, not the file size.
+    /// let config = BreakerConfig::new()
+    ///     .slow_calls(Duration::from_millis(300), 0.5)
+    ///     .slow_call_end(CallEnd::Head);
+    /// # let _ = config;
+    /// ```
+    pub fn slow_call_end(mut self, end: CallEnd) -> Self {
+        self.slow_call_end = end;
         self
     }
 
@@ -444,6 +493,7 @@ impl fmt::Debug for BreakerConfig {
             .field("failure_rate", &self.failure_rate)
             .field("slow_call_duration", &self.slow_call_duration)
             .field("slow_call_rate", &self.slow_call_rate)
+            .field("slow_call_end", &self.slow_call_end)
             .field("consecutive_failures", &self.consecutive_failures)
             .field("open_period", &self.open_period)
             .field("max_open_period", &self.max_open_period)

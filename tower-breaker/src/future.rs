@@ -1,6 +1,7 @@
 //! The response futures of [`CircuitBreaker`](crate::CircuitBreaker),
 //! [`HttpCircuitBreaker`](crate::HttpCircuitBreaker) and
-//! [`PlainCircuitBreaker`](crate::PlainCircuitBreaker).
+//! [`PlainCircuitBreaker`](crate::PlainCircuitBreaker). The response body
+//! of the first two is [`crate::body::ResponseBody`].
 
 use std::error::Error;
 use std::fmt;
@@ -12,20 +13,22 @@ use std::task::{ready, Context, Poll};
 use http::Response;
 use pin_project_lite::pin_project;
 
+use crate::body::{self, Deferred, Late, ResponseBody};
 use crate::breaker::Permit;
-use crate::classify::{outcome, Classify};
+use crate::classify::{outcome, Classify, Outcome};
 use crate::error::CircuitOpen;
 use crate::BoxError;
 
 pin_project! {
-    /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) and
-    /// [`PlainCircuitBreaker`](crate::PlainCircuitBreaker).
+    /// Response future of [`CircuitBreaker`](crate::CircuitBreaker) (and
+    /// its keyed form).
     ///
     /// Either fails at once with [`CircuitOpen`] (the inner service was
     /// not called), or waits for the inner future and counts its outcome
     /// (unless a retry layer below counted every attempt through the
-    /// attempt hook). Dropping it counts nothing and frees a half-open
-    /// probe slot.
+    /// attempt hook). A good response's outcome is settled by its
+    /// [`ResponseBody`] when the body ends (see [`crate::body`]). Dropping
+    /// the future counts nothing and frees a half-open probe slot.
     #[must_use = "futures do nothing unless polled"]
     pub struct ResponseFuture<F, C> {
         #[pin]
@@ -35,11 +38,27 @@ pin_project! {
 }
 
 pin_project! {
+    /// Response future of [`PlainCircuitBreaker`](crate::PlainCircuitBreaker)
+    /// (and its keyed form).
+    ///
+    /// Either fails at once with [`CircuitOpen`] (the inner service was
+    /// not called), or waits for the inner future and counts its outcome.
+    /// Dropping it counts nothing and frees a half-open probe slot.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct PlainResponseFuture<F, C> {
+        #[pin]
+        kind: Kind<F>,
+        tracker: Tracker<C>,
+    }
+}
+
+pin_project! {
     /// Response future of [`HttpCircuitBreaker`](crate::HttpCircuitBreaker).
     ///
     /// Either answers at once (503 with `Retry-After`, or a trailers-only
-    /// gRPC UNAVAILABLE), or waits for the inner future, counts its
-    /// outcome, and returns it unchanged.
+    /// gRPC UNAVAILABLE), or waits for the inner future and returns its
+    /// response with a [`ResponseBody`] that settles the outcome when the
+    /// body has been sent (a failed head is counted at once).
     #[must_use = "futures do nothing unless polled"]
     pub struct AnswerFuture<F, C, B> {
         #[pin]
@@ -76,10 +95,13 @@ pin_project! {
 
 /// What counts the outcome of a call that was let through.
 pub(crate) enum Tracker<C> {
-    /// Counts the call itself when it completes.
+    /// Counts the call itself when it completes (a good response: when its
+    /// body ends).
     Permit { permit: Permit, classifier: C },
-    /// The attempt hook counts (through a retry layer below), or, if it was
-    /// never used, counts the call itself.
+    /// A retry layer below took the attempt hook and reports every attempt;
+    /// the hook keeps a good attempt's outcome open while this future
+    /// (breaker `breaker`) polls, and this future hands it to the body.
+    Hooked { breaker: usize, classifier: C },
     /// Nothing to count.
     Done,
 }
@@ -103,7 +125,83 @@ impl<F, C> ResponseFuture<F, C> {
     }
 }
 
-impl<F, C, Res, E> Future for ResponseFuture<F, C>
+impl<F, C, B, E> Future for ResponseFuture<F, C>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+    C: Classify<Response<B>>,
+{
+    type Output = Result<Response<ResponseBody<B, C>>, BoxError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Called { future } => {
+                let (polled, deferred) = match this.tracker {
+                    Tracker::Hooked { breaker, .. } => body::collect(*breaker, || future.poll(cx)),
+                    _ => (future.poll(cx), None),
+                };
+                let Poll::Ready(result) = polled else {
+                    if let Some(deferred) = deferred {
+                        deferred.settle_now();
+                    }
+                    return Poll::Pending;
+                };
+                Poll::Ready(match result {
+                    Ok(response) => Ok(this.tracker.finish_response(response, deferred)),
+                    Err(e) => {
+                        let e = e.into();
+                        if let Some(deferred) = deferred {
+                            deferred.settle_now();
+                        }
+                        this.tracker.finish::<Response<B>>(Err(&*e));
+                        Err(e)
+                    }
+                })
+            }
+            KindProj::Rejected { error } => {
+                let error = error
+                    .take()
+                    .expect("ResponseFuture polled after completion");
+                Poll::Ready(Err(Box::new(error)))
+            }
+        }
+    }
+}
+
+impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.kind {
+            Kind::Called { .. } => "called",
+            Kind::Rejected { .. } => "rejected",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+// === impl PlainResponseFuture ===
+
+impl<F, C> PlainResponseFuture<F, C> {
+    #[inline]
+    pub(crate) fn called(future: F, tracker: Tracker<C>) -> Self {
+        Self {
+            kind: Kind::Called { future },
+            tracker,
+        }
+    }
+
+    pub(crate) fn rejected(error: CircuitOpen) -> Self {
+        Self {
+            kind: Kind::Rejected { error: Some(error) },
+            tracker: Tracker::Done,
+        }
+    }
+}
+
+impl<F, C, Res, E> Future for PlainResponseFuture<F, C>
 where
     F: Future<Output = Result<Res, E>>,
     E: Into<BoxError>,
@@ -126,20 +224,20 @@ where
             KindProj::Rejected { error } => {
                 let error = error
                     .take()
-                    .expect("ResponseFuture polled after completion");
+                    .expect("PlainResponseFuture polled after completion");
                 Poll::Ready(Err(Box::new(error)))
             }
         }
     }
 }
 
-impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+impl<F, C> fmt::Debug for PlainResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.kind {
             Kind::Called { .. } => "called",
             Kind::Rejected { .. } => "rejected",
         };
-        f.debug_struct("ResponseFuture")
+        f.debug_struct("PlainResponseFuture")
             .field("state", &state)
             .finish()
     }
@@ -172,25 +270,27 @@ where
     E: Error + 'static,
     C: Classify<Response<B>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B, C>>, E>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.kind.project() {
-            AnswerKindProj::Called { future } => {
-                let result = ready!(future.poll(cx));
-                match &result {
-                    Ok(response) => this.tracker.finish(Ok(response)),
+            AnswerKindProj::Called { future } => Poll::Ready(match ready!(future.poll(cx)) {
+                Ok(response) => Ok(this.tracker.finish_response(response, None)),
+                Err(e) => {
                     // The inner error passes through unchanged; the
                     // classifier judges it like the client flavour's.
-                    Err(e) => this.tracker.finish::<Response<B>>(Err(e)),
+                    this.tracker.finish::<Response<B>>(Err(&e));
+                    Err(e)
                 }
-                Poll::Ready(result)
-            }
-            AnswerKindProj::Answered { response } => Poll::Ready(Ok(response
-                .take()
-                .expect("AnswerFuture polled after completion"))),
+            }),
+            AnswerKindProj::Answered { response } => Poll::Ready(Ok(body::wrap(
+                response
+                    .take()
+                    .expect("AnswerFuture polled after completion"),
+                None,
+            ))),
         }
     }
 }
@@ -217,7 +317,35 @@ impl<C> Tracker<C> {
     {
         match mem::replace(self, Tracker::Done) {
             Tracker::Permit { permit, classifier } => permit.record(outcome(&classifier, result)),
-            Tracker::Done => {}
+            Tracker::Hooked { .. } | Tracker::Done => {}
         }
+    }
+
+    /// Hands a response out: a good head's outcome (this layer's own, or
+    /// one the hook kept open, `deferred`) goes into the body, to be
+    /// settled at its end; any other is counted now.
+    #[inline]
+    fn finish_response<B>(
+        &mut self,
+        response: Response<B>,
+        deferred: Option<Deferred>,
+    ) -> Response<ResponseBody<B, C>>
+    where
+        C: Classify<Response<B>>,
+    {
+        let late = match mem::replace(self, Tracker::Done) {
+            Tracker::Permit { permit, classifier } => {
+                match classifier.classify_response(&response) {
+                    Outcome::Success => Some(Late::new(permit, Outcome::Success, classifier)),
+                    other => {
+                        permit.record(other);
+                        None
+                    }
+                }
+            }
+            Tracker::Hooked { classifier, .. } => deferred.map(|d| d.into_late(classifier)),
+            Tracker::Done => None,
+        };
+        body::wrap(response, late)
     }
 }

@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, AttemptToken};
 
+use crate::body;
 use crate::breaker::{thread_index, Breaker, Kind, Raw, STRIPES};
-use crate::classify::{default_outcome, Classify};
+use crate::classify::{default_outcome, Classify, Outcome};
 use crate::BoxError;
 
 /// One breaker's hook, shared by every call through one layer: per-call
@@ -102,6 +103,10 @@ where
     fn record(&self, token: AttemptToken, outcome: AttemptOutcome<'_>) {
         let (raw, started_ns) = token.parts();
         let Some(raw) = unpack(raw) else { return };
+        let outcome_kind = match outcome {
+            AttemptOutcome::Response(_) => Reported::Response,
+            AttemptOutcome::Error(_) => Reported::Error,
+        };
         let outcome = match outcome {
             AttemptOutcome::Error(e) => self.classifier.classify_error(e),
             AttemptOutcome::Response(view) => match view
@@ -132,6 +137,16 @@ where
                 },
             },
         };
+        // A good answer whose body is still to come, reported while this
+        // breaker's response future polls the layers below on this thread:
+        // its outcome waits for the body (see `crate::body`).
+        if outcome == Outcome::Success
+            && matches!(outcome_kind, Reported::Response)
+            && body::collecting(self.breaker.id())
+        {
+            body::defer(self.breaker.permit_started(raw, started_ns), outcome);
+            return;
+        }
         let elapsed = self.breaker.core.elapsed(started_ns);
         self.breaker.complete(raw, outcome, elapsed);
     }
@@ -141,6 +156,12 @@ where
             self.breaker.cancel(raw);
         }
     }
+}
+
+/// What an attempt reported.
+enum Reported {
+    Response,
+    Error,
 }
 
 impl<C, Res> fmt::Debug for BreakerHook<C, Res> {

@@ -8,10 +8,11 @@ use tower_resilience_base::hook::{AttemptHook, Attempts};
 use tower_resilience_base::{Answer, CallContext};
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::breaker::{Breaker, Kind, Raw};
 use crate::classify::{Classify, DefaultClassifier, ErrorsOnly};
 use crate::error::CircuitOpen;
-use crate::future::{AnswerFuture, ResponseFuture, Tracker};
+use crate::future::{AnswerFuture, PlainResponseFuture, ResponseFuture, Tracker};
 use crate::hook::{self, token, unpack, HookStripes};
 use crate::layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
 use crate::BoxError;
@@ -43,19 +44,23 @@ use crate::BoxError;
 /// # Example
 ///
 /// ```
+/// use http_body_util::BodyExt;
 /// use tower::{service_fn, BoxError, ServiceExt};
 /// use tower_breaker::{Breaker, CircuitBreaker};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), BoxError> {
 /// let inner = service_fn(|_req: http::Request<()>| async {
-///     Ok::<_, BoxError>(http::Response::new("hello"))
+///     Ok::<_, BoxError>(http::Response::new(String::from("hello")))
 /// });
 /// let breaker = Breaker::new("greeter");
 /// let response = CircuitBreaker::new(inner, breaker.clone())
 ///     .oneshot(http::Request::new(()))
 ///     .await?;
-/// assert_eq!(*response.body(), "hello");
+/// // The call's outcome is counted when its body ends.
+/// assert_eq!(breaker.snapshot().totals.successful, 0);
+/// let body = response.into_body().collect().await?.to_bytes();
+/// assert_eq!(body, "hello");
 /// assert_eq!(breaker.snapshot().totals.successful, 1);
 /// # Ok(())
 /// # }
@@ -274,14 +279,14 @@ impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
     }
 }
 
-impl<S, C, B> Service<Request<B>> for CircuitBreaker<S, C>
+impl<S, C, B, RB> Service<Request<B>> for CircuitBreaker<S, C>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
-    S::Response: 'static,
-    C: Classify<S::Response> + Clone,
+    RB: 'static,
+    C: Classify<Response<RB>> + Clone,
 {
-    type Response = S::Response;
+    type Response = Response<ResponseBody<RB, C>>;
     type Error = BoxError;
     type Future = ResponseFuture<S::Future, C>;
 
@@ -343,7 +348,7 @@ where
     ResB: Default,
     C: Classify<Response<ResB>> + Clone,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ResponseBody<ResB, C>>;
     type Error = S::Error;
     type Future = AnswerFuture<S::Future, C, ResB>;
 
@@ -391,7 +396,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, C>;
+    type Future = PlainResponseFuture<S::Future, C>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -437,14 +442,14 @@ pub(crate) fn call_plain<S, C, Req>(
     classifier: &C,
     inner: &mut S,
     request: Req,
-) -> ResponseFuture<S::Future, C>
+) -> PlainResponseFuture<S::Future, C>
 where
     S: Service<Req>,
     C: Clone,
 {
     match admit(breaker, classifier) {
-        Ok(tracker) => ResponseFuture::called(inner.call(request), tracker),
-        Err(open) => ResponseFuture::rejected(open),
+        Ok(tracker) => PlainResponseFuture::called(inner.call(request), tracker),
+        Err(open) => PlainResponseFuture::rejected(open),
     }
 }
 
@@ -474,7 +479,7 @@ pub(crate) fn call_client<'h, S, C, B>(
 ) -> ResponseFuture<S::Future, C>
 where
     S: Service<Request<B>>,
-    C: Classify<S::Response> + Clone,
+    C: Clone,
 {
     let raw = match breaker.admit() {
         Ok(raw) => raw,
@@ -503,7 +508,10 @@ where
                 token
             });
             future.tracker = match untaken {
-                None => Tracker::Done,
+                None => Tracker::Hooked {
+                    breaker: breaker.id(),
+                    classifier: classifier.clone(),
+                },
                 Some(token) => {
                     let (packed, started_ns) = token.parts();
                     match unpack(packed) {
@@ -619,6 +627,9 @@ mod tests {
         assert_eq!(breaker.snapshot().probes_in_flight, 0, "no probe leaked");
         let probe = svc.ready().await.unwrap().call(request("/ok")).await;
         assert!(probe.is_ok(), "the slot was free for the next probe");
+        // The probe's outcome is settled when its body goes.
+        drop(probe);
+        assert_eq!(breaker.snapshot().state, State::Closed);
         assert_eq!(hook_refs(&svc), 2);
 
         // A clone starts without kept attempts and makes its own.

@@ -13,6 +13,7 @@
 //!
 //! ```
 //! use std::time::Duration;
+//! use http_body_util::BodyExt;
 //! use tower::{service_fn, BoxError, Layer, ServiceExt};
 //! use tower_breaker::stack::client_stack;
 //!
@@ -20,7 +21,7 @@
 //! # async fn main() -> Result<(), BoxError> {
 //! // The transport: hyper, reqwest (through an adapter), a tonic Channel...
 //! let transport = service_fn(|req: http::Request<_>| async move {
-//!     let budget = req.headers()["x-request-timeout-ms"].clone();
+//!     let budget = req.headers()["x-request-timeout-ms"].to_str()?.to_owned();
 //!     let _body: tower_retry_budget::body::ReplayBody<String> = req.into_body();
 //!     Ok::<_, BoxError>(http::Response::new(budget))
 //! });
@@ -29,10 +30,15 @@
 //!     .timeout(Duration::from_secs(2))
 //!     .concurrency(32);
 //! let breaker = stack.breaker_handle().clone();
+//! let bulkhead = stack.bulkhead_handle();
 //! let client = stack.layer(transport);
 //!
 //! let response = client.oneshot(http::Request::new(String::new())).await?;
-//! assert_eq!(response.into_body(), "2000");
+//! // The call lasts until its body ends: the bulkhead still counts it.
+//! assert_eq!(bulkhead.in_flight(), 1);
+//! let body = response.into_body().collect().await?.to_bytes();
+//! assert_eq!(body, "2000");
+//! assert_eq!(bulkhead.in_flight(), 0);
 //! assert_eq!(breaker.snapshot().totals.successful, 1);
 //! # Ok(())
 //! # }
@@ -68,7 +74,10 @@
 //! Composing the layers by hand stays possible; a [`ClientStack`] is
 //! exactly this `ServiceBuilder` (with the outer deadline in
 //! [`enforce_only`](tower_deadline::ClientDeadlineLayer::enforce_only)
-//! mode, so that only the innermost layer writes headers):
+//! mode, so that only the innermost layer writes headers, and
+//! [`head_only`](tower_deadline::ClientDeadlineLayer::head_only), since the
+//! per-attempt layer bounds the body; the bulkhead holds each slot until
+//! the body ends):
 //!
 //! ```
 //! use std::time::Duration;
@@ -79,10 +88,15 @@
 //! use tower_retry_budget::RetryLayer;
 //!
 //! let by_hand = ServiceBuilder::new()
-//!     .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(2)).enforce_only())
+//!     .layer(
+//!         ClientDeadlineLayer::new()
+//!             .default_timeout(Duration::from_secs(2))
+//!             .enforce_only()
+//!             .head_only(), // the per-attempt layer bounds the body
+//!     )
 //!     .layer(BreakerLayer::new(Breaker::new("inventory")))
 //!     .layer(RetryLayer::new())
-//!     .layer(BulkheadLayer::new("inventory", 32))
+//!     .layer(BulkheadLayer::new("inventory", 32).hold_until_body_end())
 //!     .layer(ClientDeadlineLayer::new());
 //! # let _ = by_hand;
 //! ```
@@ -95,6 +109,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tower_bulkhead::partition::Single;
+use tower_bulkhead::release::{BodyEnd, Release};
 use tower_bulkhead::{Bulkhead, BulkheadLayer, CompartmentHandle, HttpBulkhead, HttpBulkheadLayer};
 use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer};
 use tower_layer::Layer;
@@ -113,11 +129,12 @@ pub const DEFAULT_CLIENT_CONCURRENCY: usize = 64;
 pub const DEFAULT_SERVER_CONCURRENCY: usize = 512;
 
 /// The service a [`ClientStack`] builds around a transport `S`.
-pub type ClientStackService<S, P = DefaultPolicy, M = Buffered> =
-    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>>, P, M>>>;
+pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd> =
+    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>, Single, R>, P, M>>>;
 
 /// The service a [`ServerStack`] builds around a handler or router `S`.
-pub type ServerStackService<S> = ServerDeadline<HttpBulkhead<HttpCircuitBreaker<S>>>;
+pub type ServerStackService<S, R = BodyEnd> =
+    ServerDeadline<HttpBulkhead<HttpCircuitBreaker<S>, Single, R>>;
 
 /// The recommended client stack for one dependency, as one [`Layer`]; see
 /// the [module docs](self) for the order and the hand-built equivalent.
@@ -127,18 +144,43 @@ pub type ServerStackService<S> = ServerDeadline<HttpBulkhead<HttpCircuitBreaker<
 /// [`BreakerConfig`], a [`RetryLayer`] with its defaults (3 attempts, 10%
 /// budget), a bulkhead of [`DEFAULT_CLIENT_CONCURRENCY`].
 ///
+/// # The call ends when the body ends
+///
+/// The deadline, the bulkhead's slot and the breaker's outcome all last
+/// until the response body has been read to its end, has failed or has
+/// been dropped, not only until the head:
+///
+/// - a body still being read when the deadline passes fails on its next
+///   poll with [`DeadlineExceeded`](tower_deadline::error::DeadlineExceeded)
+///   (reqwest's `text()` and hyper's body errors carry it as their source);
+/// - the breaker counts a body that fails or is cut as a failure, a gRPC
+///   status in the trailers as the trailers say, and a body dropped half
+///   read as the head said (see [`crate::body`]); such a body failure is not
+///   retried (the head was already handed out) and is counted once;
+/// - the bulkhead counts the call in flight until then
+///   ([`BodyEnd`]): a dependency whose bodies hang fills the bulkhead, as
+///   it holds the connections.
+///
+/// A body that is complete in its first poll (a unary answer) arms no
+/// timer and costs a few nanoseconds more than the head alone. To give the
+/// bulkhead's slot back at the head instead, pass a bulkhead in
+/// [`Head`](tower_bulkhead::release::Head) mode:
+/// `.bulkhead(BulkheadLayer::new(name, limit))`; its count then
+/// undercounts streaming bodies (they still occupy the dependency), and a
+/// stalled body no longer shows in it.
+///
 /// # Clone
 ///
 /// Clones share the breaker, the retry budget and the bulkhead's
 /// compartment: one dependency, one stack, however many clones.
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct ClientStack<P = DefaultPolicy, M = Buffered> {
+pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
     name: Arc<str>,
     call: ClientDeadlineLayer,
     breaker: BreakerLayer,
     retry: RetryLayer<P, M>,
-    bulkhead: BulkheadLayer,
+    bulkhead: BulkheadLayer<Single, R>,
     attempt: ClientDeadlineLayer,
 }
 
@@ -153,15 +195,23 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered> {
 /// [`DEFAULT_SERVER_CONCURRENCY`], a [`Breaker`] with the default
 /// [`BreakerConfig`] in an [`HttpBreakerLayer`] (rejections answered 503).
 ///
+/// As in the [`ClientStack`], a request ends when its response body has
+/// been sent (or dropped): the caller's deadline bounds a streaming body
+/// too (an HTTP body is cut with an error, a gRPC stream ends with
+/// DEADLINE_EXCEEDED trailers), the bulkhead holds the request's slot until
+/// then ([`BodyEnd`]; pass an [`HttpBulkheadLayer`] in `Head` mode to
+/// [`bulkhead`](Self::bulkhead) to release it at the head), and the
+/// breaker counts a body that fails as a failure.
+///
 /// # Clone
 ///
 /// Clones share the breaker and the bulkhead's compartment.
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct ServerStack {
+pub struct ServerStack<R = BodyEnd> {
     name: Arc<str>,
     deadline: ServerDeadlineLayer,
-    bulkhead: HttpBulkheadLayer,
+    bulkhead: HttpBulkheadLayer<Single, R>,
     breaker: HttpBreakerLayer,
 }
 
@@ -183,12 +233,16 @@ pub struct ServerStack {
 pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
     let name = name.into();
     ClientStack {
+        // The per-attempt layer bounds the body by the same deadline (or an
+        // earlier one): one timer for a slow body, not two.
         call: ClientDeadlineLayer::new()
             .enforce_only()
+            .head_only()
             .name(Arc::clone(&name)),
         breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))),
         retry: RetryLayer::new().name(Arc::clone(&name)),
-        bulkhead: BulkheadLayer::new(Arc::clone(&name), DEFAULT_CLIENT_CONCURRENCY),
+        bulkhead: BulkheadLayer::new(Arc::clone(&name), DEFAULT_CLIENT_CONCURRENCY)
+            .hold_until_body_end(),
         attempt: ClientDeadlineLayer::new().name(Arc::clone(&name)),
         name,
     }
@@ -209,7 +263,8 @@ pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
     let name = name.into();
     ServerStack {
         deadline: ServerDeadlineLayer::new().name(Arc::clone(&name)),
-        bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY),
+        bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY)
+            .hold_until_body_end(),
         breaker: HttpBreakerLayer::new(Breaker::new(Arc::clone(&name))),
         name,
     }
@@ -217,7 +272,7 @@ pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
 
 // === impl ClientStack ===
 
-impl<P, M> ClientStack<P, M> {
+impl<P, M, R: Release> ClientStack<P, M, R> {
     /// The budget of the whole logical call, retries and backoffs included
     /// (an upper bound: a shorter deadline of the caller still wins).
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -278,7 +333,7 @@ impl<P, M> ClientStack<P, M> {
     }
 
     /// Replace the retry layer (its policy, budget, backoff, body mode).
-    pub fn retry<Q, N>(self, retry: RetryLayer<Q, N>) -> ClientStack<Q, N> {
+    pub fn retry<Q, N>(self, retry: RetryLayer<Q, N>) -> ClientStack<Q, N, R> {
         ClientStack {
             name: self.name,
             call: self.call,
@@ -292,16 +347,41 @@ impl<P, M> ClientStack<P, M> {
     /// The bulkhead size: attempts in flight to the dependency at once
     /// (default [`DEFAULT_CLIENT_CONCURRENCY`]).
     pub fn concurrency(mut self, limit: usize) -> Self {
-        self.bulkhead = BulkheadLayer::new(Arc::clone(&self.name), limit);
+        self.bulkhead = BulkheadLayer::new(Arc::clone(&self.name), limit).with_release::<R>();
         self
     }
 
-    /// Replace the bulkhead (a bounded wait, its `Retry-After`, metrics
-    /// labels, or one you already hold a [`handle`](BulkheadLayer::handle)
-    /// of).
-    pub fn bulkhead(mut self, layer: BulkheadLayer) -> Self {
-        self.bulkhead = layer;
-        self
+    /// Replace the bulkhead (a bounded wait, metrics labels, one you
+    /// already hold a [`handle`](BulkheadLayer::handle) of, or its release
+    /// mode). Pass it in [`BodyEnd`] mode
+    /// ([`hold_until_body_end`](BulkheadLayer::hold_until_body_end)) to
+    /// keep the stack's default, where a call holds its slot until its
+    /// response body ends; a layer in `Head` mode gives the slot back at
+    /// the response head (see [`ClientStack`]).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::stack::client_stack;
+    /// use tower_bulkhead::BulkheadLayer;
+    ///
+    /// let stack = client_stack("catalog").bulkhead(
+    ///     BulkheadLayer::new("catalog", 16)
+    ///         .max_wait(Duration::from_millis(5))
+    ///         .hold_until_body_end(),
+    /// );
+    /// # let _ = stack;
+    /// ```
+    pub fn bulkhead<N>(self, layer: BulkheadLayer<Single, N>) -> ClientStack<P, M, N> {
+        ClientStack {
+            name: self.name,
+            call: self.call,
+            breaker: self.breaker,
+            retry: self.retry,
+            bulkhead: layer,
+            attempt: self.attempt,
+        }
     }
 
     /// The stack's bulkhead compartment: attempts in flight, rejections.
@@ -361,7 +441,7 @@ impl<P, M> ClientStack<P, M> {
     pub fn reqwest(
         &self,
         client: ::reqwest::Client,
-    ) -> crate::reqwest::Client<ClientStackService<crate::reqwest::ReqwestService, P, M>>
+    ) -> crate::reqwest::Client<ClientStackService<crate::reqwest::ReqwestService, P, M, R>>
     where
         P: Clone,
     {
@@ -369,8 +449,8 @@ impl<P, M> ClientStack<P, M> {
     }
 }
 
-impl<S, P: Clone, M> Layer<S> for ClientStack<P, M> {
-    type Service = ClientStackService<S, P, M>;
+impl<S, P: Clone, M, R> Layer<S> for ClientStack<P, M, R> {
+    type Service = ClientStackService<S, P, M, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let attempt = self.attempt.layer(inner);
@@ -383,7 +463,7 @@ impl<S, P: Clone, M> Layer<S> for ClientStack<P, M> {
 
 // === impl ServerStack ===
 
-impl ServerStack {
+impl<R: Release> ServerStack<R> {
     /// The budget of a request that arrives without one.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.deadline = self.deadline.default_timeout(timeout);
@@ -406,16 +486,23 @@ impl ServerStack {
     /// The bulkhead size: requests served at once (default
     /// [`DEFAULT_SERVER_CONCURRENCY`]).
     pub fn concurrency(mut self, limit: usize) -> Self {
-        self.bulkhead = HttpBulkheadLayer::new(Arc::clone(&self.name), limit);
+        self.bulkhead = HttpBulkheadLayer::new(Arc::clone(&self.name), limit).with_release::<R>();
         self
     }
 
-    /// Replace the bulkhead (its `Retry-After`, a bounded wait, per-key
-    /// compartments, or one whose [`handle`](HttpBulkheadLayer::handle)
-    /// you keep).
-    pub fn bulkhead(mut self, layer: HttpBulkheadLayer) -> Self {
-        self.bulkhead = layer;
-        self
+    /// Replace the bulkhead (its `Retry-After`, a bounded wait, or one
+    /// whose [`handle`](HttpBulkheadLayer::handle) you keep). In
+    /// [`BodyEnd`] mode
+    /// ([`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end))
+    /// a request holds its slot until its response body has been sent, the
+    /// stack's default; in `Head` mode it gives it back at the head.
+    pub fn bulkhead<N>(self, layer: HttpBulkheadLayer<Single, N>) -> ServerStack<N> {
+        ServerStack {
+            name: self.name,
+            deadline: self.deadline,
+            bulkhead: layer,
+            breaker: self.breaker,
+        }
     }
 
     /// Use `breaker`.
@@ -446,8 +533,8 @@ impl ServerStack {
     }
 }
 
-impl<S> Layer<S> for ServerStack {
-    type Service = ServerStackService<S>;
+impl<S, R> Layer<S> for ServerStack<R> {
+    type Service = ServerStackService<S, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let breaker = self.breaker.layer(inner);

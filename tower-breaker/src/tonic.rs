@@ -151,7 +151,7 @@ pub type TonicStack<S, P = DefaultPolicy, M = Buffered> =
 
 // === impl ClientStack ===
 
-impl<P: Clone, M> ClientStack<P, M> {
+impl<P: Clone, M, R> ClientStack<P, M, R> {
     /// This stack around a tonic transport (a `tonic::transport::Channel`,
     /// usually), ready for a generated client: `StockClient::new(stack)`.
     ///
@@ -181,7 +181,7 @@ impl<P: Clone, M> ClientStack<P, M> {
     /// # }
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-    pub fn tonic<S>(&self, channel: S) -> TonicStack<S, P, M> {
+    pub fn tonic<S>(&self, channel: S) -> StatusService<ClientStackService<TonicBody<S>, P, M, R>> {
         StatusService::new(self.layer(TonicBody::new(channel)))
     }
 }
@@ -401,7 +401,9 @@ impl<S> Layer<S> for StatusLayer {
 }
 
 /// A service whose errors are [`Status`]es: `inner`'s, converted by
-/// [`into_status`]. Readiness is `inner`'s.
+/// [`into_status`], and those of its response bodies too
+/// ([`StatusBody`]: a body cut by the deadline while a stream is read
+/// fails with DEADLINE_EXCEEDED, not UNKNOWN). Readiness is `inner`'s.
 ///
 /// # Clone
 ///
@@ -420,7 +422,9 @@ impl<S> StatusService<S> {
     /// use tower::service_fn;
     /// use tower_breaker::tonic::StatusService;
     ///
-    /// let service = StatusService::new(service_fn(|_: ()| async { Ok::<_, std::io::Error>(()) }));
+    /// let service = StatusService::new(service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::io::Error>(http::Response::new(String::new()))
+    /// }));
     /// let _inner = service.get_ref();
     /// ```
     pub const fn new(inner: S) -> Self {
@@ -443,12 +447,12 @@ impl<S> StatusService<S> {
     }
 }
 
-impl<S, R> Service<R> for StatusService<S>
+impl<S, R, B> Service<R> for StatusService<S>
 where
-    S: Service<R>,
+    S: Service<R, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
 {
-    type Response = S::Response;
+    type Response = http::Response<StatusBody<B>>;
     type Error = Status;
     type Future = StatusFuture<S::Future>;
 
@@ -478,19 +482,74 @@ impl<F> fmt::Debug for StatusFuture<F> {
     }
 }
 
-impl<F, T, E> Future for StatusFuture<F>
+impl<F, B, E> Future for StatusFuture<F>
 where
-    F: Future<Output = Result<T, E>>,
+    F: Future<Output = Result<http::Response<B>, E>>,
     E: Into<BoxError>,
 {
-    type Output = Result<T, Status>;
+    type Output = Result<http::Response<StatusBody<B>>, Status>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx).map(|result| match result {
+            Ok(response) => Ok(response.map(|inner| StatusBody { inner })),
+            Err(e) => Err(into_status(e.into())),
+        })
+    }
+}
+
+pin_project! {
+    /// The response body of [`StatusService`]: frames pass through, and an
+    /// error is turned into a [`Status`] by [`into_status`] (tonic's
+    /// `Streaming` hands a `Status` it finds to the caller as it is, so a
+    /// stream cut by the stack's deadline ends with DEADLINE_EXCEEDED, the
+    /// typed error as the status's source).
+    pub struct StatusBody<B> {
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B> StatusBody<B> {
+    /// The wrapped body, unwrapped.
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+impl<B> fmt::Debug for StatusBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatusBody").finish_non_exhaustive()
+    }
+}
+
+impl<B> http_body::Body for StatusBody<B>
+where
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = Status;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, Status>>> {
         self.project()
             .inner
-            .poll(cx)
-            .map_err(|e| into_status(e.into()))
+            .poll_frame(cx)
+            .map(|frame| frame.map(|r| r.map_err(|e| into_status(e.into()))))
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    #[inline]
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -509,6 +509,9 @@ async fn answers_for_an_open_breaker_below_without_calling_the_dependency() {
     let fallback = FallbackLayer::new(Fallback::value(ok("cached menu")));
     let client = ServiceBuilder::new()
         .layer(fallback.clone())
+        // The breaker's body settles the outcome; the fallback serves plain
+        // bodies.
+        .map_response(|r: Response<_>| r.map(tower_breaker::body::ResponseBody::into_inner))
         .layer(BreakerLayer::new(breaker.clone()))
         .service(dependency.service());
 
@@ -568,6 +571,7 @@ async fn answers_when_the_deadline_cuts_the_call() {
     let hangs = service_fn(|_req: Req| std::future::pending::<Result<Res, BoxError>>());
     let client = ServiceBuilder::new()
         .layer(FallbackLayer::new(by_cause()))
+        .map_response(|r: Response<_>| r.map(tower_deadline::body::ResponseBody::into_inner))
         .layer(
             tower_deadline::ClientDeadlineLayer::new().default_timeout(Duration::from_millis(200)),
         )

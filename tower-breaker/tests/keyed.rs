@@ -29,9 +29,9 @@ fn to(host: &str) -> Request<String> {
         .unwrap()
 }
 
-async fn get<S>(svc: &S, host: &str) -> Result<Response<String>, BoxError>
+async fn get<S, B>(svc: &S, host: &str) -> Result<Response<B>, BoxError>
 where
-    S: Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone,
+    S: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone,
 {
     svc.clone().oneshot(to(host)).await
 }
@@ -291,7 +291,7 @@ async fn the_server_flavour_answers_503_for_an_open_key_and_keeps_the_inner_erro
         .get(&"closed.example".to_owned())
         .set_mode(Mode::ForcedOpen);
 
-    let response: Response<String> = server.clone().oneshot(to("closed.example")).await.unwrap();
+    let response = server.clone().oneshot(to("closed.example")).await.unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["x-tower-no-retry"], "1");
     assert!(response.headers().contains_key("retry-after"));

@@ -26,9 +26,9 @@ fn body_len(response: Response<String>) -> Response<usize> {
     response.map(|body| body.len())
 }
 
-async fn send_mapped<S>(svc: &S) -> Result<Response<usize>, BoxError>
+async fn send_mapped<S, B>(svc: &S) -> Result<Response<B>, BoxError>
 where
-    S: Service<Request<String>, Response = Response<usize>, Error = BoxError> + Clone,
+    S: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone,
 {
     svc.clone().oneshot(Request::new(String::new())).await
 }

@@ -28,7 +28,7 @@ async fn ready_inner_passes_the_call_through() {
     let (req, send) = handle.next_request().await.unwrap();
     assert_eq!(req.body(), "hi");
     send.send_response(Response::new("ok".to_owned()));
-    assert_eq!(assert_ready_ok!(call.poll()).body(), "ok");
+    assert_eq!(assert_ready_ok!(call.poll()).body().get_ref(), "ok");
     assert_eq!(breaker.snapshot().totals.successful, 1);
 }
 

@@ -120,10 +120,10 @@ fn client<S>(build: Build, knobs: &Knobs, transport: S) -> Client<S> {
             }
             let retry = RetryLayer::new();
             let service = ServiceBuilder::new()
-                .layer(call.enforce_only())
+                .layer(call.enforce_only().head_only())
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(retry.clone())
-                .layer(BulkheadLayer::new(NAME, knobs.concurrency))
+                .layer(BulkheadLayer::new(NAME, knobs.concurrency).hold_until_body_end())
                 .layer(knobs.attempt.clone())
                 .service(transport);
             Client {
@@ -230,7 +230,7 @@ enum Answered {
     Other(String),
 }
 
-fn answered(result: Result<Response<String>, BoxError>) -> Answered {
+fn answered<B>(result: Result<Response<B>, BoxError>) -> Answered {
     match result {
         Ok(response) => Answered::Status(
             response.status().as_u16(),
@@ -333,16 +333,14 @@ async fn every_attempt_is_counted_and_once_open_the_dependency_is_not_called() {
 /// every call it receives until `release` has permits); returns how many
 /// reached the dependency while the others were answered, and every
 /// answer.
-async fn race<C>(
+async fn race<C, B>(
     svc: &C,
     dependency: &Dependency,
     release: &Arc<Semaphore>,
 ) -> (usize, Vec<Answered>)
 where
-    C: Service<Request<String>, Response = Response<String>, Error = BoxError>
-        + Clone
-        + Send
-        + 'static,
+    B: Send + 'static,
+    C: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone + Send + 'static,
     C::Future: Send,
 {
     let answered_count = Arc::new(AtomicUsize::new(0));
@@ -747,7 +745,7 @@ fn server<S>(build: Build, concurrency: usize, handler: S) -> (ServerStackServic
             let breaker = Breaker::new(NAME);
             let service = ServiceBuilder::new()
                 .layer(ServerDeadlineLayer::new())
-                .layer(HttpBulkheadLayer::new(NAME, concurrency))
+                .layer(HttpBulkheadLayer::new(NAME, concurrency).hold_until_body_end())
                 .layer(HttpBreakerLayer::new(breaker.clone()))
                 .service(handler);
             (service, breaker)
@@ -788,7 +786,7 @@ fn request(grpc: bool) -> http::request::Builder {
 }
 
 /// The parts of an answer the scenarios compare.
-fn head(response: &Response<String>) -> (u16, Vec<(String, String)>) {
+fn head<B>(response: &Response<B>) -> (u16, Vec<(String, String)>) {
     let mut headers: Vec<_> = response
         .headers()
         .iter()

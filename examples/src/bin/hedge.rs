@@ -301,6 +301,8 @@ fn full_stack(
 ) -> impl Service<HttpRequest, Response = HttpResponse, Error = BoxError, Future = impl Send + 'static>
 {
     ServiceBuilder::new()
+        // The callers below take reqwest's body.
+        .map_response(|response: http::Response<_>| response.map(reqwest::Body::wrap))
         .layer(
             ClientDeadlineLayer::new()
                 .default_timeout(Duration::from_secs(1))

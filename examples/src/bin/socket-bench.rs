@@ -355,15 +355,20 @@ enum Caller {
 /// A stack of [`HttpRequest`] to [`HttpResponse`], type-erased.
 type Boxed = BoxCloneSyncService<HttpRequest, HttpResponse, BoxError>;
 
-/// `stack` behind a [`Client`], boxed.
-fn stacked<S>(stack: S) -> Caller
+/// `stack` behind a [`Client`], boxed, its response body as reqwest's
+/// (one `reqwest::Body::wrap` for every stack alike).
+fn stacked<S, B>(stack: S) -> Caller
 where
-    S: tower::Service<HttpRequest, Response = HttpResponse> + Clone + Send + Sync + 'static,
+    S: tower::Service<HttpRequest, Response = http::Response<B>> + Clone + Send + Sync + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
 {
     Caller::Stacked(Client::new(BoxCloneSyncService::new(
-        stack.map_err(Into::into),
+        stack
+            .map_response(|response| response.map(reqwest::Body::wrap))
+            .map_err(Into::into),
     )))
 }
 

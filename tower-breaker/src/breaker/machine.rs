@@ -62,6 +62,9 @@ pub(super) struct Settings {
     pub(super) slow_ppm: u64,
     /// 0 when slow-call detection is off.
     pub(super) slow_ns: u64,
+    /// Whether a call's duration ends at its response head
+    /// ([`CallEnd::Head`](crate::CallEnd::Head)) rather than its body's end.
+    pub(super) slow_at_head: bool,
     /// 0 when off.
     pub(super) consecutive: u64,
     pub(super) open_ns: u64,
@@ -111,6 +114,7 @@ impl Core {
             failure_ppm: (config.failure_rate * PPM as f64).round() as u64,
             slow_ppm: (config.slow_call_rate * PPM as f64).round() as u64,
             slow_ns: config.slow_call_duration.map_or(0, |d| nanos(d).max(1)),
+            slow_at_head: config.slow_call_end == crate::CallEnd::Head,
             consecutive: config.consecutive_failures.map_or(0, u64::from),
             open_ns: nanos(config.open_period),
             max_open_ns: nanos(config.max_open_period),
@@ -698,6 +702,19 @@ impl Core {
         } else {
             0
         }
+    }
+
+    /// The duration of a call that started at `started_ns` and whose head
+    /// has just arrived, when slow-call timing ends at the head; `None`
+    /// when it ends at the body's end (or is off).
+    #[inline]
+    pub(crate) fn head_elapsed(&self, started_ns: u64) -> Option<Duration> {
+        if self.s.slow_ns == 0 || !self.s.slow_at_head {
+            return None;
+        }
+        Some(Duration::from_nanos(
+            self.now_ns().saturating_sub(started_ns),
+        ))
     }
 
     /// The duration of a call that started at `started_ns`, if slow-call

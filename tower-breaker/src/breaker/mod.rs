@@ -270,6 +270,13 @@ impl Breaker {
         }
     }
 
+    /// The breaker's identity (its state machine's address), for the hook
+    /// to tell its own response futures from another breaker's.
+    #[inline]
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.core) as usize
+    }
+
     pub(crate) fn open_error(&self, rejection: Rejection) -> CircuitOpen {
         // Each stripe has its own copy of the name, so that rejections on
         // different threads do not contend on one reference count.
@@ -482,6 +489,24 @@ impl Permit {
         self.shard
             .core
             .complete_at(usize::from(self.stripe), self.raw, outcome, elapsed, now_ns);
+    }
+
+    /// The call's duration so far, when the breaker's slow-call timing
+    /// ends at the response head (`CallEnd::Head`); `None` when it ends at
+    /// the body's end or slow calls are not timed.
+    #[inline]
+    pub(crate) fn head_elapsed(&self) -> Option<Duration> {
+        self.shard.core.head_elapsed(self.started_ns)
+    }
+
+    /// Counts the outcome of a call whose body has ended: timed up to now,
+    /// or by `head_elapsed` when the timing ended at the head.
+    #[inline]
+    pub(crate) fn settle(self, outcome: Outcome, head_elapsed: Option<Duration>) {
+        match head_elapsed {
+            Some(elapsed) => self.record_with_elapsed(outcome, elapsed),
+            None => self.record(outcome),
+        }
     }
 
     /// Counts the call's outcome, with the call's duration measured by the

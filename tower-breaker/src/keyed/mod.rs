@@ -17,8 +17,9 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::classify::{Classify, DefaultClassifier, ErrorsOnly};
-use crate::future::{AnswerFuture, ResponseFuture};
+use crate::future::{AnswerFuture, PlainResponseFuture, ResponseFuture};
 use crate::service::{call_client, call_http, call_plain};
 use crate::BoxError;
 /// A key function bound to a [`BreakerRegistry`]: how the keyed services
@@ -708,16 +709,16 @@ impl<S: Clone, P: Clone, C: Clone> Clone for KeyedCircuitBreaker<S, P, C> {
     }
 }
 
-impl<S, K, F, C, B> Service<Request<B>> for KeyedCircuitBreaker<S, PerKey<K, F>, C>
+impl<S, K, F, C, B, RB> Service<Request<B>> for KeyedCircuitBreaker<S, PerKey<K, F>, C>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
-    S::Response: 'static,
-    C: Classify<S::Response> + Clone,
+    RB: 'static,
+    C: Classify<Response<RB>> + Clone,
     K: Hash + Eq + fmt::Display,
     F: Fn(&Request<B>) -> K,
 {
-    type Response = S::Response;
+    type Response = Response<ResponseBody<RB, C>>;
     type Error = BoxError;
     type Future = ResponseFuture<S::Future, C>;
 
@@ -789,7 +790,7 @@ where
     K: Hash + Eq + fmt::Display,
     F: Fn(&Request<B>) -> K,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ResponseBody<ResB, C>>;
     type Error = S::Error;
     type Future = AnswerFuture<S::Future, C, ResB>;
 
@@ -850,7 +851,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, C>;
+    type Future = PlainResponseFuture<S::Future, C>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

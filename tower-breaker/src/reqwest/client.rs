@@ -9,7 +9,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
 use tower_resilience_base::Deadline;
 use tower_service::Service;
 
-use super::service::{HttpResponse, ReqwestService, Template};
+use super::service::{ReqwestService, Template};
 use crate::stack::ClientStackService;
 use crate::BoxError;
 
@@ -341,10 +341,12 @@ impl<S> RequestBuilder<S> {
     /// }
     /// # }
     /// ```
-    pub async fn send(self) -> Result<::reqwest::Response, BoxError>
+    pub async fn send<RB>(self) -> Result<::reqwest::Response, BoxError>
     where
-        S: Service<HttpRequest, Response = HttpResponse>,
+        S: Service<HttpRequest, Response = http::Response<RB>>,
         S::Error: Into<BoxError>,
+        RB: http_body::Body<Data = bytes::Bytes> + Send + Sync + 'static,
+        RB::Error: Into<BoxError>,
     {
         let mut service = self.service;
         let request = self.request?;
@@ -352,7 +354,9 @@ impl<S> RequestBuilder<S> {
             .await
             .map_err(Into::into)?;
         let response = service.call(request).await.map_err(Into::into)?;
-        Ok(::reqwest::Response::from(response))
+        Ok(::reqwest::Response::from(
+            response.map(::reqwest::Body::wrap),
+        ))
     }
 }
 

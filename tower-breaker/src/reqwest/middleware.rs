@@ -141,7 +141,9 @@ where
             service.call(request).await
         };
         match answer.await {
-            Ok(response) => Ok(::reqwest::Response::from(response)),
+            Ok(response) => Ok(::reqwest::Response::from(
+                response.map(::reqwest::Body::wrap),
+            )),
             Err(e) => Err(to_middleware_error(e)),
         }
     }

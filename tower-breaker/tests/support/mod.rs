@@ -125,9 +125,9 @@ pub fn failing(
 }
 
 /// Sends one request through a clone of `svc`.
-pub async fn send<S>(svc: &S) -> Result<Response<String>, BoxError>
+pub async fn send<S, B>(svc: &S) -> Result<Response<B>, BoxError>
 where
-    S: Service<Request<String>, Response = Response<String>, Error = BoxError> + Clone,
+    S: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone,
 {
     svc.clone().oneshot(Request::new(String::new())).await
 }
@@ -254,4 +254,77 @@ impl tracing::Subscriber for Events {
     fn enter(&self, _span: &tracing::span::Id) {}
 
     fn exit(&self, _span: &tracing::span::Id) {}
+}
+
+/// One step of a [`Scripted`] body.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Wait this many milliseconds (tokio time, so paused time applies).
+    Wait(u64),
+    /// A data frame.
+    Data(&'static str),
+    /// The body fails (a reset connection, say).
+    Fail,
+    /// Trailers carrying this `grpc-status`; they end the body.
+    GrpcStatus(u8),
+    /// Never another frame.
+    Stall,
+}
+
+/// A response body that plays its steps in order, then ends.
+pub struct Scripted {
+    steps: std::collections::VecDeque<Step>,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Scripted {
+    pub fn new(steps: impl IntoIterator<Item = Step>) -> Self {
+        Self {
+            steps: steps.into_iter().collect(),
+            sleep: None,
+        }
+    }
+}
+
+impl http_body::Body for Scripted {
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, BoxError>>> {
+        use std::future::Future as _;
+        use std::task::Poll;
+        loop {
+            if let Some(sleep) = self.sleep.as_mut() {
+                std::task::ready!(sleep.as_mut().poll(cx));
+                self.sleep = None;
+            }
+            let Some(step) = self.steps.pop_front() else {
+                return Poll::Ready(None);
+            };
+            return Poll::Ready(Some(match step {
+                Step::Wait(ms) => {
+                    self.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(ms))));
+                    continue;
+                }
+                Step::Data(text) => Ok(http_body::Frame::data(bytes::Bytes::from(text))),
+                Step::Fail => Err("connection reset mid-body".into()),
+                Step::GrpcStatus(code) => {
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from(u16::from(code)));
+                    Ok(http_body::Frame::trailers(trailers))
+                }
+                Step::Stall => {
+                    self.steps.push_front(Step::Stall);
+                    return Poll::Pending;
+                }
+            }));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.steps.is_empty() && self.sleep.is_none()
+    }
 }

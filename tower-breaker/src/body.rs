@@ -1,0 +1,284 @@
+//! The response body of the HTTP breakers: the outcome of a call is known
+//! when its body ends.
+//!
+//! A `200` whose body then fails, or is cut by the deadline, is not a
+//! success: the dependency did not deliver. [`CircuitBreaker`] and
+//! [`HttpCircuitBreaker`] (and their keyed forms) therefore keep the
+//! outcome of a call whose head looks good open until the body ends, in
+//! [`ResponseBody`]:
+//!
+//! - the body read to its end: the head's outcome (a success), or, when the
+//!   body ends with trailers, what the trailers say (`grpc-status` in a
+//!   gRPC stream's trailers is judged by the classifier like a
+//!   trailers-only answer's);
+//! - the body fails (an error of the transport, or the deadline's
+//!   `DeadlineExceeded` when a `ClientDeadline` below cut it): the
+//!   classifier's verdict on that error, a failure by default;
+//! - the body dropped before its end: the head's outcome. The caller chose
+//!   to stop reading (it had what it needed, or checked only the status);
+//!   that says nothing against the dependency.
+//!
+//! A head that already fails (a 503, a connection error) is counted at
+//! once, as before; only good heads wait. Slow-call timing ends at the
+//! body's end too, unless [`BreakerConfig::slow_call_end`] says
+//! [`CallEnd::Head`](crate::CallEnd::Head).
+//!
+//! With a retry layer below the breaker, the retry layer reports each
+//! attempt through the attempt hook; the hook keeps the report of an
+//! attempt that answers well open in the same way, and the breaker's
+//! response future hands it to the body. A body failure is never retried
+//! (the head was already handed out) and is counted once, as that
+//! attempt's outcome.
+//!
+//! [`CircuitBreaker`]: crate::CircuitBreaker
+//! [`HttpCircuitBreaker`]: crate::HttpCircuitBreaker
+//! [`BreakerConfig::slow_call_end`]: crate::BreakerConfig::slow_call_end
+
+use std::cell::Cell;
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::breaker::Permit;
+use crate::classify::{default_outcome, Classify, DefaultClassifier, Outcome};
+use crate::BoxError;
+
+pin_project! {
+    /// A response body that settles its call's outcome with the breaker
+    /// when it ends, fails or is dropped; see the [module docs](self).
+    ///
+    /// Frames pass through unchanged; the error type is [`BoxError`] (the
+    /// inner body's errors, boxed). The breaker's own answers, and bodies
+    /// whose call was already counted, carry nothing to settle.
+    pub struct ResponseBody<B, C = DefaultClassifier> {
+        #[pin]
+        inner: B,
+        late: Option<Late<C>>,
+    }
+}
+
+/// An outcome still open: the admission, the head's verdict and the
+/// classifier that judges the body's end.
+pub(crate) struct Late<C> {
+    permit: Option<Permit>,
+    head: Outcome,
+    /// The duration up to the head, when slow-call timing ends there.
+    head_elapsed: Option<Duration>,
+    classifier: C,
+}
+
+/// An outcome the attempt hook kept open for the breaker's response future
+/// polling above it on the same thread (see [`collect`]).
+pub(crate) struct Deferred {
+    permit: Permit,
+    head: Outcome,
+    head_elapsed: Option<Duration>,
+}
+
+thread_local! {
+    /// The breaker (its `Breaker::id`) whose response future is polling the
+    /// layers below on this thread, if any: its hook may then keep a good
+    /// attempt's outcome open for the response body.
+    static COLLECTING: Cell<usize> = const { Cell::new(0) };
+    /// The outcome the hook kept open during that poll.
+    static DEFERRED: Cell<Option<Deferred>> = const { Cell::new(None) };
+}
+
+/// Runs `poll` (the poll of the layers below a breaker) as breaker `id`'s
+/// collector, and returns what it gave with the outcome the breaker's hook
+/// kept open meanwhile, if any.
+#[inline]
+pub(crate) fn collect<R>(id: usize, poll: impl FnOnce() -> R) -> (R, Option<Deferred>) {
+    let outer = COLLECTING.replace(id);
+    let polled = poll();
+    COLLECTING.set(outer);
+    (polled, DEFERRED.take())
+}
+
+/// Whether breaker `id`'s response future is collecting on this thread.
+#[inline]
+pub(crate) fn collecting(id: usize) -> bool {
+    COLLECTING.get() == id
+}
+
+/// Keeps an attempt's good outcome open for the collecting response future
+/// (see [`collecting`]).
+pub(crate) fn defer(permit: Permit, head: Outcome) {
+    let head_elapsed = permit.head_elapsed();
+    let stale = DEFERRED.replace(Some(Deferred {
+        permit,
+        head,
+        head_elapsed,
+    }));
+    // Two good attempts reported in one poll (hedges answering together):
+    // only the one returned can have a body; the other is over.
+    if let Some(stale) = stale {
+        stale.settle_now();
+    }
+}
+
+// === impl Deferred ===
+
+impl Deferred {
+    /// Counts the head's outcome now: the response it belonged to is not
+    /// the one the breaker hands out (its future failed after it, or is
+    /// still pending).
+    pub(crate) fn settle_now(self) {
+        self.permit.settle(self.head, self.head_elapsed);
+    }
+
+    /// The open outcome, judged at the body's end with `classifier`.
+    pub(crate) fn into_late<C>(self, classifier: C) -> Late<C> {
+        Late {
+            permit: Some(self.permit),
+            head: self.head,
+            head_elapsed: self.head_elapsed,
+            classifier,
+        }
+    }
+}
+
+// === impl Late ===
+
+impl<C> Late<C> {
+    /// The outcome of a call whose head was judged `head` with `permit`
+    /// still to settle.
+    pub(crate) fn new(permit: Permit, head: Outcome, classifier: C) -> Self {
+        let head_elapsed = permit.head_elapsed();
+        Self {
+            permit: Some(permit),
+            head,
+            head_elapsed,
+            classifier,
+        }
+    }
+
+    fn settle(&mut self, outcome: Outcome) {
+        if let Some(permit) = self.permit.take() {
+            permit.settle(outcome, self.head_elapsed);
+        }
+    }
+}
+
+impl<C> Drop for Late<C> {
+    fn drop(&mut self) {
+        // Dropped before its end: the caller stopped reading; the head's
+        // outcome stands.
+        let head = self.head;
+        self.settle(head);
+    }
+}
+
+// === impl ResponseBody ===
+
+impl<B, C> ResponseBody<B, C> {
+    /// A body with nothing to settle.
+    pub(crate) fn settled(inner: B) -> Self {
+        Self { inner, late: None }
+    }
+
+    /// Whether the call's outcome is still open (it is settled when the
+    /// body ends, fails or is dropped).
+    #[must_use]
+    pub fn is_pending(&self) -> bool {
+        self.late.is_some()
+    }
+
+    /// A reference to the wrapped body.
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+
+    /// A mutable reference to the wrapped body.
+    pub fn get_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
+    /// Consumes the wrapper, returning the wrapped body; an open outcome is
+    /// settled now, with the head's verdict.
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+/// Wraps the body of `response`, settling `late` at its end.
+pub(crate) fn wrap<B, C>(
+    response: Response<B>,
+    late: Option<Late<C>>,
+) -> Response<ResponseBody<B, C>> {
+    response.map(|inner| ResponseBody { inner, late })
+}
+
+impl<B: Default, C> Default for ResponseBody<B, C> {
+    fn default() -> Self {
+        Self::settled(B::default())
+    }
+}
+
+impl<B, C> Body for ResponseBody<B, C>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+    C: Classify<Response<B>>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let Some(late) = this.late else {
+            return polled.map_err(Into::into);
+        };
+        let Poll::Ready(frame) = polled else {
+            return Poll::Pending;
+        };
+        let frame = frame.map(|r| r.map_err(Into::<BoxError>::into));
+        let outcome = match &frame {
+            None => Some(late.head),
+            Some(Err(e)) => Some(late.classifier.classify_error(&**e)),
+            Some(Ok(frame)) => match frame.trailers_ref() {
+                // The trailers end the body: a gRPC stream's status is
+                // there.
+                Some(trailers) => Some(
+                    late.classifier
+                        .classify_head(StatusCode::OK, trailers)
+                        .unwrap_or_else(|| default_outcome(StatusCode::OK, trailers)),
+                ),
+                None => this.inner.is_end_stream().then_some(late.head),
+            },
+        };
+        if let Some(outcome) = outcome {
+            late.settle(outcome);
+            *this.late = None;
+        }
+        Poll::Ready(frame)
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B, C> fmt::Debug for ResponseBody<B, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("pending", &self.is_pending())
+            .finish_non_exhaustive()
+    }
+}
