@@ -372,10 +372,14 @@ fn copy(status: &Status, marks: HeaderMap) -> Status {
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let refusing = service_fn(|_: ()| async {
-///     Err::<(), _>(CircuitOpen::new("stock", Duration::from_secs(1), false))
+/// let refusing = service_fn(|_: http::Request<()>| async {
+///     Err::<http::Response<String>, _>(CircuitOpen::new("stock", Duration::from_secs(1), false))
 /// });
-/// let status = StatusLayer::new().layer(refusing).oneshot(()).await.unwrap_err();
+/// let status = StatusLayer::new()
+///     .layer(refusing)
+///     .oneshot(http::Request::new(()))
+///     .await
+///     .unwrap_err();
 /// assert_eq!(status.code(), Code::Unavailable);
 /// # }
 /// ```

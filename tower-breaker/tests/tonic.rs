@@ -142,6 +142,9 @@ impl Service<http::Request<tonic::body::Body>> for ShopServer {
         let shop = self.0.clone();
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(ProstCodec::<Receipt, Order>::default());
+            if request.uri().path() == "/test.Shop/Watch" {
+                return Ok(grpc.server_streaming(WatchHandler, request).await);
+            }
             Ok(grpc.unary(OrderHandler(shop), request).await)
         })
     }
@@ -156,6 +159,39 @@ impl UnaryService<Order> for OrderHandler {
     fn call(&mut self, request: tonic::Request<Order>) -> Self::Future {
         let shop = self.0.clone();
         Box::pin(async move { shop.order(request).await.map(tonic::Response::new) })
+    }
+}
+
+/// `test.Shop/Watch`, a server stream: one receipt, then, by the order's
+/// sku, nothing ever (`stall`), an UNAVAILABLE in the trailers (`fail`), or
+/// two more receipts and the end.
+struct WatchHandler;
+
+type ReceiptStream = Pin<Box<dyn futures_util::Stream<Item = Result<Receipt, Status>> + Send>>;
+
+impl tonic::server::ServerStreamingService<Order> for WatchHandler {
+    type Response = Receipt;
+    type ResponseStream = ReceiptStream;
+    type Future = BoxFuture<Result<tonic::Response<ReceiptStream>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<Order>) -> Self::Future {
+        use futures_util::stream::{self, StreamExt};
+        let sku = request.into_inner().sku;
+        Box::pin(async move {
+            let first = stream::once(async { Ok(Receipt { attempt: 1 }) });
+            let rest: ReceiptStream = match sku.as_str() {
+                "stall" => Box::pin(first.chain(stream::pending())),
+                "fail" => Box::pin(first.chain(stream::once(async {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Err(Status::unavailable("feed lost"))
+                }))),
+                _ => Box::pin(first.chain(stream::iter([
+                    Ok(Receipt { attempt: 2 }),
+                    Ok(Receipt { attempt: 3 }),
+                ]))),
+            };
+            Ok(tonic::Response::new(rest))
+        })
     }
 }
 
@@ -204,6 +240,21 @@ async fn order(client: &mut Client, sku: &str, idempotent: bool) -> Result<Recei
     let codec = ProstCodec::<Order, Receipt>::default();
     client
         .unary(request, path, codec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Opens `test.Shop/Watch` for `sku`, as a generated client would.
+async fn watch(client: &mut Client, sku: &str) -> Result<tonic::codec::Streaming<Receipt>, Status> {
+    client.ready().await?;
+    let request = tonic::Request::new(Order {
+        sku: sku.into(),
+        quantity: 1,
+    });
+    let path = PathAndQuery::from_static("/test.Shop/Watch");
+    let codec = ProstCodec::<Order, Receipt>::default();
+    client
+        .server_streaming(request, path, codec)
         .await
         .map(tonic::Response::into_inner)
 }
@@ -379,4 +430,73 @@ async fn healthy_server_answers_through_the_stack() {
     assert_eq!(receipt.attempt, 1);
     assert_eq!(shop.calls(), 1);
     assert_eq!(stack.breaker_handle().snapshot().totals.successful, 1);
+}
+
+// --------------------------------------------------------- server streams
+
+#[tokio::test]
+async fn a_server_stream_that_stalls_fails_at_the_deadline_and_counts_a_failure() {
+    let (addr, _shop) = start(HEALTHY).await;
+    let deadline = Duration::from_millis(300);
+    let stack = client_stack("watch-stall").timeout(deadline);
+    let (breaker, bulkhead) = (stack.breaker_handle().clone(), stack.bulkhead_handle());
+    let mut client = connect(addr, &stack).await;
+
+    let start = std::time::Instant::now();
+    let mut stream = watch(&mut client, "stall").await.unwrap();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.attempt, 1);
+    assert_eq!(bulkhead.in_flight(), 1, "the stream is still open");
+    let status = stream.message().await.unwrap_err();
+    let elapsed = start.elapsed();
+    println!("stalled stream cut after {elapsed:?} (deadline {deadline:?})");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(elapsed >= deadline, "cut early: {elapsed:?}");
+    assert!(
+        elapsed < deadline + Duration::from_secs(2),
+        "cut late: {elapsed:?}"
+    );
+    let s = breaker.snapshot();
+    assert_eq!((s.totals.successful, s.totals.failed), (0, 1));
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_grpc_error_in_the_trailers_after_messages_counts_a_failure() {
+    let (addr, _shop) = start(HEALTHY).await;
+    let stack = client_stack("watch-fail").timeout(Duration::from_secs(5));
+    let breaker = stack.breaker_handle().clone();
+    let mut client = connect(addr, &stack).await;
+
+    let mut stream = watch(&mut client, "fail").await.unwrap();
+    assert_eq!(stream.message().await.unwrap().unwrap().attempt, 1);
+    let status = stream.message().await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "feed lost");
+    let s = breaker.snapshot();
+    assert_eq!((s.totals.successful, s.totals.failed), (0, 1));
+
+    // A stream that ends well counts a success at its end.
+    let mut stream = watch(&mut client, "all").await.unwrap();
+    let mut received = Vec::new();
+    while let Some(receipt) = stream.message().await.unwrap() {
+        received.push(receipt.attempt);
+    }
+    assert_eq!(received, [1, 2, 3]);
+    let s = breaker.snapshot();
+    assert_eq!((s.totals.successful, s.totals.failed), (1, 1));
+}
+
+#[tokio::test]
+async fn a_server_stream_dropped_half_read_frees_the_bulkhead_slot() {
+    let (addr, _shop) = start(HEALTHY).await;
+    let stack = client_stack("watch-drop").timeout(Duration::from_secs(5));
+    let bulkhead = stack.bulkhead_handle();
+    let mut client = connect(addr, &stack).await;
+
+    let mut stream = watch(&mut client, "stall").await.unwrap();
+    stream.message().await.unwrap().unwrap();
+    assert_eq!(bulkhead.in_flight(), 1);
+    drop(stream);
+    assert_eq!(bulkhead.in_flight(), 0);
 }

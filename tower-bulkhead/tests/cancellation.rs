@@ -190,7 +190,11 @@ async fn client_body_mode_counts_a_call_until_its_body_ends_and_refuses_meanwhil
     send.send_response(http::Response::new(body));
     let mut body = call.await.unwrap().into_body();
     assert!(body.holds_permit());
-    assert_eq!(layer.handle().in_flight(), 1, "the head is out, the body is not");
+    assert_eq!(
+        layer.handle().in_flight(),
+        1,
+        "the head is out, the body is not"
+    );
 
     // The only slot is held by the body being read: the next call is refused.
     let refused = service
@@ -238,6 +242,10 @@ async fn client_head_mode_releases_the_slot_with_the_head() {
     let (_tx, body) = channel_body();
     send.send_response(http::Response::new(body));
     let response = call.await.unwrap();
-    assert_eq!(layer.handle().in_flight(), 0, "head mode: released at the head");
+    assert_eq!(
+        layer.handle().in_flight(),
+        0,
+        "head mode: released at the head"
+    );
     drop(response);
 }

@@ -90,6 +90,15 @@
 //! | [`min_remaining`](ClientDeadlineLayer::min_remaining) | zero | below it, fail with [`InsufficientBudget`](error::InsufficientBudget) without calling |
 //! | [`http_header`](ClientDeadlineLayer::http_header) | `x-request-timeout-ms` | header written on plain HTTP requests |
 //! | [`grpc_timeout`](ClientDeadlineLayer::grpc_timeout) | on | write `grpc-timeout` on gRPC requests |
+//! | [`head_only`](ClientDeadlineLayer::head_only) | off | stop at the response head (for an outer layer whose per-attempt layer bounds the body) |
+//!
+//! **Both sides bound the response body too** ([`body::ResponseBody`]): a
+//! body still being read (client) or sent (server) when the deadline
+//! passes fails on its next poll with
+//! [`DeadlineExceeded`](error::DeadlineExceeded), or, for a server's gRPC
+//! stream, ends with `grpc-status: 4` trailers. The timer is armed only
+//! when the body waits, so a unary answer that is complete in its first
+//! poll pays for none.
 //!
 //! The effective deadline is the earliest of the request's extension, the
 //! task-local deadline and the default timeout. Its remaining time is

@@ -121,10 +121,7 @@ async fn a_slow_but_steady_body_within_the_deadline_succeeds() {
         steps.push(Step::Data("0123456789"));
     }
     let start = Instant::now();
-    let response = client(1000, steps)
-        .oneshot(Request::new(()))
-        .await
-        .unwrap();
+    let response = client(1000, steps).oneshot(Request::new(())).await.unwrap();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body.len(), 1000);
     assert_eq!(start.elapsed(), ms(900));
@@ -144,7 +141,10 @@ async fn a_body_complete_in_its_first_poll_arms_no_timer() {
     assert!(body.deadline().is_some(), "bounded until it ends");
     let frame = body.frame().await.unwrap().unwrap();
     assert_eq!(frame.into_data().unwrap(), "whole");
-    assert!(!body.is_timer_armed(), "no timer for a body that never waited");
+    assert!(
+        !body.is_timer_armed(),
+        "no timer for a body that never waited"
+    );
     assert!(body.frame().await.is_none());
     assert_eq!(body.deadline(), None, "released at the end");
     assert!(!body.is_cut());
@@ -207,7 +207,10 @@ async fn a_head_only_layer_leaves_the_body_unbounded() {
                 .head_only(),
         )
         .service(service_fn(|_req: Request<()>| async {
-            Ok::<_, BoxError>(Response::new(scripted(vec![Step::Wait(500), Step::Data("late")])))
+            Ok::<_, BoxError>(Response::new(scripted(vec![
+                Step::Wait(500),
+                Step::Data("late"),
+            ])))
         }));
     let response = svc.oneshot(Request::new(())).await.unwrap();
     assert_eq!(response.body().deadline(), None);
@@ -286,9 +289,7 @@ async fn a_streaming_body_is_produced_in_the_deadline_scope() {
                     (Ok::<_, BoxError>(Frame::data(Bytes::from(text))), n + 1)
                 })
             });
-            Ok::<_, std::convert::Infallible>(Response::new(
-                StreamBody::new(frames).boxed_unsync(),
-            ))
+            Ok::<_, std::convert::Infallible>(Response::new(StreamBody::new(frames).boxed_unsync()))
         }));
     let Ok(response) = svc.oneshot(Request::new(())).await;
     let body = response.into_body().collect().await.unwrap().to_bytes();

@@ -95,7 +95,7 @@ where
         .await
 }
 
-pub fn tower_two<S>(inner: S) -> impl Service<Request<()>, Response = Response<()>> + Clone
+pub fn tower_two<S>(inner: S) -> impl Service<Request<()>> + Clone
 where
     S: Service<Request<()>, Response = Response<()>> + Clone,
     S::Error: Into<tower::BoxError>,
@@ -106,24 +106,24 @@ where
         .service(inner)
 }
 
-pub fn tower_timeout(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn tower_timeout(inner: Bare) -> impl Service<Request<()>> + Clone {
     ServiceBuilder::new()
         .timeout(Duration::from_secs(60))
         .service(inner)
 }
 
-pub fn step_bulkhead(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn step_bulkhead(inner: Bare) -> impl Service<Request<()>> + Clone {
     BulkheadLayer::new("bench", 1024).layer(inner)
 }
 
-pub fn step_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn step_retry(inner: Bare) -> impl Service<Request<()>> + Clone {
     ServiceBuilder::new()
         .layer(RetryLayer::new().clone_bodies())
         .layer(BulkheadLayer::new("bench", 1024))
         .service(inner)
 }
 
-pub fn step_breaker(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn step_breaker(inner: Bare) -> impl Service<Request<()>> + Clone {
     ServiceBuilder::new()
         .layer(BreakerLayer::new(Breaker::new("bench")))
         .layer(RetryLayer::new().clone_bodies())
@@ -133,19 +133,17 @@ pub fn step_breaker(inner: Bare) -> impl Service<Request<()>, Response = Respons
 
 /// The full stack by hand, as the module docs of `tower_breaker::stack`
 /// show it.
-pub fn full_by_hand(
-    inner: Bare,
-    breaker: Breaker,
-) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn full_by_hand(inner: Bare, breaker: Breaker) -> impl Service<Request<()>> + Clone {
     ServiceBuilder::new()
         .layer(
             ClientDeadlineLayer::new()
                 .default_timeout(Duration::from_secs(60))
-                .enforce_only(),
+                .enforce_only()
+                .head_only(),
         )
         .layer(BreakerLayer::new(breaker))
         .layer(RetryLayer::new().clone_bodies())
-        .layer(BulkheadLayer::new("bench", 1024))
+        .layer(BulkheadLayer::new("bench", 1024).hold_until_body_end())
         .layer(ClientDeadlineLayer::new())
         .service(inner)
 }
@@ -154,7 +152,7 @@ pub fn full_by_hand(
 fn one_line_with(
     inner: Bare,
     configure: impl FnOnce(ClientStack) -> ClientStack,
-) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+) -> impl Service<Request<()>> + Clone {
     configure(client_stack("bench").timeout(Duration::from_secs(60)))
         .retry(RetryLayer::new().clone_bodies())
         .concurrency(1024)
@@ -169,29 +167,29 @@ fn forced_open() -> Breaker {
 }
 
 /// The same stack in one line.
-pub fn one_line(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn one_line(inner: Bare) -> impl Service<Request<()>> + Clone {
     one_line_with(inner, |stack| stack)
 }
 
 /// The one-line stack on the coarse clock.
-pub fn one_line_coarse(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn one_line_coarse(inner: Bare) -> impl Service<Request<()>> + Clone {
     one_line_with(inner, |stack| stack.coarse_clock(true))
 }
 
 /// The one-line stack on the coarse clock, its circuit forced open.
-pub fn open_coarse(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn open_coarse(inner: Bare) -> impl Service<Request<()>> + Clone {
     one_line_with(inner, |stack| {
         stack.breaker(forced_open()).coarse_clock(true)
     })
 }
 
 /// The full stack whose circuit is forced open.
-pub fn open(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn open(inner: Bare) -> impl Service<Request<()>> + Clone {
     full_by_hand(inner, forced_open())
 }
 
 /// Each layer alone, for the joints' own targets.
-pub fn retry_alone(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn retry_alone(inner: Bare) -> impl Service<Request<()>> + Clone {
     RetryLayer::new().clone_bodies().layer(inner)
 }
 
@@ -238,7 +236,7 @@ impl<E> tower::retry::Policy<Request<()>, Response<()>, E> for TowerPolicy {
     }
 }
 
-pub fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn tower_retry(inner: Bare) -> impl Service<Request<()>> + Clone {
     let policy = TowerPolicy {
         retries: 2,
         budget: None,
@@ -249,9 +247,7 @@ pub fn tower_retry(inner: Bare) -> impl Service<Request<()>, Response = Response
 /// tower's `Retry` with its `TpsBudget` (10 s window, 10 retries per
 /// second floor, 10 %): the control for the retry layer, which also counts
 /// every request in a time-bucketed budget (and reads the clock for it).
-pub fn tower_retry_budgeted(
-    inner: Bare,
-) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn tower_retry_budgeted(inner: Bare) -> impl Service<Request<()>> + Clone {
     let budget = tower::retry::budget::TpsBudget::new(Duration::from_secs(10), 10, 0.1);
     let policy = TowerPolicy {
         retries: 2,
@@ -267,7 +263,7 @@ pub fn tower_retry_budgeted(
 /// the per-attempt `ClientDeadline` does (the value formatted on the stack,
 /// one allocation, as ours). The control for the full stack's target: what
 /// the same work costs when composed from tower's layers.
-pub fn tower_equivalent(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn tower_equivalent(inner: Bare) -> impl Service<Request<()>> + Clone {
     let budget = tower::retry::budget::TpsBudget::new(Duration::from_secs(10), 10, 0.1);
     let policy = TowerPolicy {
         retries: 2,
@@ -306,20 +302,18 @@ fn write_remaining(mut request: Request<()>) -> Request<()> {
 /// tower `Timeout` plus the header write of [`write_remaining`]: the
 /// control for the client deadline, which bounds the call and writes the
 /// remaining budget.
-pub fn tower_timeout_writing_budget(
-    inner: Bare,
-) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn tower_timeout_writing_budget(inner: Bare) -> impl Service<Request<()>> + Clone {
     ServiceBuilder::new()
         .timeout(Duration::from_secs(60))
         .map_request(write_remaining)
         .service(inner)
 }
 
-pub fn breaker_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn breaker_client(inner: Bare) -> impl Service<Request<()>> + Clone {
     BreakerLayer::new(Breaker::new("bench")).layer(inner)
 }
 
-pub fn deadline_client(inner: Bare) -> impl Service<Request<()>, Response = Response<()>> + Clone {
+pub fn deadline_client(inner: Bare) -> impl Service<Request<()>> + Clone {
     ClientDeadlineLayer::new().layer(inner)
 }
 
