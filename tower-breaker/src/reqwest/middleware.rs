@@ -14,7 +14,7 @@ use tower_retry_budget::policy::Policy;
 use tower_retry_budget::DefaultPolicy;
 use tower_service::Service;
 
-use super::service::{to_http, to_reqwest, HttpResponse, Template};
+use super::service::{split, to_http, to_reqwest, to_reqwest_response, HttpResponse};
 use crate::stack::ClientStack;
 use crate::BoxError;
 
@@ -116,21 +116,9 @@ where
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<::reqwest::Response> {
-        // A bodiless copy keeps the URL, parsed, and reqwest's per-request
-        // settings (its timeout) for every attempt.
-        let mut request = request;
-        let body = request.body_mut().take();
-        let template = request.try_clone();
-        *request.body_mut() = body;
-        let mut request = http::Request::<::reqwest::Body>::try_from(request)?;
-        // Those settings travel in the template, not through the stack.
-        drop(std::mem::take(request.extensions_mut()));
-        if let Some(template) = template {
-            let uri = request.uri().clone();
-            request
-                .extensions_mut()
-                .insert(Template::new(uri, template));
-        }
+        // The URL, parsed, and reqwest's per-request settings (its timeout,
+        // applied to each attempt) travel in the call's template.
+        let request = split(request).map_err(to_middleware_error)?;
         let transport = NextService {
             next,
             extensions: extensions.clone(),
@@ -141,7 +129,7 @@ where
             service.call(request).await
         };
         match answer.await {
-            Ok(response) => Ok(::reqwest::Response::from(response)),
+            Ok(response) => Ok(to_reqwest_response(response)),
             Err(e) => Err(to_middleware_error(e)),
         }
     }
