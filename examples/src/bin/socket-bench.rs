@@ -355,16 +355,17 @@ enum Caller {
 /// A stack of [`HttpRequest`] to [`HttpResponse`], type-erased.
 type Boxed = BoxCloneSyncService<HttpRequest, HttpResponse, BoxError>;
 
-/// `stack` behind a [`Client`], boxed.
-fn stacked<S>(stack: S) -> Caller
+/// `stack` behind a [`Client`] whose builders `reqwest` starts, boxed.
+fn stacked<S>(reqwest: reqwest::Client, stack: S) -> Caller
 where
     S: tower::Service<HttpRequest, Response = HttpResponse> + Clone + Send + Sync + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
 {
-    Caller::Stacked(Client::new(BoxCloneSyncService::new(
-        stack.map_err(Into::into),
-    )))
+    Caller::Stacked(Client::from_parts(
+        reqwest,
+        BoxCloneSyncService::new(stack.map_err(Into::into)),
+    ))
 }
 
 impl Caller {
@@ -650,17 +651,21 @@ async fn bench(args: &Args) -> Result<(), String> {
     }
 
     let reqwest = Caller::Reqwest(reqwest_client()?);
+    let transport = reqwest_client()?;
     let tower = stacked(
+        transport.clone(),
         ServiceBuilder::new()
             .timeout(TIMEOUT)
             .concurrency_limit(LIMIT)
-            .service(ReqwestService::new(reqwest_client()?)),
+            .service(ReqwestService::new(transport)),
     );
+    let transport = reqwest_client()?;
     let ours = stacked(
+        transport.clone(),
         client_stack("bench")
             .timeout(TIMEOUT)
             .concurrency(LIMIT)
-            .layer(ReqwestService::new(reqwest_client()?)),
+            .layer(ReqwestService::new(transport)),
     );
 
     let cases = [
