@@ -30,18 +30,36 @@ use crate::BoxError;
 /// one call; those after it see every attempt, each with a clone of the
 /// request's middleware extensions (what they add to them is not passed
 /// back). See the [module docs](super) for where to put it and when to
-/// prefer [`Client`](super::Client).
+/// prefer [`Client`](super::Client). Built for reqwest-middleware 0.5
+/// (reqwest 0.13).
+///
+/// reqwest-middleware's `RequestBuilder::timeout` stays reqwest's own
+/// per-request timeout: reqwest applies it to each attempt separately
+/// (from the start of the attempt to the end of its body), and the stack
+/// sees an attempt it cuts as a failed one (reqwest's timeout error, which
+/// the retry layer does not retry). For a budget
+/// of the whole call, retries included, set the stack's `timeout`, or send
+/// inside a `tower_deadline::Deadline::scope`.
+///
+/// The stack's answer becomes the `reqwest::Response` the chain returns
+/// whatever its body type (the same conversion, with the same bounds, as
+/// [`RequestBuilder::send`](super::RequestBuilder::send)): an error the
+/// body yields while it is read comes back as a `reqwest::Error` with the
+/// typed error in its `source()` chain, for
+/// [`find_error`](super::find_error).
 ///
 /// # Example
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_breaker::reqwest::StackMiddleware;
+/// use tower_breaker::reqwest::{ReqwestService, StackMiddleware};
 /// use tower_breaker::stack::client_stack;
 ///
-/// # async fn run() -> Result<(), reqwest_middleware::Error> {
+/// # async fn run() -> Result<(), tower_breaker::BoxError> {
 /// let stack = client_stack("catalog").timeout(Duration::from_secs(2));
-/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+/// // reqwest's own retries off, as for `Client` (see the module docs).
+/// let transport = ReqwestService::client_builder().build()?;
+/// let client = reqwest_middleware::ClientBuilder::new(transport)
 ///     .with(StackMiddleware::new(stack))
 ///     .build();
 /// let response = client.get("http://127.0.0.1:3000/items").send().await?;

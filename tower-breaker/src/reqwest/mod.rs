@@ -203,13 +203,14 @@
 //! a `map_request` to pass, and `tower-http-client` builds requests over
 //! any `Service` but answers `http::Response`, not a `reqwest::Response`,
 //! so neither keeps `client.get(url).send().await?.text().await?` as it
-//! is, and neither's builder is reqwest's own: a request built there is
-//! not guaranteed to leave as reqwest would send it. Each is one more
-//! crate that must move to every new reqwest line in step with us. What
-//! fits is small: reqwest's builder, wrapped and delegated to (the way
-//! reqwest-middleware's builder wraps it), reqwest's `Request` to
-//! `http::Request` and `Body::wrap` plus `From<http::Response<_>>` back,
-//! with no dependency beyond reqwest itself, so we ship and test our own.
+//! is; and the requests `tower-http-client` builds come from its own
+//! builder, not reqwest's, so they need not leave as reqwest would send
+//! them. Either would also be one more crate that must reach each new
+//! reqwest line (0.13 here) before we can. What fits is small: reqwest's
+//! builder, wrapped and delegated to (the way reqwest-middleware's builder
+//! wraps it), reqwest's finished `Request` turned into an `http::Request`,
+//! and `Body::wrap` plus `From<http::Response<_>>` on the way back, with
+//! no dependency beyond reqwest itself, so we ship and test our own.
 //!
 //! # Errors
 //!
