@@ -794,12 +794,20 @@ async fn a_body_error_of_the_stack_reaches_text_with_its_type() {
 
 #[test]
 fn client_new_finds_the_transport_of_a_hand_built_stack() {
+    // A default header marks the transport's client; reqwest's `Debug`
+    // of a client shows its default headers.
+    let mut marker = reqwest::header::HeaderMap::new();
+    marker.insert("x-marker", "the-transport".parse().expect("a value"));
     let transport = ReqwestService::client_builder()
         .no_proxy()
+        .default_headers(marker)
         .build()
         .expect("a reqwest client");
-    let stack = patient("hand-built").layer(ReqwestService::new(transport));
+    let stack = ClientDeadlineLayer::new()
+        .layer(patient("hand-built").layer(ReqwestService::new(transport)));
     let client = Client::new(stack);
+    let found = format!("{:?}", client.reqwest_client());
+    assert!(found.contains("the-transport"), "{found}");
     let request = client
         .get("http://127.0.0.1:9/items")
         .build()
