@@ -414,23 +414,44 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     /// A reqwest-style client over this whole stack with `client` at the
     /// bottom: `client.get(url).send().await` goes through the deadline,
     /// the breaker, the retries and the bulkhead, and returns a
-    /// `reqwest::Response`. See [`crate::reqwest`].
+    /// `reqwest::Response`; the request builder is reqwest's own. See
+    /// [`crate::reqwest`]. The response's body is the stack's: reading it
+    /// (`text()`, `bytes()`, `chunk()`) is bounded by the call's deadline
+    /// (a body still being read when it passes fails with a `reqwest::Error`
+    /// whose source is [`DeadlineExceeded`](tower_deadline::error::DeadlineExceeded);
+    /// [`find_error`](crate::reqwest::find_error) finds it), the breaker
+    /// counts the call when the body ends, and the bulkhead holds its slot
+    /// until then.
     ///
     /// Takes `&self`, so the stack stays at hand for
     /// [`breaker_handle`](Self::breaker_handle) and
     /// [`retry_counters`](Self::retry_counters); every client built from
     /// it (and its clones) shares the same breaker, budget and bulkhead.
     ///
+    /// reqwest 0.13 retries some failures by itself, below the stack and
+    /// unseen by it: with its default policy, an HTTP/2 stream the server
+    /// refused (`REFUSED_STREAM`) or left out of a graceful `GOAWAY`, up to
+    /// twice and with no budget (and HTTP/3 connection timeouts, with its
+    /// `http3` feature); hyper-util's pool also resends a request it never
+    /// wrote. The breaker counts such a call as one attempt, and the retry
+    /// budget pays for none of the resends. Build `client` with
+    /// [`ReqwestService::client_builder`](crate::reqwest::ReqwestService::client_builder)
+    /// (`reqwest::Client::builder().retry(reqwest::retry::never())`) so that
+    /// the stack makes every retry, and turn on the `reqwest-http2` feature
+    /// for the stack to retry HTTP/2 refusals; see
+    /// [reqwest's own retries](crate::reqwest#reqwests-own-retries).
+    ///
     /// # Example
     ///
     /// ```no_run
     /// use std::time::Duration;
+    /// use tower_breaker::reqwest::ReqwestService;
     /// use tower_breaker::stack::client_stack;
     ///
     /// # async fn run() -> Result<(), tower_breaker::BoxError> {
     /// let client = client_stack("catalog")
     ///     .timeout(Duration::from_secs(2))
-    ///     .reqwest(reqwest::Client::new());
+    ///     .reqwest(ReqwestService::client_builder().build()?);
     /// let text = client.get("http://127.0.0.1:3000/items").send().await?.text().await?;
     /// # let _ = text;
     /// # Ok(())
@@ -445,7 +466,8 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     where
         P: Clone,
     {
-        crate::reqwest::Client::new(self.layer(crate::reqwest::ReqwestService::new(client)))
+        let transport = crate::reqwest::ReqwestService::new(client.clone());
+        crate::reqwest::Client::from_parts(client, self.layer(transport))
     }
 }
 

@@ -39,7 +39,7 @@ use axum::routing::get;
 use axum::Router;
 use examples::demo::{check, serve_local};
 use tokio::time::Instant;
-use tower_breaker::reqwest::Client;
+use tower_breaker::reqwest::{Client, ReqwestService};
 use tower_breaker::stack::{client_stack, server_stack};
 use tower_breaker::BoxError;
 use tower_breaker::{Breaker, BreakerConfig};
@@ -150,8 +150,9 @@ fn inventory_client(breaker: Breaker) -> Client {
         .concurrency(16)
         // Per attempt: a fresh x-request-timeout-ms header, 1 ms for the network.
         .attempt_deadline(ClientDeadlineLayer::new().margin(Duration::from_millis(1)));
+    // reqwest's own retries off: every attempt is one the breaker counts.
     stack.reqwest(
-        reqwest::Client::builder()
+        ReqwestService::client_builder()
             .connect_timeout(Duration::from_millis(200))
             .build()
             .expect("a reqwest client"),

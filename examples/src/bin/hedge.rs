@@ -265,7 +265,8 @@ where
 
 fn transport() -> ReqwestService {
     ReqwestService::new(
-        reqwest::Client::builder()
+        // reqwest's own retries off: the hedges are the only extra copies.
+        ReqwestService::client_builder()
             .connect_timeout(Duration::from_millis(100))
             .pool_max_idle_per_host(1_024)
             .build()

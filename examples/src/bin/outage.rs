@@ -81,7 +81,7 @@ use http::StatusCode;
 use tokio::time::{Instant, MissedTickBehavior};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::redis_store::{RedisOptions, RedisStore};
-use tower_breaker::reqwest::Client;
+use tower_breaker::reqwest::{Client, ReqwestService};
 use tower_breaker::stack::client_stack;
 use tower_breaker::store::Store;
 use tower_breaker::{Breaker, BreakerConfig, State as CircuitState, Transition};
@@ -761,8 +761,9 @@ fn full_stack(args: &Args, breaker: Breaker) -> Client {
         // The caller's whole budget, for all attempts together.
         .timeout(args.timeout)
         .concurrency(BULKHEAD);
+    // reqwest's own retries off: every attempt is one the breaker counts.
     stack.reqwest(
-        reqwest::Client::builder()
+        ReqwestService::client_builder()
             .connect_timeout(Duration::from_millis(100))
             .build()
             .expect("a reqwest client"),

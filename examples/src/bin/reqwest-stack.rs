@@ -6,10 +6,15 @@
 //! `client_stack(..).reqwest(reqwest::Client)` from the published
 //! `tower_breaker::reqwest` module (feature `reqwest`): `ReqwestService`
 //! turns the `http::Request` the layers speak into a `reqwest::Request`,
-//! and `tower_breaker::reqwest::Client` gives back the `get`/`post`/`send`
-//! helpers. Against a local server on 127.0.0.1, it shows:
+//! and `tower_breaker::reqwest::Client` gives back `get`/`post`/`send`
+//! with reqwest's own request builder inside (here `query`, from feature
+//! `reqwest-query`). The `reqwest::Client` comes from
+//! `ReqwestService::client_builder()`, which turns reqwest's own retries
+//! off, so every attempt on the wire is one the breaker counts. Against a
+//! local server on 127.0.0.1, it shows:
 //!
-//! 1. a plain `get` through the stack, with the budget header on the wire;
+//! 1. a `get` with a query string through the stack, with the budget
+//!    header on the wire;
 //! 2. a `POST` with an `Idempotency-Key` that fails once with 503 and is
 //!    retried, its body replayed byte for byte;
 //! 3. a per-call `timeout` cutting a hanging call (`DeadlineExceeded`);
@@ -36,6 +41,7 @@ use bytes::Bytes;
 use examples::demo::check;
 use tokio::time::Instant;
 use tower_breaker::error::CircuitOpen;
+use tower_breaker::reqwest::ReqwestService;
 use tower_breaker::stack::client_stack;
 use tower_breaker::{BoxError, Breaker, BreakerConfig};
 use tower_deadline::error::DeadlineExceeded;
@@ -134,20 +140,27 @@ async fn main() -> Result<(), BoxError> {
         move || stack.retry_counters()
     };
     let client = stack.reqwest(
-        reqwest::Client::builder()
+        ReqwestService::client_builder()
             .connect_timeout(Duration::from_millis(200))
             .build()?,
     );
     let base = format!("http://{addr}");
 
-    println!("1. client.get(url).send().await, through the stack");
-    let response = client.get(format!("{base}/items")).send().await?;
+    println!("1. client.get(url).query(..).send().await, through the stack");
+    let response = client
+        .get(format!("{base}/items"))
+        .query(&[("kind", "fruit & nuts")])
+        .send()
+        .await?;
     let status = response.status();
+    let url = response.url().clone();
     let text = response.text().await?;
-    println!("   {status}: {text}");
+    println!("   {status} from {url}: {text}");
     check(
-        status == StatusCode::OK && !text.contains("none"),
-        "answered, with the 2 s budget written on the wire",
+        status == StatusCode::OK
+            && !text.contains("none")
+            && url.query() == Some("kind=fruit+%26+nuts"),
+        "answered, the query encoded by reqwest, the 2 s budget written on the wire",
         &mut failures,
     );
 

@@ -907,7 +907,8 @@ async fn run(args: Args) -> Result<usize, String> {
     let client_compartment: CompartmentHandle = client_bulkhead.handle();
     let admitted = Arc::new(AtomicU64::new(0));
     let transported = Arc::new(AtomicU64::new(0));
-    let transport = reqwest::Client::builder()
+    // reqwest's own retries off: every attempt on the wire is the stack's.
+    let transport = ReqwestService::client_builder()
         .connect_timeout(Duration::from_millis(200))
         .pool_idle_timeout(POOL_IDLE)
         .pool_max_idle_per_host(CLIENT_CONCURRENCY)
@@ -926,8 +927,9 @@ async fn run(args: Args) -> Result<usize, String> {
         .layer(CountLayer(Arc::clone(&admitted)))
         .layer(ClientDeadlineLayer::new().name("dependency"))
         .layer(CountLayer(Arc::clone(&transported)))
-        .service(ReqwestService::new(transport));
-    let client = Client::new(stack);
+        .service(ReqwestService::new(transport.clone()));
+    // The counting layers are the soak's own, so name the builders' client.
+    let client = Client::from_parts(transport, stack);
 
     // --- the front server
     let front_breaker = breaker("front", None, start, &front_seen);

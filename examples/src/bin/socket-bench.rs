@@ -355,9 +355,10 @@ enum Caller {
 /// A stack of [`HttpRequest`] to [`HttpResponse`], type-erased.
 type Boxed = BoxCloneSyncService<HttpRequest, HttpResponse, BoxError>;
 
-/// `stack` behind a [`Client`], boxed, its response body as reqwest's
-/// (one `reqwest::Body::wrap` for every stack alike).
-fn stacked<S, B>(stack: S) -> Caller
+/// `stack` behind a [`Client`] whose builders `reqwest` starts, boxed,
+/// its response body as reqwest's (one `reqwest::Body::wrap` for every
+/// stack alike; a plain `reqwest::Body` is not wrapped again).
+fn stacked<S, B>(reqwest: reqwest::Client, stack: S) -> Caller
 where
     S: tower::Service<HttpRequest, Response = http::Response<B>> + Clone + Send + Sync + 'static,
     S::Error: Into<BoxError>,
@@ -365,11 +366,14 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + Sync + 'static,
     B::Error: Into<BoxError>,
 {
-    Caller::Stacked(Client::new(BoxCloneSyncService::new(
-        stack
-            .map_response(|response| response.map(reqwest::Body::wrap))
-            .map_err(Into::into),
-    )))
+    Caller::Stacked(Client::from_parts(
+        reqwest,
+        BoxCloneSyncService::new(
+            stack
+                .map_response(|response| response.map(reqwest::Body::wrap))
+                .map_err(Into::into),
+        ),
+    ))
 }
 
 impl Caller {
@@ -655,17 +659,21 @@ async fn bench(args: &Args) -> Result<(), String> {
     }
 
     let reqwest = Caller::Reqwest(reqwest_client()?);
+    let transport = reqwest_client()?;
     let tower = stacked(
+        transport.clone(),
         ServiceBuilder::new()
             .timeout(TIMEOUT)
             .concurrency_limit(LIMIT)
-            .service(ReqwestService::new(reqwest_client()?)),
+            .service(ReqwestService::new(transport)),
     );
+    let transport = reqwest_client()?;
     let ours = stacked(
+        transport.clone(),
         client_stack("bench")
             .timeout(TIMEOUT)
             .concurrency(LIMIT)
-            .layer(ReqwestService::new(reqwest_client()?)),
+            .layer(ReqwestService::new(transport)),
     );
 
     let cases = [

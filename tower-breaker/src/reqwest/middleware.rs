@@ -14,7 +14,7 @@ use tower_retry_budget::policy::Policy;
 use tower_retry_budget::DefaultPolicy;
 use tower_service::Service;
 
-use super::service::{to_http, to_reqwest, HttpResponse, Template};
+use super::service::{split, to_http, to_reqwest, to_reqwest_response, HttpResponse};
 use crate::stack::ClientStack;
 use crate::BoxError;
 
@@ -30,18 +30,36 @@ use crate::BoxError;
 /// one call; those after it see every attempt, each with a clone of the
 /// request's middleware extensions (what they add to them is not passed
 /// back). See the [module docs](super) for where to put it and when to
-/// prefer [`Client`](super::Client).
+/// prefer [`Client`](super::Client). Built for reqwest-middleware 0.5
+/// (reqwest 0.13).
+///
+/// reqwest-middleware's `RequestBuilder::timeout` stays reqwest's own
+/// per-request timeout: reqwest applies it to each attempt separately
+/// (from the start of the attempt to the end of its body), and the stack
+/// sees an attempt it cuts as a failed one (reqwest's timeout error, which
+/// the retry layer does not retry). For a budget
+/// of the whole call, retries included, set the stack's `timeout`, or send
+/// inside a `tower_deadline::Deadline::scope`.
+///
+/// The stack's answer becomes the `reqwest::Response` the chain returns
+/// whatever its body type (the same conversion, with the same bounds, as
+/// [`RequestBuilder::send`](super::RequestBuilder::send)): an error the
+/// body yields while it is read comes back as a `reqwest::Error` with the
+/// typed error in its `source()` chain, for
+/// [`find_error`](super::find_error).
 ///
 /// # Example
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_breaker::reqwest::StackMiddleware;
+/// use tower_breaker::reqwest::{ReqwestService, StackMiddleware};
 /// use tower_breaker::stack::client_stack;
 ///
-/// # async fn run() -> Result<(), reqwest_middleware::Error> {
+/// # async fn run() -> Result<(), tower_breaker::BoxError> {
 /// let stack = client_stack("catalog").timeout(Duration::from_secs(2));
-/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+/// // reqwest's own retries off, as for `Client` (see the module docs).
+/// let transport = ReqwestService::client_builder().build()?;
+/// let client = reqwest_middleware::ClientBuilder::new(transport)
 ///     .with(StackMiddleware::new(stack))
 ///     .build();
 /// let response = client.get("http://127.0.0.1:3000/items").send().await?;
@@ -116,21 +134,9 @@ where
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<::reqwest::Response> {
-        // A bodiless copy keeps the URL, parsed, and reqwest's per-request
-        // settings (its timeout) for every attempt.
-        let mut request = request;
-        let body = request.body_mut().take();
-        let template = request.try_clone();
-        *request.body_mut() = body;
-        let mut request = http::Request::<::reqwest::Body>::try_from(request)?;
-        // Those settings travel in the template, not through the stack.
-        drop(std::mem::take(request.extensions_mut()));
-        if let Some(template) = template {
-            let uri = request.uri().clone();
-            request
-                .extensions_mut()
-                .insert(Template::new(uri, template));
-        }
+        // The URL, parsed, and reqwest's per-request settings (its timeout,
+        // applied to each attempt) travel in the call's template.
+        let request = split(request).map_err(to_middleware_error)?;
         let transport = NextService {
             next,
             extensions: extensions.clone(),
@@ -141,9 +147,7 @@ where
             service.call(request).await
         };
         match answer.await {
-            Ok(response) => Ok(::reqwest::Response::from(
-                response.map(::reqwest::Body::wrap),
-            )),
+            Ok(response) => Ok(to_reqwest_response(response)),
             Err(e) => Err(to_middleware_error(e)),
         }
     }

@@ -1,5 +1,6 @@
 //! `reqwest::Client` as the transport at the bottom of a stack.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -10,6 +11,7 @@ use bytes::Bytes;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::client::HttpRequest;
 use crate::BoxError;
 
 /// The response of [`ReqwestService`]: the `http::Response` the layers
@@ -32,7 +34,10 @@ pub type HttpResponse = http::Response<::reqwest::Body>;
 ///
 /// Configure connection settings (connect timeout, pool, TLS) on the
 /// `reqwest::Client`; leave its request `timeout` unset and let the
-/// stack's deadline bound each call.
+/// stack's deadline bound each call. Build it with
+/// [`ReqwestService::client_builder`], which turns reqwest's own retries
+/// off so that every attempt on the wire is one the breaker counts and the
+/// budget pays for (see the [module docs](super#reqwests-own-retries)).
 ///
 /// # Example
 ///
@@ -78,6 +83,43 @@ impl ReqwestService {
         Self { client }
     }
 
+    /// A `reqwest::ClientBuilder` for the bottom of a stack: reqwest's
+    /// defaults, except that reqwest's own retries are off
+    /// (`.retry(reqwest::retry::never())`). Add your settings (connect
+    /// timeout, pool, TLS) and `build()` it.
+    ///
+    /// reqwest 0.13's default policy resends, up to twice and with no
+    /// budget, a request that an HTTP/2 server refused (`REFUSED_STREAM`)
+    /// or that a graceful `GOAWAY` left unprocessed (and, with reqwest's
+    /// `http3` feature, an HTTP/3 connection timeout). Those attempts
+    /// happen inside one of the stack's attempts: the breaker never sees
+    /// them and the retry budget never pays for them. With them off, the
+    /// error reaches the stack, whose retry layer retries it like any
+    /// transient failure (idempotent or keyed requests, with backoff and
+    /// budget, each attempt counted) once it recognises HTTP/2 refusals:
+    /// this crate's `reqwest-http2` feature turns on reqwest's HTTP/2 and
+    /// that recognition together.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::reqwest::ReqwestService;
+    /// use tower_breaker::stack::client_stack;
+    ///
+    /// # fn main() -> Result<(), reqwest::Error> {
+    /// let transport = ReqwestService::client_builder()
+    ///     .connect_timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// let client = client_stack("catalog").reqwest(transport);
+    /// # let _ = client;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn client_builder() -> ::reqwest::ClientBuilder {
+        ::reqwest::Client::builder().retry(::reqwest::retry::never())
+    }
+
     /// The wrapped client.
     ///
     /// # Example
@@ -95,10 +137,11 @@ impl ReqwestService {
 }
 
 /// The parsed form of a request's URL, put in the request's extensions
-/// once per call so that no attempt parses it again. It holds a bodiless
-/// `reqwest::Request` (the URL and, in the middleware path, reqwest's own
-/// per-request settings) and the URI it was built for: an attempt whose URI
-/// a layer changed is parsed instead.
+/// once per call so that no attempt parses it again. It holds the call's
+/// `reqwest::Request` without its body and headers (the URL, and
+/// reqwest's own per-request settings, which live in its private
+/// extensions) and the URI it was built for: an attempt whose URI a layer
+/// changed is parsed instead.
 #[derive(Clone)]
 pub(crate) struct Template(Arc<TemplateInner>);
 
@@ -109,14 +152,14 @@ struct TemplateInner {
 
 impl Template {
     /// A template for `request` (its body is ignored) sent to `uri`.
-    pub(crate) fn new(uri: http::Uri, mut request: ::reqwest::Request) -> Self {
+    fn new(uri: http::Uri, mut request: ::reqwest::Request) -> Self {
         *request.body_mut() = None;
         Self(Arc::new(TemplateInner { uri, request }))
     }
 
     /// The `reqwest::Request` of one attempt, if this template fits it
     /// (its method and headers are then moved out of `parts`).
-    fn attempt(&self, parts: &mut http::request::Parts) -> Option<::reqwest::Request> {
+    pub(super) fn attempt(&self, parts: &mut http::request::Parts) -> Option<::reqwest::Request> {
         if parts.uri != self.0.uri {
             return None;
         }
@@ -135,6 +178,57 @@ impl fmt::Debug for Template {
             .field("uri", &self.0.uri)
             .finish_non_exhaustive()
     }
+}
+
+/// A finished `reqwest::Request` as the `http::Request` a stack takes:
+/// method, URI, version, headers and body move over, and the rest (the
+/// parsed URL, reqwest's per-request settings) rides along as the call's
+/// [`Template`], so that [`to_reqwest`] rebuilds each attempt without
+/// parsing the URL again. A missing body becomes an empty one.
+pub(crate) fn split(mut request: ::reqwest::Request) -> Result<HttpRequest, BoxError> {
+    let uri = http::Uri::try_from(request.url().as_str())?;
+    let body = request.body_mut().take().unwrap_or_default();
+    let mut parts = HttpRequest::new(body);
+    *parts.method_mut() = request.method().clone();
+    *parts.uri_mut() = uri.clone();
+    *parts.version_mut() = request.version();
+    *parts.headers_mut() = std::mem::take(request.headers_mut());
+    parts.extensions_mut().insert(Template::new(uri, request));
+    Ok(parts)
+}
+
+/// A stack's answer as a `reqwest::Response`, for any body the stack
+/// answers with; the URL is the one the transport put in the extensions
+/// ([`to_http`]).
+///
+/// A `reqwest::Body` is kept as it is; any other body is wrapped with
+/// `reqwest::Body::wrap`, so an error it yields while the caller reads it
+/// (`text()`, `bytes()`, `chunk()`) comes back as a `reqwest::Error`
+/// whose `source()` chain holds the error, typed.
+pub(crate) fn to_reqwest_response<B>(response: http::Response<B>) -> ::reqwest::Response
+where
+    B: http_body::Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    ::reqwest::Response::from(response.map(to_reqwest_body))
+}
+
+/// `body` as a `reqwest::Body`: unchanged when it is one (the transport's,
+/// through layers that leave bodies alone), so it is not boxed twice and
+/// its errors stay reqwest's own; wrapped otherwise.
+fn to_reqwest_body<B>(body: B) -> ::reqwest::Body
+where
+    B: http_body::Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Some(body);
+    let same = (&mut body as &mut dyn Any).downcast_mut::<Option<::reqwest::Body>>();
+    if let Some(body) = same.and_then(Option::take) {
+        return body;
+    }
+    body.map(::reqwest::Body::wrap).unwrap_or_default()
 }
 
 /// Turns one attempt into a `reqwest::Request`: through the call's
