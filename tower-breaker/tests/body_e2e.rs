@@ -9,7 +9,9 @@
 mod support;
 
 use std::convert::Infallible;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::body::Body;
 use axum::routing::get;

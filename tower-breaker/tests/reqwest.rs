@@ -779,7 +779,7 @@ async fn a_body_that_stalls_after_the_head_fails_at_the_deadline_and_counts_a_fa
     let (breaker, bulkhead) = (stack.breaker_handle().clone(), stack.bulkhead_handle());
     let client = stack.reqwest(reqwest_client());
 
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let mut response = client
         .get(format!("{base}/body-stall"))
         .send()

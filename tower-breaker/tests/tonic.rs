@@ -442,7 +442,7 @@ async fn a_server_stream_that_stalls_fails_at_the_deadline_and_counts_a_failure(
     let (breaker, bulkhead) = (stack.breaker_handle().clone(), stack.bulkhead_handle());
     let mut client = connect(addr, &stack).await;
 
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     let mut stream = watch(&mut client, "stall").await.unwrap();
     let first = stream.message().await.unwrap().unwrap();
     assert_eq!(first.attempt, 1);
