@@ -110,6 +110,7 @@
 //! | [`minimum_calls`](BreakerConfig::minimum_calls) | 10 | calls in the window before judging (capped at a count window's size) |
 //! | [`failure_rate`](BreakerConfig::failure_rate) | 0.5 | open when failures / calls reaches it |
 //! | [`slow_calls`](BreakerConfig::slow_calls) | off (rate 0.5 once on) | a success this slow counts as slow; open when slow / calls reaches the rate |
+//! | [`slow_call_end`](BreakerConfig::slow_call_end) | [`CallEnd::Body`] | where an HTTP call's duration ends: its body's end, or its head |
 //! | [`consecutive_failures`](BreakerConfig::consecutive_failures) | off | also open after this many failures in a row |
 //! | [`open_period`](BreakerConfig::open_period) | 5 s | first open period |
 //! | [`open_growth`](BreakerConfig::open_growth) | x2 | growth per re-open in a row |
@@ -145,6 +146,13 @@
 //! atomic load of a clock a background thread advances every millisecond
 //! (its error is documented there); it follows the real clock, not paused
 //! test time.
+//!
+//! HTTP calls end when their response body ends ([`body`]): the client and
+//! server flavours settle a good head's outcome in the response body, so a
+//! body that fails (or is cut by a deadline below) after the head counts as
+//! a failure, `grpc-status` in the trailers counts as the classifier says,
+//! a body dropped half read counts as its head said, and a half-open probe
+//! lasts until its body ends. A head that fails is counted at once.
 //!
 //! Observability: `tracing` events `circuit_opened` (warn; with the
 //! breaker's name, the cause, the rates, the window's counts and the open

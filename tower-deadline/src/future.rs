@@ -185,7 +185,8 @@ pin_project! {
             #[pin]
             inner: F,
             timer: Timer,
-            expired: Expiry,
+            // Taken by the response body, or fired at the deadline.
+            expired: Option<Expiry>,
             // Whether the response body is bounded too (the default).
             body: bool,
         },
@@ -252,7 +253,7 @@ impl<F> ClientResponseFuture<F> {
                 timer: Timer::Idle {
                     at: deadline.instant(),
                 },
-                expired,
+                expired: Some(expired),
                 body,
             },
         }
@@ -297,7 +298,9 @@ where
                             Timer::Armed { sleep } => sleep.deadline(),
                         };
                         let sleep = timer.take_armed();
-                        let expired = expired.clone();
+                        let Some(expired) = expired.take() else {
+                            panic!("ClientResponseFuture polled after completion");
+                        };
                         return Poll::Ready(Ok(response
                             .map(|b| ResponseBody::bounded(b, Deadline::at(at), sleep, expired))));
                     }
@@ -316,7 +319,9 @@ where
                     }
                     Poll::Pending => ready!(timer.poll(cx)),
                 }
-                expired.fire();
+                if let Some(expired) = expired.take() {
+                    expired.fire();
+                }
                 tracing::debug!("deadline passed; cancelling the outgoing call");
                 state.set(ClientState::Done);
                 Poll::Ready(Err(DeadlineExceeded::new().into()))

@@ -292,6 +292,14 @@
 //!   each call once. Put such layers outside the stack.
 //! - **A `POST` needs a key.** Non-idempotent requests are never retried
 //!   unless they carry `Idempotency-Key`, which the server must honour.
+//! - **A response body that fails is not retried.** Retries are decided on
+//!   the response head (or the error) of each attempt; once a head is
+//!   handed to the caller, a body that fails or stalls while it is read
+//!   (a reset connection, a `DeadlineExceeded` from a `ClientDeadline`
+//!   below) reaches the caller as a body error, and the layer cannot send
+//!   the request again: part of the answer is already out. A breaker above
+//!   counts that body failure once, as the last attempt's outcome (its hook
+//!   keeps a good head's outcome open until the body ends).
 //! - **Large request bodies are sent once.** Raise
 //!   [`body_limit`](RetryLayer::body_limit) or use
 //!   [`clone_bodies`](RetryLayer::clone_bodies) if they must be retried.
