@@ -62,22 +62,32 @@ pin_project! {
     }
 }
 
-/// An outcome still open: the admission, the head's verdict and the
-/// classifier that judges the body's end.
+/// An outcome still open: the admission of a call whose head was good (a
+/// success; only those wait for the body) and the classifier that judges
+/// the body's end. Small, as every layer above moves it with the response.
 pub(crate) struct Late<C> {
     permit: Option<Permit>,
-    head: Outcome,
-    /// The duration up to the head, when slow-call timing ends there.
-    head_elapsed: Option<Duration>,
+    /// The duration up to the head in nanoseconds, when slow-call timing
+    /// ends there; [`NOT_AT_HEAD`] otherwise.
+    head_ns: u64,
     classifier: C,
+}
+
+/// `Late::head_ns` when the duration is measured at the body's end.
+const NOT_AT_HEAD: u64 = u64::MAX;
+
+/// The head's duration as [`Late::head_ns`] keeps it.
+fn head_ns(head_elapsed: Option<Duration>) -> u64 {
+    head_elapsed.map_or(NOT_AT_HEAD, |d| {
+        u64::try_from(d.as_nanos()).unwrap_or(NOT_AT_HEAD - 1)
+    })
 }
 
 /// An outcome the attempt hook kept open for the breaker's response future
 /// polling above it on the same thread (see [`collect`]).
 pub(crate) struct Deferred {
     permit: Permit,
-    head: Outcome,
-    head_elapsed: Option<Duration>,
+    head_ns: u64,
 }
 
 thread_local! {
@@ -108,18 +118,20 @@ pub(crate) fn collecting(id: usize) -> bool {
 
 /// Keeps an attempt's good outcome open for the collecting response future
 /// (see [`collecting`]).
-pub(crate) fn defer(permit: Permit, head: Outcome) {
-    let head_elapsed = permit.head_elapsed();
-    let stale = DEFERRED.replace(Some(Deferred {
-        permit,
-        head,
-        head_elapsed,
-    }));
+pub(crate) fn defer(permit: Permit) {
+    let head_ns = head_ns(permit.head_elapsed());
+    let stale = DEFERRED.replace(Some(Deferred { permit, head_ns }));
     // Two good attempts reported in one poll (hedges answering together):
     // only the one returned can have a body; the other is over.
     if let Some(stale) = stale {
         stale.settle_now();
     }
+}
+
+/// The head's duration back from [`Late::head_ns`].
+#[inline]
+fn elapsed(head_ns: u64) -> Option<Duration> {
+    (head_ns != NOT_AT_HEAD).then(|| Duration::from_nanos(head_ns))
 }
 
 // === impl Deferred ===
@@ -129,15 +141,15 @@ impl Deferred {
     /// the one the breaker hands out (its future failed after it, or is
     /// still pending).
     pub(crate) fn settle_now(self) {
-        self.permit.settle(self.head, self.head_elapsed);
+        self.permit.settle(Outcome::Success, elapsed(self.head_ns));
     }
 
     /// The open outcome, judged at the body's end with `classifier`.
+    #[inline]
     pub(crate) fn into_late<C>(self, classifier: C) -> Late<C> {
         Late {
             permit: Some(self.permit),
-            head: self.head,
-            head_elapsed: self.head_elapsed,
+            head_ns: self.head_ns,
             classifier,
         }
     }
@@ -146,31 +158,31 @@ impl Deferred {
 // === impl Late ===
 
 impl<C> Late<C> {
-    /// The outcome of a call whose head was judged `head` with `permit`
+    /// The outcome of a call whose head was a success, with `permit`
     /// still to settle.
-    pub(crate) fn new(permit: Permit, head: Outcome, classifier: C) -> Self {
-        let head_elapsed = permit.head_elapsed();
+    #[inline]
+    pub(crate) fn new(permit: Permit, classifier: C) -> Self {
         Self {
+            head_ns: head_ns(permit.head_elapsed()),
             permit: Some(permit),
-            head,
-            head_elapsed,
             classifier,
         }
     }
 
+    #[inline]
     fn settle(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
-            permit.settle(outcome, self.head_elapsed);
+            permit.settle(outcome, elapsed(self.head_ns));
         }
     }
 }
 
 impl<C> Drop for Late<C> {
+    #[inline]
     fn drop(&mut self) {
         // Dropped before its end: the caller stopped reading; the head's
         // outcome stands.
-        let head = self.head;
-        self.settle(head);
+        self.settle(Outcome::Success);
     }
 }
 
@@ -178,6 +190,7 @@ impl<C> Drop for Late<C> {
 
 impl<B, C> ResponseBody<B, C> {
     /// A body with nothing to settle.
+    #[inline]
     pub(crate) fn settled(inner: B) -> Self {
         Self { inner, late: None }
     }
@@ -207,6 +220,7 @@ impl<B, C> ResponseBody<B, C> {
 }
 
 /// Wraps the body of `response`, settling `late` at its end.
+#[inline]
 pub(crate) fn wrap<B, C>(
     response: Response<B>,
     late: Option<Late<C>>,
@@ -244,7 +258,7 @@ where
         };
         let frame = frame.map(|r| r.map_err(Into::<BoxError>::into));
         let outcome = match &frame {
-            None => Some(late.head),
+            None => Some(Outcome::Success),
             Some(Err(e)) => Some(late.classifier.classify_error(&**e)),
             Some(Ok(frame)) => match frame.trailers_ref() {
                 // The trailers end the body: a gRPC stream's status is
@@ -254,7 +268,7 @@ where
                         .classify_head(StatusCode::OK, trailers)
                         .unwrap_or_else(|| default_outcome(StatusCode::OK, trailers)),
                 ),
-                None => this.inner.is_end_stream().then_some(late.head),
+                None => this.inner.is_end_stream().then_some(Outcome::Success),
             },
         };
         if let Some(outcome) = outcome {

@@ -106,6 +106,26 @@ pub(crate) enum Tracker<C> {
     Done,
 }
 
+// === impl Kind ===
+
+impl<F> Kind<F> {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Called { .. } => "called",
+            Kind::Rejected { .. } => "rejected",
+        }
+    }
+}
+
+/// The error of a refused call's future, once.
+fn rejection(error: &mut Option<CircuitOpen>) -> BoxError {
+    Box::new(
+        error
+            .take()
+            .expect("breaker response future polled after completion"),
+    )
+}
+
 // === impl ResponseFuture ===
 
 impl<F, C> ResponseFuture<F, C> {
@@ -160,24 +180,15 @@ where
                     }
                 })
             }
-            KindProj::Rejected { error } => {
-                let error = error
-                    .take()
-                    .expect("ResponseFuture polled after completion");
-                Poll::Ready(Err(Box::new(error)))
-            }
+            KindProj::Rejected { error } => Poll::Ready(Err(rejection(error))),
         }
     }
 }
 
 impl<F, C> fmt::Debug for ResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.kind {
-            Kind::Called { .. } => "called",
-            Kind::Rejected { .. } => "rejected",
-        };
         f.debug_struct("ResponseFuture")
-            .field("state", &state)
+            .field("state", &self.kind.name())
             .finish()
     }
 }
@@ -221,24 +232,15 @@ where
                 }
                 Poll::Ready(result)
             }
-            KindProj::Rejected { error } => {
-                let error = error
-                    .take()
-                    .expect("PlainResponseFuture polled after completion");
-                Poll::Ready(Err(Box::new(error)))
-            }
+            KindProj::Rejected { error } => Poll::Ready(Err(rejection(error))),
         }
     }
 }
 
 impl<F, C> fmt::Debug for PlainResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.kind {
-            Kind::Called { .. } => "called",
-            Kind::Rejected { .. } => "rejected",
-        };
         f.debug_struct("PlainResponseFuture")
-            .field("state", &state)
+            .field("state", &self.kind.name())
             .finish()
     }
 }
@@ -324,7 +326,7 @@ impl<C> Tracker<C> {
     /// Hands a response out: a good head's outcome (this layer's own, or
     /// one the hook kept open, `deferred`) goes into the body, to be
     /// settled at its end; any other is counted now.
-    #[inline]
+    #[inline(always)]
     fn finish_response<B>(
         &mut self,
         response: Response<B>,
@@ -336,7 +338,7 @@ impl<C> Tracker<C> {
         let late = match mem::replace(self, Tracker::Done) {
             Tracker::Permit { permit, classifier } => {
                 match classifier.classify_response(&response) {
-                    Outcome::Success => Some(Late::new(permit, Outcome::Success, classifier)),
+                    Outcome::Success => Some(Late::new(permit, classifier)),
                     other => {
                         permit.record(other);
                         None

@@ -144,7 +144,7 @@ where
             && matches!(outcome_kind, Reported::Response)
             && body::collecting(self.breaker.id())
         {
-            body::defer(self.breaker.permit_started(raw, started_ns), outcome);
+            body::defer(self.breaker.permit_started(raw, started_ns));
             return;
         }
         let elapsed = self.breaker.core.elapsed(started_ns);

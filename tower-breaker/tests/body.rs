@@ -352,3 +352,44 @@ async fn racing_bodies_are_each_settled_exactly_once() {
     assert_eq!(calls.load(Ordering::SeqCst) as u64, total);
     assert_eq!(breaker.snapshot().probes_in_flight, 0);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn with_a_hedging_layer_below_the_winners_body_failure_counts_once() {
+    // The first attempt hangs; the hedge, sent after 10 ms, answers a good
+    // head whose body then fails.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dependency = {
+        let calls = calls.clone();
+        service_fn(move |_req: Request<String>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, BoxError>(Response::new(Scripted::new(vec![
+                    Step::Data("a"),
+                    Step::Fail,
+                ])))
+            }
+        })
+    };
+    let breaker = breaker(config());
+    let svc = ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker.clone()))
+        .layer(
+            tower_retry_budget::hedge::HedgeLayer::new()
+                .fixed_delay(Duration::from_millis(10))
+                .clone_bodies(),
+        )
+        .service(dependency);
+    let response = svc.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the hedge won");
+    assert!(response.body().is_pending());
+    assert!(response.into_body().collect().await.is_err());
+    let s = breaker.snapshot();
+    assert_eq!(
+        (s.window.calls, s.window.failures, s.totals.successful),
+        (1, 1, 0),
+        "the winner's body, once; the cancelled loser not at all"
+    );
+}

@@ -79,16 +79,25 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         inner: B,
-        // `None`: no deadline, or its work is over (the body ended or was
-        // cut).
-        deadline: Option<Deadline>,
-        // Armed on the first `Pending` of the inner body (or handed over
-        // by the response future, which armed it while the head was
-        // awaited).
-        sleep: Option<Pin<Box<Sleep>>>,
+        state: State,
         mode: Mode,
         expired: Option<Expiry>,
     }
+}
+
+/// The bound of one body: two words (every layer above moves the response,
+/// so the wrapper stays small).
+enum State {
+    /// No deadline, or its work is over (the body ended).
+    Free,
+    /// A deadline, its timer not armed yet.
+    Idle(Deadline),
+    /// The timer, armed on the first `Pending` of the inner body (or handed
+    /// over by the response future, which armed it while the head was
+    /// awaited); it knows the deadline.
+    Armed(Pin<Box<Sleep>>),
+    /// The deadline passed and the body was cut: it yields nothing more.
+    Cut,
 }
 
 /// How a bounded body behaves.
@@ -103,8 +112,18 @@ enum Mode {
     /// A server's body answering a gRPC request: also polled in the scope,
     /// and a cut stream ends with `grpc-status: 4` trailers.
     ServerGrpc,
-    /// The deadline passed and the body was cut: it yields nothing more.
-    Cut,
+}
+
+// === impl State ===
+
+impl State {
+    fn deadline(&self) -> Option<Deadline> {
+        match self {
+            State::Idle(deadline) => Some(*deadline),
+            State::Armed(sleep) => Some(Deadline::at(sleep.deadline())),
+            State::Free | State::Cut => None,
+        }
+    }
 }
 
 // === impl ResponseBody ===
@@ -114,8 +133,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn free(inner: B) -> Self {
         Self {
             inner,
-            deadline: None,
-            sleep: None,
+            state: State::Free,
             mode: Mode::Client,
             expired: None,
         }
@@ -131,8 +149,10 @@ impl<B> ResponseBody<B> {
     ) -> Self {
         Self {
             inner,
-            deadline: Some(deadline),
-            sleep,
+            state: match sleep {
+                Some(sleep) => State::Armed(sleep),
+                None => State::Idle(deadline),
+            },
             mode: Mode::Client,
             expired: Some(expired),
         }
@@ -143,8 +163,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn serving(inner: B, deadline: Deadline, grpc: bool, expired: Expiry) -> Self {
         Self {
             inner,
-            deadline: Some(deadline),
-            sleep: None,
+            state: State::Idle(deadline),
             mode: if grpc { Mode::ServerGrpc } else { Mode::Server },
             expired: Some(expired),
         }
@@ -154,20 +173,20 @@ impl<B> ResponseBody<B> {
     /// been cut, or when it never had one.
     #[must_use]
     pub fn deadline(&self) -> Option<Deadline> {
-        self.deadline
+        self.state.deadline()
     }
 
     /// Whether the deadline passed while the body was read (it was cut).
     #[must_use]
     pub fn is_cut(&self) -> bool {
-        self.mode == Mode::Cut
+        matches!(self.state, State::Cut)
     }
 
     /// Whether the body's timer is armed (it holds a place in the timer
     /// wheel): only while a bounded body waits for its inner body.
     #[must_use]
     pub fn is_timer_armed(&self) -> bool {
-        self.sleep.is_some()
+        matches!(self.state, State::Armed(_))
     }
 
     /// A reference to the wrapped body.
@@ -207,18 +226,18 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        let Some(deadline) = *this.deadline else {
-            if *this.mode == Mode::Cut {
-                return Poll::Ready(None);
-            }
-            return this.inner.poll_frame(cx).map_err(Into::into);
+        let deadline = match &*this.state {
+            State::Free => return this.inner.poll_frame(cx).map_err(Into::into),
+            State::Cut => return Poll::Ready(None),
+            // A deadline that passed while the caller was not reading is
+            // enforced before the next frame is handed out.
+            State::Armed(sleep) if sleep.is_elapsed() => None,
+            State::Armed(sleep) => Some(Deadline::at(sleep.deadline())),
+            State::Idle(deadline) => Some(*deadline),
         };
-        // A deadline that passed while the caller was not reading is
-        // enforced before the next frame is handed out.
-        let passed = this.sleep.as_ref().is_some_and(|s| s.is_elapsed());
-        if !passed {
+        if let Some(deadline) = deadline {
             let polled = match this.mode {
-                Mode::Client | Mode::Cut => this.inner.poll_frame(cx),
+                Mode::Client => this.inner.poll_frame(cx),
                 Mode::Server | Mode::ServerGrpc => {
                     let inner = this.inner;
                     deadline.sync_scope(|| inner.poll_frame(cx))
@@ -228,16 +247,17 @@ where
                 Poll::Ready(Some(Ok(frame))) => return Poll::Ready(Some(Ok(frame))),
                 Poll::Ready(end) => {
                     // The body ended or failed: the timer's work is done.
-                    *this.deadline = None;
-                    *this.sleep = None;
+                    *this.state = State::Free;
                     return Poll::Ready(end.map(|r| r.map_err(Into::into)));
                 }
                 Poll::Pending => {
-                    let sleep = this
-                        .sleep
-                        .get_or_insert_with(|| Box::pin(sleep_until(deadline.instant())));
-                    if sleep.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
+                    if let State::Idle(deadline) = *this.state {
+                        *this.state = State::Armed(Box::pin(sleep_until(deadline.instant())));
+                    }
+                    if let State::Armed(sleep) = this.state {
+                        if sleep.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
                     }
                 }
             }
@@ -247,9 +267,7 @@ where
         }
         let grpc = *this.mode == Mode::ServerGrpc;
         tracing::debug!(grpc, "deadline passed while the body was read; cutting it");
-        *this.deadline = None;
-        *this.sleep = None;
-        *this.mode = Mode::Cut;
+        *this.state = State::Cut;
         Poll::Ready(Some(if grpc {
             Ok(Frame::trailers(deadline_trailers()))
         } else {
@@ -259,12 +277,12 @@ where
 
     #[inline]
     fn is_end_stream(&self) -> bool {
-        self.mode == Mode::Cut || self.inner.is_end_stream()
+        self.is_cut() || self.inner.is_end_stream()
     }
 
     #[inline]
     fn size_hint(&self) -> SizeHint {
-        if self.mode == Mode::Cut {
+        if self.is_cut() {
             SizeHint::with_exact(0)
         } else {
             self.inner.size_hint()

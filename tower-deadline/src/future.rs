@@ -229,10 +229,18 @@ impl Timer {
 
     /// The armed timer, for the response body to take over (no second
     /// allocation); `None` if it was never armed.
-    fn take_armed(&mut self) -> Option<Pin<Box<Sleep>>> {
-        match std::mem::replace(self, Timer::Idle { at: Instant::now() }) {
-            Timer::Armed { sleep } => Some(sleep),
-            Timer::Idle { .. } => None,
+    /// The timer for the response body: the instant, and the armed timer
+    /// if there is one (no second allocation, and no clock read).
+    fn take(&mut self) -> (Instant, Option<Pin<Box<Sleep>>>) {
+        match self {
+            Timer::Idle { at } => (*at, None),
+            Timer::Armed { sleep } => {
+                let at = sleep.deadline();
+                match std::mem::replace(self, Timer::Idle { at }) {
+                    Timer::Armed { sleep } => (at, Some(sleep)),
+                    Timer::Idle { .. } => (at, None),
+                }
+            }
         }
     }
 }
@@ -293,11 +301,7 @@ where
                         }
                         // The deadline goes on over the body, with the
                         // timer the head armed, if it did.
-                        let at = match timer {
-                            Timer::Idle { at } => *at,
-                            Timer::Armed { sleep } => sleep.deadline(),
-                        };
-                        let sleep = timer.take_armed();
+                        let (at, sleep) = timer.take();
                         let Some(expired) = expired.take() else {
                             panic!("ClientResponseFuture polled after completion");
                         };

@@ -295,3 +295,53 @@ async fn a_streaming_body_is_produced_in_the_deadline_scope() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "Some(100);Some(100);");
 }
+
+/// A body of a gibibyte, read slowly but steadily: 16,384 frames of
+/// 64 KiB, 1 ms apart (16.4 s of paused time), within a 30 s deadline.
+struct Steady {
+    left: usize,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Body for Steady {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        static CHUNK: [u8; 64 * 1024] = [7; 64 * 1024];
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(ms(1))));
+        std::task::ready!(std::future::Future::poll(sleep.as_mut(), cx));
+        self.sleep = None;
+        self.left -= 1;
+        std::task::Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(&CHUNK)))))
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_body_of_a_gibibyte_read_slowly_but_steadily_within_the_deadline_succeeds() {
+    let start = Instant::now();
+    let svc = ServiceBuilder::new()
+        .layer(ClientDeadlineLayer::new().default_timeout(Duration::from_secs(30)))
+        .service(service_fn(|_req: Request<()>| async {
+            Ok::<_, BoxError>(Response::new(Steady {
+                left: 16 * 1024,
+                sleep: None,
+            }))
+        }));
+    let mut body = svc.oneshot(Request::new(())).await.unwrap().into_body();
+    let mut read = 0usize;
+    while let Some(frame) = body.frame().await {
+        read += frame.unwrap().into_data().unwrap().len();
+    }
+    assert_eq!(read, 1 << 30);
+    assert_eq!(start.elapsed(), ms(16 * 1024));
+    assert!(!body.is_cut());
+}
