@@ -101,9 +101,16 @@ impl Drop for MotoServer {
     }
 }
 
-/// moto's server, with requests served one at a time.
+/// moto's server, with requests served one at a time, and a listen queue
+/// long enough for the races of the tests: werkzeug asks for 128 pending
+/// connections, and a thousand tasks connecting at once to a server that
+/// accepts one at a time overflow it (the kernel then resets the
+/// connections it drops: `Connection reset by peer`), the more so on a
+/// slow or loaded machine.
 const SINGLE_THREADED: &str = "
 import sys
+import werkzeug.serving
+werkzeug.serving.BaseWSGIServer.request_queue_size = 4096
 import moto.server as server
 run_simple = server.run_simple
 def one_thread(*args, **kwargs):
