@@ -112,6 +112,7 @@ use std::time::Duration;
 use tower_bulkhead::partition::Single;
 use tower_bulkhead::release::{BodyEnd, Release};
 use tower_bulkhead::{Bulkhead, BulkheadLayer, CompartmentHandle, HttpBulkhead, HttpBulkheadLayer};
+use tower_deadline::body::Head;
 use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer};
 use tower_layer::Layer;
 use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryLayer};
@@ -130,7 +131,7 @@ pub const DEFAULT_SERVER_CONCURRENCY: usize = 512;
 
 /// The service a [`ClientStack`] builds around a transport `S`.
 pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd> =
-    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>, Single, R>, P, M>>>;
+    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>, Single, R>, P, M>>, Head>;
 
 /// The service a [`ServerStack`] builds around a handler or router `S`.
 pub type ServerStackService<S, R = BodyEnd> =
@@ -177,7 +178,7 @@ pub type ServerStackService<S, R = BodyEnd> =
 #[must_use]
 pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
     name: Arc<str>,
-    call: ClientDeadlineLayer,
+    call: ClientDeadlineLayer<Head>,
     breaker: BreakerLayer,
     retry: RetryLayer<P, M>,
     bulkhead: BulkheadLayer<Single, R>,

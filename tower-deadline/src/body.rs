@@ -58,7 +58,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Sleep};
@@ -83,6 +83,94 @@ pin_project! {
         mode: Mode,
         expired: Option<Expiry>,
     }
+}
+
+/// How far a [`ClientDeadline`](crate::ClientDeadline) bounds a call: to
+/// the end of the response body ([`BodyEnd`], the default) or to its head
+/// ([`Head`], [`ClientDeadlineLayer::head_only`](crate::ClientDeadlineLayer::head_only)).
+/// Sealed: implemented by these two only.
+pub trait Extent: sealed::Sealed + Send + Sync + 'static {
+    /// The response body the layer answers with: [`ResponseBody<B>`] for
+    /// [`BodyEnd`], the inner body `B` itself for [`Head`] (nothing wraps
+    /// it, so nothing is paid for it).
+    type Body<B>;
+
+    /// Whether the deadline goes on over the body.
+    #[doc(hidden)]
+    const BODY: bool;
+
+    /// A response whose body this layer does not bound.
+    #[doc(hidden)]
+    fn free<B>(response: Response<B>) -> Response<Self::Body<B>>;
+
+    /// A response whose body `bound` bounds (never called for [`Head`]).
+    #[doc(hidden)]
+    fn bounded<B>(
+        response: Response<B>,
+        bound: impl FnOnce(B) -> ResponseBody<B>,
+    ) -> Response<Self::Body<B>>;
+}
+
+/// The deadline lasts until the response body has been read to its end,
+/// has failed or has been dropped; the body is a [`ResponseBody`]. The
+/// default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BodyEnd {
+    _p: (),
+}
+
+/// The deadline stops at the response head; the body is the inner
+/// service's own. Only for an outer layer whose per-attempt layer below
+/// bounds the body (see
+/// [`ClientDeadlineLayer::head_only`](crate::ClientDeadlineLayer::head_only)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Head {
+    _p: (),
+}
+
+impl sealed::Sealed for BodyEnd {}
+
+impl Extent for BodyEnd {
+    type Body<B> = ResponseBody<B>;
+
+    const BODY: bool = true;
+
+    #[inline]
+    fn free<B>(response: Response<B>) -> Response<ResponseBody<B>> {
+        response.map(ResponseBody::free)
+    }
+
+    #[inline]
+    fn bounded<B>(
+        response: Response<B>,
+        bound: impl FnOnce(B) -> ResponseBody<B>,
+    ) -> Response<ResponseBody<B>> {
+        response.map(bound)
+    }
+}
+
+impl sealed::Sealed for Head {}
+
+impl Extent for Head {
+    type Body<B> = B;
+
+    const BODY: bool = false;
+
+    #[inline]
+    fn free<B>(response: Response<B>) -> Response<B> {
+        response
+    }
+
+    #[inline]
+    fn bounded<B>(response: Response<B>, _bound: impl FnOnce(B) -> ResponseBody<B>) -> Response<B> {
+        response
+    }
+}
+
+pub(crate) mod sealed {
+    /// Keeps [`Extent`](super::Extent) closed to other implementations.
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
 }
 
 /// The bound of one body: two words (every layer above moves the response,

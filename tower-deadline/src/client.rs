@@ -1,3 +1,4 @@
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -10,7 +11,7 @@ use tower_resilience_base::grpc::is_grpc;
 use tower_resilience_base::CallContext;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
+use crate::body::{BodyEnd, Extent, Head};
 use crate::codec;
 use crate::error::InsufficientBudget;
 use crate::future::ClientResponseFuture;
@@ -40,8 +41,9 @@ use crate::{BoxError, Deadline};
 /// ```
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct ClientDeadlineLayer {
+pub struct ClientDeadlineLayer<E = BodyEnd> {
     config: ClientConfig,
+    _extent: PhantomData<fn() -> E>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,8 +60,6 @@ struct ClientConfig {
     name: Option<Arc<str>>,
     /// The coarse clock to read instead of the real one, if any.
     coarse: Option<&'static CoarseClock>,
-    /// Whether the response body is bounded too (else the head only).
-    body: bool,
 }
 
 /// Middleware that gives each outgoing request the caller's remaining
@@ -97,7 +97,7 @@ struct ClientConfig {
 ///    the request) and fails with
 ///    [`DeadlineExceeded`](crate::error::DeadlineExceeded); when the head
 ///    comes in time, goes on enforcing the deadline over the response body
-///    ([`ResponseBody`]: a body still being read when the deadline passes
+///    ([`ResponseBody`](crate::body::ResponseBody): a body still being read when the deadline passes
 ///    fails with `DeadlineExceeded` on its next poll; see
 ///    [`head_only`](ClientDeadlineLayer::head_only)). The timer is
 ///    armed only if the inner future (or body) does not answer at once. A
@@ -111,8 +111,19 @@ struct ClientConfig {
 ///
 /// Clones share nothing but the configuration.
 #[derive(Debug, Clone)]
-pub struct ClientDeadline<S> {
+pub struct ClientDeadline<S, E = BodyEnd> {
     inner: S,
+    /// The configuration and the metrics' handles, shared by the clones: a
+    /// client that hands every request its own copy of the stack (a
+    /// `reqwest` or `tonic` client, `oneshot` on a clone) pays one
+    /// reference count per clone, not a copy of the configuration.
+    shared: Arc<ClientShared>,
+    _extent: PhantomData<fn() -> E>,
+}
+
+/// What the clones of one [`ClientDeadline`] share.
+#[derive(Debug)]
+struct ClientShared {
     config: ClientConfig,
     metrics: ClientMetrics,
 }
@@ -132,11 +143,13 @@ impl ClientDeadlineLayer {
                 min_remaining: Duration::ZERO,
                 name: None,
                 coarse: None,
-                body: true,
             },
+            _extent: PhantomData,
         }
     }
+}
 
+impl<E> ClientDeadlineLayer<E> {
     /// The header that carries the budget in milliseconds on plain HTTP
     /// requests (default [`DEFAULT_HTTP_HEADER`]).
     pub fn http_header(mut self, name: HeaderName) -> Self {
@@ -164,9 +177,10 @@ impl ClientDeadlineLayer {
     }
 
     /// Stop enforcing the deadline when the response head arrives: the
-    /// response body, still a [`ResponseBody`](crate::body::ResponseBody),
-    /// is then not bounded by this layer (by default it is, until the body
-    /// ends).
+    /// response body is then the inner service's own, not wrapped and not
+    /// bounded by this layer (by default it is a
+    /// [`ResponseBody`](crate::body::ResponseBody), bounded until the body
+    /// ends); the layer's type says so ([`Head`]).
     ///
     /// Only for the outer layer of a stack whose per-attempt
     /// `ClientDeadline` below already bounds the body by the same or an
@@ -189,9 +203,11 @@ impl ClientDeadlineLayer {
     ///     .head_only();
     /// # let _ = outer;
     /// ```
-    pub const fn head_only(mut self) -> Self {
-        self.config.body = false;
-        self
+    pub fn head_only(self) -> ClientDeadlineLayer<Head> {
+        ClientDeadlineLayer {
+            config: self.config,
+            _extent: PhantomData,
+        }
     }
 
     /// Whether to write `grpc-timeout` on gRPC requests (default: yes).
@@ -285,14 +301,17 @@ impl Default for ClientDeadlineLayer {
     }
 }
 
-impl<S> Layer<S> for ClientDeadlineLayer {
-    type Service = ClientDeadline<S>;
+impl<S, E> Layer<S> for ClientDeadlineLayer<E> {
+    type Service = ClientDeadline<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
         ClientDeadline {
             inner,
-            config: self.config.clone(),
-            metrics: ClientMetrics::new(self.config.name.as_deref().unwrap_or("default")),
+            shared: Arc::new(ClientShared {
+                config: self.config.clone(),
+                metrics: ClientMetrics::new(self.config.name.as_deref().unwrap_or("default")),
+            }),
+            _extent: PhantomData,
         }
     }
 }
@@ -350,7 +369,9 @@ impl<S> ClientDeadline<S> {
     pub const fn layer() -> ClientDeadlineLayer {
         ClientDeadlineLayer::new()
     }
+}
 
+impl<S, E> ClientDeadline<S, E> {
     /// A reference to the inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -367,14 +388,15 @@ impl<S> ClientDeadline<S> {
     }
 }
 
-impl<S, B, RB> Service<Request<B>> for ClientDeadline<S>
+impl<S, B, RB, E> Service<Request<B>> for ClientDeadline<S, E>
 where
     S: Service<Request<B>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
+    E: Extent,
 {
-    type Response = Response<ResponseBody<RB>>;
+    type Response = Response<E::Body<RB>>;
     type Error = BoxError;
-    type Future = ClientResponseFuture<S::Future>;
+    type Future = ClientResponseFuture<S::Future, E>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -382,7 +404,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        let config = &self.config;
+        let ClientShared { config, metrics } = &*self.shared;
         let (above, enforced_above, now) =
             CallContext::current(|cx| (cx.deadline(), cx.is_enforced(), cx.now()));
         let grpc = is_grpc(request.headers());
@@ -425,7 +447,7 @@ where
         };
         let remaining = deadline.remaining_at(now);
         if remaining.is_zero() || remaining < config.min_remaining {
-            self.metrics.rejected();
+            metrics.rejected();
             return ClientResponseFuture::refused(InsufficientBudget::new(
                 remaining,
                 config.min_remaining,
@@ -440,7 +462,7 @@ where
             );
         }
         let inner = &mut self.inner;
-        let expiry = self.metrics.expiry();
+        let expiry = metrics.expiry();
         // Armed even when a layer above enforces the same deadline: this
         // layer's `DeadlineExceeded` is how the layers in between (a retry
         // layer, a breaker's attempt hook) learn that the attempt timed out;
@@ -452,7 +474,7 @@ where
                 cx.set_deadline(deadline, true);
                 cx.set_now(now);
             },
-            || ClientResponseFuture::bounded(deadline, inner.call(request), expiry, config.body),
+            || ClientResponseFuture::bounded(deadline, inner.call(request), expiry),
         )
     }
 }

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -13,7 +14,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tower_resilience_base::error::is_local_rejection;
 use tower_resilience_base::Answer;
 
-use crate::body::ResponseBody;
+use crate::body::{BodyEnd, Extent, ResponseBody};
 use crate::error::{DeadlineExceeded, InsufficientBudget};
 use crate::metrics::Expiry;
 use crate::{BoxError, Deadline};
@@ -166,11 +167,14 @@ pin_project! {
     /// first returns `Pending`, so a call that answers at once never
     /// touches the timer wheel. The response's body is a
     /// [`ResponseBody`], which goes on enforcing the deadline until the
-    /// body ends (taking over the timer, if the head armed it).
+    /// body ends (taking over the timer, if the head armed it), unless
+    /// the layer is [`head_only`](crate::ClientDeadlineLayer::head_only)
+    /// (`E` is [`Head`](crate::body::Head)).
     #[must_use = "futures do nothing unless polled"]
-    pub struct ClientResponseFuture<F> {
+    pub struct ClientResponseFuture<F, E = BodyEnd> {
         #[pin]
         state: ClientState<F>,
+        _extent: PhantomData<fn() -> E>,
     }
 }
 
@@ -187,8 +191,6 @@ pin_project! {
             timer: Timer,
             // Taken by the response body, or fired at the deadline.
             expired: Option<Expiry>,
-            // Whether the response body is bounded too (the default).
-            body: bool,
         },
         Refused {
             error: Option<InsufficientBudget>,
@@ -247,14 +249,15 @@ impl Timer {
 
 // === impl ClientResponseFuture ===
 
-impl<F> ClientResponseFuture<F> {
+impl<F, E> ClientResponseFuture<F, E> {
     pub(crate) fn unbounded(inner: F) -> Self {
         Self {
             state: ClientState::Unbounded { inner },
+            _extent: PhantomData,
         }
     }
 
-    pub(crate) fn bounded(deadline: Deadline, inner: F, expired: Expiry, body: bool) -> Self {
+    pub(crate) fn bounded(deadline: Deadline, inner: F, expired: Expiry) -> Self {
         Self {
             state: ClientState::Bounded {
                 inner,
@@ -262,42 +265,43 @@ impl<F> ClientResponseFuture<F> {
                     at: deadline.instant(),
                 },
                 expired: Some(expired),
-                body,
             },
+            _extent: PhantomData,
         }
     }
 
     pub(crate) fn refused(error: InsufficientBudget) -> Self {
         Self {
             state: ClientState::Refused { error: Some(error) },
+            _extent: PhantomData,
         }
     }
 }
 
-impl<F, B, E> Future for ClientResponseFuture<F>
+impl<F, B, Er, E> Future for ClientResponseFuture<F, E>
 where
-    F: Future<Output = Result<Response<B>, E>>,
-    E: Into<BoxError>,
+    F: Future<Output = Result<Response<B>, Er>>,
+    Er: Into<BoxError>,
+    E: Extent,
 {
-    type Output = Result<Response<ResponseBody<B>>, BoxError>;
+    type Output = Result<Response<E::Body<B>>, BoxError>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         match state.as_mut().project() {
-            ClientStateProj::Unbounded { inner } => inner
-                .poll(cx)
-                .map(|r| r.map(|res| res.map(ResponseBody::free)).map_err(Into::into)),
+            ClientStateProj::Unbounded { inner } => {
+                inner.poll(cx).map(|r| r.map(E::free).map_err(Into::into))
+            }
             ClientStateProj::Bounded {
                 inner,
                 timer,
                 expired,
-                body,
             } => {
                 match inner.poll(cx) {
                     Poll::Ready(Ok(response)) => {
-                        if !*body {
-                            return Poll::Ready(Ok(response.map(ResponseBody::free)));
+                        if !E::BODY {
+                            return Poll::Ready(Ok(E::free(response)));
                         }
                         // The deadline goes on over the body, with the
                         // timer the head armed, if it did.
@@ -305,8 +309,9 @@ where
                         let Some(expired) = expired.take() else {
                             panic!("ClientResponseFuture polled after completion");
                         };
-                        return Poll::Ready(Ok(response
-                            .map(|b| ResponseBody::bounded(b, Deadline::at(at), sleep, expired))));
+                        return Poll::Ready(Ok(E::bounded(response, |b| {
+                            ResponseBody::bounded(b, Deadline::at(at), sleep, expired)
+                        })));
                     }
                     Poll::Ready(Err(e)) => {
                         let e = e.into();
@@ -339,7 +344,7 @@ where
     }
 }
 
-impl<F> fmt::Debug for ClientResponseFuture<F> {
+impl<F, E> fmt::Debug for ClientResponseFuture<F, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             ClientState::Unbounded { .. } => "unbounded",

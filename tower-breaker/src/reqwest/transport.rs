@@ -41,7 +41,7 @@ impl ReqwestStack for ReqwestService {
     }
 }
 
-impl<S: ReqwestStack> ReqwestStack for ClientDeadline<S> {
+impl<S: ReqwestStack, E> ReqwestStack for ClientDeadline<S, E> {
     fn reqwest_client(&self) -> &::reqwest::Client {
         self.get_ref().reqwest_client()
     }
@@ -74,7 +74,7 @@ mod sealed {
     pub trait Sealed {}
 
     impl Sealed for ReqwestService {}
-    impl<S: Sealed> Sealed for ClientDeadline<S> {}
+    impl<S: Sealed, E> Sealed for ClientDeadline<S, E> {}
     impl<S: Sealed, C> Sealed for CircuitBreaker<S, C> {}
     impl<S: Sealed, P, M> Sealed for Retry<S, P, M> {}
     impl<S: Sealed, K, R> Sealed for Bulkhead<S, K, R> {}
