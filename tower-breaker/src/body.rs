@@ -38,7 +38,6 @@ use std::cell::Cell;
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -64,30 +63,19 @@ pin_project! {
 
 /// An outcome still open: the admission of a call whose head was good (a
 /// success; only those wait for the body) and the classifier that judges
-/// the body's end. Small, as every layer above moves it with the response.
+/// the body's end. Three words with a stateless classifier: every layer
+/// above moves it with the response.
 pub(crate) struct Late<C> {
+    /// The admission, its slow-call timing already stopped at the head
+    /// when the breaker's `CallEnd` says so.
     permit: Option<Permit>,
-    /// The duration up to the head in nanoseconds, when slow-call timing
-    /// ends there; [`NOT_AT_HEAD`] otherwise.
-    head_ns: u64,
     classifier: C,
 }
 
-/// `Late::head_ns` when the duration is measured at the body's end.
-const NOT_AT_HEAD: u64 = u64::MAX;
-
-/// The head's duration as [`Late::head_ns`] keeps it.
-fn head_ns(head_elapsed: Option<Duration>) -> u64 {
-    head_elapsed.map_or(NOT_AT_HEAD, |d| {
-        u64::try_from(d.as_nanos()).unwrap_or(NOT_AT_HEAD - 1)
-    })
-}
-
 /// An outcome the attempt hook kept open for the breaker's response future
-/// polling above it on the same thread (see [`collect`]).
+/// polling above it on the same thread (see [`begin`]).
 pub(crate) struct Deferred {
     permit: Permit,
-    head_ns: u64,
 }
 
 thread_local! {
@@ -99,15 +87,21 @@ thread_local! {
     static DEFERRED: Cell<Option<Deferred>> = const { Cell::new(None) };
 }
 
-/// Runs `poll` (the poll of the layers below a breaker) as breaker `id`'s
-/// collector, and returns what it gave with the outcome the breaker's hook
-/// kept open meanwhile, if any.
+/// Makes breaker `id` the collector on this thread, for the poll of the
+/// layers below it; returns the collector it replaces, for [`end`].
 #[inline]
-pub(crate) fn collect<R>(id: usize, poll: impl FnOnce() -> R) -> (R, Option<Deferred>) {
-    let outer = COLLECTING.replace(id);
-    let polled = poll();
+pub(crate) fn begin(id: usize) -> usize {
+    COLLECTING.replace(id)
+}
+
+/// Ends a poll [`begin`] started, putting the `outer` collector back, and
+/// returns the outcome the breaker's hook kept open meanwhile, if any.
+/// (Two calls rather than one taking the poll as a closure: the poll's
+/// output, a response, is then not moved through a tuple.)
+#[inline]
+pub(crate) fn end(outer: usize) -> Option<Deferred> {
     COLLECTING.set(outer);
-    (polled, DEFERRED.take())
+    DEFERRED.take()
 }
 
 /// Whether breaker `id`'s response future is collecting on this thread.
@@ -118,20 +112,14 @@ pub(crate) fn collecting(id: usize) -> bool {
 
 /// Keeps an attempt's good outcome open for the collecting response future
 /// (see [`collecting`]).
-pub(crate) fn defer(permit: Permit) {
-    let head_ns = head_ns(permit.head_elapsed());
-    let stale = DEFERRED.replace(Some(Deferred { permit, head_ns }));
+pub(crate) fn defer(mut permit: Permit) {
+    permit.stop_at_head();
+    let stale = DEFERRED.replace(Some(Deferred { permit }));
     // Two good attempts reported in one poll (hedges answering together):
     // only the one returned can have a body; the other is over.
     if let Some(stale) = stale {
         stale.settle_now();
     }
-}
-
-/// The head's duration back from [`Late::head_ns`].
-#[inline]
-fn elapsed(head_ns: u64) -> Option<Duration> {
-    (head_ns != NOT_AT_HEAD).then(|| Duration::from_nanos(head_ns))
 }
 
 // === impl Deferred ===
@@ -141,7 +129,7 @@ impl Deferred {
     /// the one the breaker hands out (its future failed after it, or is
     /// still pending).
     pub(crate) fn settle_now(self) {
-        self.permit.settle(Outcome::Success, elapsed(self.head_ns));
+        self.permit.record(Outcome::Success);
     }
 
     /// The open outcome, judged at the body's end with `classifier`.
@@ -149,7 +137,6 @@ impl Deferred {
     pub(crate) fn into_late<C>(self, classifier: C) -> Late<C> {
         Late {
             permit: Some(self.permit),
-            head_ns: self.head_ns,
             classifier,
         }
     }
@@ -161,9 +148,9 @@ impl<C> Late<C> {
     /// The outcome of a call whose head was a success, with `permit`
     /// still to settle.
     #[inline]
-    pub(crate) fn new(permit: Permit, classifier: C) -> Self {
+    pub(crate) fn new(mut permit: Permit, classifier: C) -> Self {
+        permit.stop_at_head();
         Self {
-            head_ns: head_ns(permit.head_elapsed()),
             permit: Some(permit),
             classifier,
         }
@@ -172,7 +159,7 @@ impl<C> Late<C> {
     #[inline]
     fn settle(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
-            permit.settle(outcome, elapsed(self.head_ns));
+            permit.record(outcome);
         }
     }
 }
@@ -294,5 +281,23 @@ impl<B, C> fmt::Debug for ResponseBody<B, C> {
         f.debug_struct("ResponseBody")
             .field("pending", &self.is_pending())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of;
+
+    use super::*;
+
+    /// Every layer above the breaker moves the response with its body: the
+    /// open outcome stays three words (the permit's shard, its start time
+    /// or head duration, and the admission), `None` included.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn an_open_outcome_is_three_words() {
+        assert_eq!(size_of::<Permit>(), 24);
+        assert_eq!(size_of::<Option<Late<DefaultClassifier>>>(), 24);
+        assert_eq!(size_of::<ResponseBody<(), DefaultClassifier>>(), 24);
     }
 }

@@ -158,10 +158,12 @@ where
         let this = self.project();
         match this.kind.project() {
             KindProj::Called { future } => {
-                let (polled, deferred) = match this.tracker {
-                    Tracker::Hooked { breaker, .. } => body::collect(*breaker, || future.poll(cx)),
-                    _ => (future.poll(cx), None),
+                let outer = match this.tracker {
+                    Tracker::Hooked { breaker, .. } => Some(body::begin(*breaker)),
+                    _ => None,
                 };
+                let polled = future.poll(cx);
+                let deferred = outer.and_then(body::end);
                 let Poll::Ready(result) = polled else {
                     if let Some(deferred) = deferred {
                         deferred.settle_now();

@@ -111,10 +111,18 @@ struct Shard {
 #[must_use = "dropping a permit counts the call as cancelled"]
 pub struct Permit {
     shard: Arc<Shard>,
-    raw: Raw,
+    /// When the call started (ns on the breaker's clock; 0 when slow calls
+    /// are not timed) or, once `at_head`, how long it took up to its head.
     started_ns: u64,
+    // The admission (`Raw`), its fields side by side so that the permit
+    // is three words: it travels in every response body of a client stack.
+    gen: u32,
+    kind: Kind,
     stripe: u8,
     armed: bool,
+    /// Whether `started_ns` holds the head's duration: the slow-call
+    /// timing ended at the head ([`Permit::stop_at_head`]).
+    at_head: bool,
 }
 
 /// What an admitted call is.
@@ -263,10 +271,12 @@ impl Breaker {
         let stripe = thread_index() % STRIPES;
         Permit {
             shard: Arc::clone(&self.shards[stripe]),
-            raw,
             started_ns,
+            gen: raw.gen,
+            kind: raw.kind,
             stripe: stripe as u8,
             armed: true,
+            at_head: false,
         }
     }
 
@@ -477,35 +487,45 @@ impl Permit {
     /// Whether this call is a half-open probe.
     #[must_use]
     pub fn is_probe(&self) -> bool {
-        self.raw.kind == Kind::Probe
+        self.kind == Kind::Probe
+    }
+
+    /// The admission this permit holds.
+    #[inline]
+    fn raw(&self) -> Raw {
+        Raw {
+            gen: self.gen,
+            kind: self.kind,
+        }
     }
 
     /// Counts the call's outcome. With slow-call detection on, a success is
     /// slow if the time since [`Breaker::try_acquire`] reached the
     /// threshold.
     pub fn record(mut self, outcome: Outcome) {
+        if self.at_head {
+            let elapsed = Duration::from_nanos(self.started_ns);
+            return self.record_with_elapsed(outcome, elapsed);
+        }
         self.armed = false;
         let (elapsed, now_ns) = self.shard.core.elapsed(self.started_ns);
-        self.shard
-            .core
-            .complete_at(usize::from(self.stripe), self.raw, outcome, elapsed, now_ns);
+        self.shard.core.complete_at(
+            usize::from(self.stripe),
+            self.raw(),
+            outcome,
+            elapsed,
+            now_ns,
+        );
     }
 
-    /// The call's duration so far, when the breaker's slow-call timing
-    /// ends at the response head (`CallEnd::Head`); `None` when it ends at
-    /// the body's end or slow calls are not timed.
+    /// The head has arrived: when the breaker's slow-call timing ends at
+    /// the head (`CallEnd::Head`), the call's duration is taken now and is
+    /// the one [`record`](Self::record) counts later, at the body's end.
     #[inline]
-    pub(crate) fn head_elapsed(&self) -> Option<Duration> {
-        self.shard.core.head_elapsed(self.started_ns)
-    }
-
-    /// Counts the outcome of a call whose body has ended: timed up to now,
-    /// or by `head_elapsed` when the timing ended at the head.
-    #[inline]
-    pub(crate) fn settle(self, outcome: Outcome, head_elapsed: Option<Duration>) {
-        match head_elapsed {
-            Some(elapsed) => self.record_with_elapsed(outcome, elapsed),
-            None => self.record(outcome),
+    pub(crate) fn stop_at_head(&mut self) {
+        if let Some(elapsed) = self.shard.core.head_elapsed(self.started_ns) {
+            self.started_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+            self.at_head = true;
         }
     }
 
@@ -515,7 +535,7 @@ impl Permit {
         self.armed = false;
         self.shard.core.complete_at(
             usize::from(self.stripe),
-            self.raw,
+            self.raw(),
             outcome,
             Some(elapsed),
             None,
@@ -526,7 +546,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.armed {
-            self.shard.core.cancel(self.raw);
+            self.shard.core.cancel(self.raw());
         }
     }
 }
