@@ -191,6 +191,13 @@ where
                             Err(e) => AttemptOutcome::Error(&**e),
                         });
                     }
+                    if class == Class::Success {
+                        // The common case, handed out without a detour
+                        // through the planner (which would return it as
+                        // it is): the response is moved once, not thrice.
+                        this.state.set(State::Done);
+                        return Poll::Ready(result);
+                    }
                     match next_step::<M, B, S, ResB>(
                         result,
                         (class, marked),
