@@ -10,7 +10,9 @@
 //!     target/release/deps/stack_count-<hash> "client_stack (one line)" bare 20000
 //! ```
 //!
-//! With no arguments it lists the variants.
+//! A fourth argument, `clone`, clones the service for every call (as a
+//! client that hands each request a copy of the stack does). With no
+//! arguments it lists the variants.
 
 #![allow(missing_docs)]
 
@@ -27,19 +29,24 @@ macro_rules! one {
             let args: Vec<String> = std::env::args().skip(1).collect();
             let (Some(variant), Some(shape), Some(calls)) = (args.first(), args.get(1), args.get(2))
             else {
-                eprintln!("usage: stack_count VARIANT bare|real CALLS; variants:");
+                eprintln!("usage: stack_count VARIANT bare|real CALLS [clone]; variants:");
                 $(eprintln!("  {}", $name);)*
                 return;
             };
             let shape = if shape == "real" { Shape::Real } else { Shape::Bare };
             let calls: u64 = calls.parse().expect("CALLS is a number");
+            let cloned = args.get(3).is_some_and(|a| a == "clone");
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
                 .unwrap();
             $(
                 if variant == $name {
-                    rt.block_on(run($make, shape, calls));
+                    if cloned {
+                        rt.block_on(run_cloned($make, shape, calls));
+                    } else {
+                        rt.block_on(run($make, shape, calls));
+                    }
                     return;
                 }
             )*

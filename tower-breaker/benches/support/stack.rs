@@ -95,6 +95,26 @@ where
         .await
 }
 
+/// As [`run`], with a clone of `svc` per call, as clients that hand each
+/// request a copy of the stack do (`tower_breaker::reqwest::Client`,
+/// `tonic` clients, `ServiceExt::oneshot` on a clone): the stack's clone
+/// and drop are then part of every call.
+pub async fn run_cloned<S>(svc: S, shape: Shape, iters: u64) -> Duration
+where
+    S: Service<Request<()>> + Clone,
+{
+    Deadline::after(Duration::from_secs(60))
+        .scope(async move {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let out = svc.clone().oneshot(request(shape)).await;
+                std::hint::black_box(out.is_ok());
+            }
+            start.elapsed()
+        })
+        .await
+}
+
 pub fn tower_two<S>(inner: S) -> impl Service<Request<()>> + Clone
 where
     S: Service<Request<()>, Response = Response<()>> + Clone,
