@@ -126,7 +126,7 @@ fn a_stale_probe_outcome_never_moves_the_new_state() {
         let prober = thread::spawn(move || probe.record(Outcome::Success));
         let caller = {
             let b = b.clone();
-            thread::spawn(move || b.try_acquire().ok().map(|p| (p.raw.kind, p)))
+            thread::spawn(move || b.try_acquire().ok().map(|p| (p.kind, p)))
         };
         prober.join().unwrap();
         let answer = caller.join().unwrap();
