@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tower_resilience_base::error::is_local_rejection;
-use tower_resilience_base::Answer;
+use tower_resilience_base::{wake, Answer};
 
 use crate::body::{BodyEnd, Extent, ResponseBody};
 use crate::error::{DeadlineExceeded, InsufficientBudget};
@@ -210,8 +210,17 @@ enum Timer {
 // === impl Timer ===
 
 impl Timer {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Polls the timer after the inner future returned `Pending`, having
+    /// noted (see [`wake`]) that a timer below wakes the task by
+    /// `woken_by`. If that is no later than this deadline, an idle timer
+    /// stays idle: the per-attempt deadline below already guarantees the
+    /// poll at which this one sees the clock past it, so the call costs one
+    /// timer, not two.
+    fn poll(&mut self, cx: &mut Context<'_>, woken_by: Option<Instant>) -> Poll<()> {
         if let Timer::Idle { at } = *self {
+            if woken_by.is_some_and(|by| by <= at) {
+                return Poll::Pending;
+            }
             *self = Timer::Armed {
                 sleep: Box::pin(sleep_until(at)),
             };
@@ -219,7 +228,11 @@ impl Timer {
         let Timer::Armed { sleep } = self else {
             unreachable!("the timer was armed just above");
         };
-        sleep.as_mut().poll(cx)
+        let polled = sleep.as_mut().poll(cx);
+        if polled.is_pending() {
+            wake::note(sleep.deadline());
+        }
+        polled
     }
 
     fn is_elapsed(&self) -> bool {
@@ -298,6 +311,9 @@ where
                 timer,
                 expired,
             } => {
+                // What a timer below says while the inner future waits
+                // (an answer ends the watch unfinished: nothing to learn).
+                let watch = wake::Watch::start();
                 match inner.poll(cx) {
                     Poll::Ready(Ok(response)) => {
                         if !E::BODY {
@@ -326,7 +342,7 @@ where
                             return Poll::Ready(Err(e));
                         }
                     }
-                    Poll::Pending => ready!(timer.poll(cx)),
+                    Poll::Pending => ready!(timer.poll(cx, watch.finish())),
                 }
                 if let Some(expired) = expired.take() {
                     expired.fire();
@@ -355,5 +371,127 @@ impl<F, E> fmt::Debug for ClientResponseFuture<F, E> {
         f.debug_struct("ClientResponseFuture")
             .field("state", &state)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::body::Head;
+    use crate::metrics::ClientMetrics;
+
+    type Inner = Pin<Box<dyn Future<Output = Result<Response<()>, BoxError>> + Send>>;
+
+    fn outer(at: Instant, inner: Inner) -> Pin<Box<ClientResponseFuture<Inner, Head>>> {
+        let expiry = ClientMetrics::new("test").expiry();
+        Box::pin(ClientResponseFuture::bounded(
+            Deadline::at(at),
+            inner,
+            expiry,
+        ))
+    }
+
+    fn armed(future: &Pin<Box<ClientResponseFuture<Inner, Head>>>) -> bool {
+        match &future.as_ref().get_ref().state {
+            ClientState::Bounded { timer, .. } => matches!(timer, Timer::Armed { .. }),
+            _ => panic!("not a bounded future"),
+        }
+    }
+
+    /// An inner future that is always pending and notes `noted` (its
+    /// claimed timer) on every poll, if any.
+    fn pending_noting(noted: Option<Instant>) -> Inner {
+        Box::pin(poll_fn(move |_| {
+            if let Some(at) = noted {
+                wake::note(at);
+            }
+            Poll::Pending
+        }))
+    }
+
+    /// A timer that notes itself while pending, as the per-attempt
+    /// deadline's and the retry's backoff do.
+    async fn noted_sleep(at: Instant) {
+        let mut sleep = Box::pin(sleep_until(at));
+        poll_fn(|cx| {
+            let polled = sleep.as_mut().poll(cx);
+            if polled.is_pending() {
+                wake::note(at);
+            }
+            polled
+        })
+        .await;
+    }
+
+    fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
+        let waker = std::task::Waker::noop();
+        future.poll(&mut Context::from_waker(waker))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_below_by_the_deadline_leaves_the_outer_timer_unarmed() {
+        let at = Instant::now() + Duration::from_secs(2);
+        for noted in [at, at - Duration::from_millis(500)] {
+            let mut future = outer(at, pending_noting(Some(noted)));
+            let (polled, woken_by) = wake::watch(|| poll_once(future.as_mut()));
+            assert!(polled.is_pending());
+            assert!(!armed(&future), "a timer below wakes the task by {noted:?}");
+            assert_eq!(woken_by, Some(noted), "the note reaches the layers above");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_timer_below_or_none_arms_the_outer_timer() {
+        let at = Instant::now() + Duration::from_secs(2);
+        for noted in [Some(at + Duration::from_millis(1)), None] {
+            let mut future = outer(at, pending_noting(noted));
+            let (polled, woken_by) = wake::watch(|| poll_once(future.as_mut()));
+            assert!(polled.is_pending());
+            assert!(
+                armed(&future),
+                "nothing below wakes the task by the deadline"
+            );
+            assert_eq!(woken_by, Some(noted.unwrap_or(at).min(at)));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_holds_when_the_timer_below_gives_up_at_it() {
+        // A per-attempt deadline at the same instant: its timer ends the
+        // attempt, and the outer layer reports its own deadline.
+        let start = Instant::now();
+        let at = start + Duration::from_secs(2);
+        let inner: Inner = Box::pin(async move {
+            noted_sleep(at).await;
+            Err::<Response<()>, BoxError>("the attempt's deadline".into())
+        });
+        let mut future = outer(at, inner);
+        assert!(poll_once(future.as_mut()).is_pending());
+        assert!(!armed(&future));
+        let error = future.await.expect_err("the deadline passed");
+        assert!(error.is::<DeadlineExceeded>(), "{error}");
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_holds_when_the_future_below_waits_untimed_after_a_timer() {
+        // A backoff that ends before the deadline, then a wait with no
+        // timer: the outer timer must be armed on that later poll.
+        let start = Instant::now();
+        let at = start + Duration::from_secs(2);
+        let inner: Inner = Box::pin(async move {
+            noted_sleep(start + Duration::from_millis(300)).await;
+            std::future::pending::<()>().await;
+            unreachable!("never answers")
+        });
+        let mut future = outer(at, inner);
+        assert!(poll_once(future.as_mut()).is_pending());
+        assert!(!armed(&future), "the backoff's timer wakes the task first");
+        let error = future.await.expect_err("the deadline passed");
+        assert!(error.is::<DeadlineExceeded>(), "{error}");
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
     }
 }

@@ -75,6 +75,7 @@ pub mod hook;
 #[doc(hidden)]
 pub mod loom_sync;
 pub mod random;
+pub mod wake;
 
 pub use answer::{Answer, NO_RETRY_HEADER};
 pub use context::CallContext;

@@ -15,7 +15,7 @@ use tokio::time::{Instant, Sleep};
 use tower_resilience_base::error::DeadlineExceeded;
 use tower_resilience_base::grpc::{is_grpc, GRPC_RETRY_PUSHBACK_MS};
 use tower_resilience_base::hook::{AttemptOutcome, Attempts, ResponseView};
-use tower_resilience_base::{CallContext, Deadline};
+use tower_resilience_base::{wake, CallContext, Deadline};
 use tower_service::Service;
 
 use crate::backoff::Jitter;
@@ -217,7 +217,12 @@ where
                     }
                 }
                 StateProj::Backoff { sleep } => {
-                    ready!(sleep.as_mut().poll(cx));
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        // The deadline above need not arm a timer of its
+                        // own for this wait (see `wake`).
+                        wake::note(sleep.deadline());
+                        return Poll::Pending;
+                    }
                     this.state.set(State::Ready);
                 }
                 StateProj::Ready => {

@@ -189,3 +189,28 @@ async fn without_a_deadline_retries_are_not_limited_by_time() {
     let _ = svc.oneshot(get()).await.unwrap();
     assert_eq!(log.count(), 3);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_backoff_tells_the_layers_above_when_it_wakes_the_task() {
+    // A deadline above the retry layer need not arm a timer of its own
+    // while the backoff's timer (ending before the deadline) wakes the task.
+    let log = Log::new();
+    let svc = layer().layer(Scripted::fails_then_ok(&log, 503, 1));
+    let start = Instant::now();
+    let mut call = std::pin::pin!(svc.oneshot(with_deadline(Duration::from_secs(1))));
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let watch = tower_resilience_base::wake::Watch::start();
+    assert!(
+        std::future::Future::poll(call.as_mut(), &mut cx).is_pending(),
+        "in the backoff"
+    );
+    assert_eq!(
+        watch.finish(),
+        Some(start + Duration::from_millis(200)),
+        "the backoff's end"
+    );
+    let response = call.await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(start.elapsed(), Duration::from_millis(200));
+}

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::RETRY_AFTER;
@@ -16,7 +16,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tower_resilience_base::grpc::GRPC_RETRY_PUSHBACK_MS;
 use tower_resilience_base::hook::{AttemptHook, AttemptOutcome, Attempts, ResponseView};
-use tower_resilience_base::{CallContext, Deadline};
+use tower_resilience_base::{wake, CallContext, Deadline};
 use tower_service::Service;
 
 use super::decide;
@@ -550,7 +550,10 @@ where
                     let Some(timer) = self.timer.as_mut() else {
                         unreachable!("an armed phase has a timer");
                     };
-                    ready!(timer.as_mut().poll(cx));
+                    if timer.as_mut().poll(cx).is_pending() {
+                        wake::note(timer.deadline());
+                        return Poll::Pending;
+                    }
                     self.phase = Phase::Due;
                 }
                 // due -> idle (another hedge allowed) | stopped: send.
