@@ -16,10 +16,20 @@
 //! - **tower**: the same client as `tower_breaker::reqwest::ReqwestService`
 //!   under `ServiceBuilder::new().timeout(2s).concurrency_limit(1024)`,
 //!   called through `tower_breaker::reqwest::Client`;
+//! - **tower, same jobs**: the same adapter under tower's layers doing what
+//!   the stack does but the breaker's work: an outer `timeout(2s)`, `retry`
+//!   with tower's `TpsBudget` (its policy keeps a copy of the request head
+//!   for a retry, as ours does for an idempotent request), a
+//!   `concurrency_limit(1024)`, a per-attempt `timeout(2s)`, and a
+//!   `map_request` writing the remaining budget as the deadline header;
 //! - **ours**: the same adapter under
 //!   `client_stack("bench").timeout(2s).concurrency(1024)` (deadline,
 //!   breaker, retry with its budget, bulkhead, per-attempt deadline),
 //!   called through the same `Client`.
+//!
+//! The first tower row is the lightest client that still bounds a call;
+//! the second is the fair control for the stack's cost: the same work,
+//! composed from tower's layers.
 //!
 //! Server side (the caller is the bare `reqwest::Client`, the router
 //! changes):
@@ -390,6 +400,83 @@ impl Caller {
     }
 }
 
+/// The retry policy of the same-jobs control: retry an error or a 5xx
+/// answer while tower's `TpsBudget` allows (10 s window, 10 retries per
+/// second, 10%, as our budget), depositing every request that went well.
+/// A retry needs a copy of the request, kept before each call: the head,
+/// and the body when it is in memory (a `GET`'s empty one, here).
+#[derive(Clone)]
+struct SameJobs {
+    budget: Arc<tower::retry::budget::TpsBudget>,
+}
+
+impl SameJobs {
+    fn new() -> Self {
+        Self {
+            budget: Arc::new(tower::retry::budget::TpsBudget::new(
+                Duration::from_secs(10),
+                10,
+                0.1,
+            )),
+        }
+    }
+}
+
+impl<E> tower::retry::Policy<HttpRequest, HttpResponse, E> for SameJobs {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut HttpRequest,
+        result: &mut Result<HttpResponse, E>,
+    ) -> Option<Self::Future> {
+        use tower::retry::budget::Budget as _;
+        match result {
+            Ok(response) if !response.status().is_server_error() => {
+                self.budget.deposit();
+                None
+            }
+            _ => self.budget.withdraw().then(|| std::future::ready(())),
+        }
+    }
+
+    fn clone_request(&mut self, request: &HttpRequest) -> Option<HttpRequest> {
+        let body = request.body().as_bytes()?;
+        let mut copy = HttpRequest::new(reqwest::Body::from(bytes::Bytes::copy_from_slice(body)));
+        *copy.method_mut() = request.method().clone();
+        *copy.uri_mut() = request.uri().clone();
+        *copy.version_mut() = request.version();
+        *copy.headers_mut() = request.headers().clone();
+        *copy.extensions_mut() = request.extensions().clone();
+        Some(copy)
+    }
+}
+
+/// The deadline header of the same-jobs control: the remaining budget of
+/// the task's deadline (or the timeout) in milliseconds, as the stack's
+/// per-attempt deadline writes it (formatted on the stack, one allocation).
+fn write_budget(mut request: HttpRequest) -> HttpRequest {
+    let remaining = tower_deadline::remaining().unwrap_or(TIMEOUT);
+    let millis = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    let mut n = millis;
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if let Ok(value) = http::HeaderValue::from_bytes(&buf[at..]) {
+        request
+            .headers_mut()
+            .insert(tower_deadline::DEFAULT_HTTP_HEADER, value);
+    }
+    request
+}
+
 /// A `reqwest::Client` that talks to 127.0.0.1 directly, whatever the
 /// proxy variables say.
 fn reqwest_client() -> Result<reqwest::Client, String> {
@@ -627,6 +714,7 @@ const TOWER_CLIENT: usize = 1;
 const OURS_CLIENT: usize = 2;
 const TOWER_HTTP_SERVER: usize = 3;
 const OURS_SERVER: usize = 4;
+const TOWER_SAME_JOBS: usize = 5;
 
 async fn bench(args: &Args) -> Result<(), String> {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -668,6 +756,17 @@ async fn bench(args: &Args) -> Result<(), String> {
             .service(ReqwestService::new(transport)),
     );
     let transport = reqwest_client()?;
+    let tower_same_jobs = stacked(
+        transport.clone(),
+        ServiceBuilder::new()
+            .timeout(TIMEOUT)
+            .layer(tower::retry::RetryLayer::new(SameJobs::new()))
+            .concurrency_limit(LIMIT)
+            .timeout(TIMEOUT)
+            .map_request(write_budget)
+            .service(ReqwestService::new(transport)),
+    );
+    let transport = reqwest_client()?;
     let ours = stacked(
         transport.clone(),
         client_stack("bench")
@@ -701,6 +800,13 @@ async fn bench(args: &Args) -> Result<(), String> {
             caller: &reqwest,
             caller_label: "bare `reqwest::Client`",
             server: server(ServerKind::Ours),
+        },
+        Case {
+            caller: &tower_same_jobs,
+            caller_label: "`ReqwestService` + tower, same jobs: `timeout`, `retry` \
+                           (`TpsBudget`), `concurrency_limit`, per-attempt `timeout`, \
+                           budget header",
+            server: server(ServerKind::Bare),
         },
     ];
 
@@ -775,6 +881,7 @@ fn case_name(index: usize) -> &'static str {
         OURS_CLIENT => "ours -> bare",
         TOWER_HTTP_SERVER => "reqwest -> tower-http",
         OURS_SERVER => "reqwest -> ours",
+        TOWER_SAME_JOBS => "tower same jobs -> bare",
         _ => "?",
     }
 }
@@ -819,11 +926,14 @@ fn fmt_ratio(value: Option<f64>) -> String {
 }
 
 /// One table row of a case.
+///
+/// `bases` name the rows the `vs` columns compare with, in order; the `CPU
+/// vs` column compares with the first.
 fn row(
     samples: &[Vec<Sample>],
     label: &str,
     case: usize,
-    bases: [usize; 2],
+    bases: &[usize],
     cpu: fn(&Sample) -> Option<f64>,
     other_cpu: fn(&Sample) -> Option<f64>,
 ) -> String {
@@ -839,14 +949,19 @@ fn row(
         "n/a".to_owned()
     };
     let errors: u64 = rounds.iter().map(|s| s.errors).sum();
-    format!(
-        "| {label} | {rate:.0} | {} | {} | {} | {} | {} | {errors} | {spread} |\n",
-        fmt_ratio(median_ratio(samples, case, bases[0], |s| Some(s.rate()))),
-        fmt_ratio(median_ratio(samples, case, bases[1], |s| Some(s.rate()))),
+    let mut out = format!("| {label} | {rate:.0} |");
+    for &base in bases {
+        let ratio = median_ratio(samples, case, base, |s| Some(s.rate()));
+        let _ = write!(out, " {} |", fmt_ratio(ratio));
+    }
+    let _ = writeln!(
+        out,
+        " {} | {} | {} | {errors} | {spread} |",
         fmt_us(median(rounds.iter().filter_map(cpu).collect())),
         fmt_ratio(median_ratio(samples, case, bases[0], cpu)),
         fmt_us(median(rounds.iter().filter_map(other_cpu).collect())),
-    )
+    );
+    out
 }
 
 fn tables(args: &Args, cases: &[Case<'_>], samples: &[Vec<Sample>]) -> String {
@@ -859,16 +974,16 @@ fn tables(args: &Args, cases: &[Case<'_>], samples: &[Vec<Sample>]) -> String {
         args.secs.as_secs_f64()
     );
     out.push_str(
-        "| client | req/s | vs tower | vs reqwest | client µs/req | CPU vs tower \
-         | server µs/req | errors | spread |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| client | req/s | vs tower | vs tower, same jobs | vs reqwest | client µs/req \
+         | CPU vs tower | server µs/req | errors | spread |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for case in [REQWEST_BARE, TOWER_CLIENT, OURS_CLIENT] {
+    for case in [REQWEST_BARE, TOWER_CLIENT, TOWER_SAME_JOBS, OURS_CLIENT] {
         out.push_str(&row(
             samples,
             cases[case].caller_label,
             case,
-            [TOWER_CLIENT, REQWEST_BARE],
+            &[TOWER_CLIENT, TOWER_SAME_JOBS, REQWEST_BARE],
             Sample::client_us,
             Sample::server_us,
         ));
@@ -890,7 +1005,7 @@ fn tables(args: &Args, cases: &[Case<'_>], samples: &[Vec<Sample>]) -> String {
             samples,
             cases[case].server.kind.label(),
             case,
-            [TOWER_HTTP_SERVER, REQWEST_BARE],
+            &[TOWER_HTTP_SERVER, REQWEST_BARE],
             Sample::server_us,
             Sample::client_us,
         ));
