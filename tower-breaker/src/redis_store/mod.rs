@@ -17,7 +17,10 @@
 //!
 //! Every decision is one Lua script, run atomically by the server and
 //! reading the server's clock (`TIME`), so the clocks of the processes
-//! never matter and no two processes can interleave:
+//! never matter and no two processes can interleave. The scripts are
+//! files of their own (`src/redis_store/lua/*.lua`, each opening with a
+//! comment block: its keys, arguments, what it reads, writes and returns),
+//! loaded after a shared prelude of helpers:
 //!
 //! - **open** ([`Store::try_open`]): if the circuit is not open, or its T
 //!   has passed (or is unreadable), write T = now + the period; otherwise
@@ -138,162 +141,30 @@ pub const MAX_PREFIX_LEN: usize = 64;
 
 /// Shared by every script: the server's clock in milliseconds, and the
 /// write of a whole open record with its cleanup time.
-const PRELUDE: &str = r"
-if redis.replicate_commands then redis.replicate_commands() end
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function int(x) return string.format('%.0f', x) end
-local function clear_window(key)
-  for _, field in ipairs(redis.call('HKEYS', key)) do
-    if string.sub(field, 1, 1) == 'w' then redis.call('HDEL', key, field) end
-  end
-end
-local function write(key, now, until_ms, period, token, reopens, lease, cleanup)
-  redis.call('HSET', key, 'state', 'open', 'until', int(until_ms), 'token', token,
-    'reopens', int(reopens), 'period', int(period), 'since', int(now), 'lease', int(lease))
-  redis.call('PEXPIRE', key, int(math.max(until_ms, lease) - now + cleanup))
-end
-";
+const PRELUDE: &str = include_str!("lua/prelude.lua");
 
 /// ARGV: period, token, cleanup. Returns {wrote, remaining}.
-const OPEN: &str = r"
-local now = now_ms()
-local period = tonumber(ARGV[1])
-local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'state')
-local closed = rec[3] == 'closed'
-local t = tonumber(rec[1])
-if not closed and t and t > now then return {0, t - now} end
-local reopens = 0
-if not closed then reopens = tonumber(rec[2]) or 0 end
-clear_window(KEYS[1])
-write(KEYS[1], now, now + period, period, ARGV[2], reopens, 0, tonumber(ARGV[3]))
-redis.call('PUBLISH', KEYS[1], 'o:' .. int(period))
-return {1, period}
-";
+const OPEN: &str = include_str!("lua/open.lua");
 
 /// ARGV: calls, failures, slow, bucket ms, buckets, minimum calls, failure
 /// ppm, slow ppm (0: off), period, token, cleanup. Returns what **read**
 /// returns, after adding the report to the fleet's window and opening if
 /// the window breaks the rule.
-const REPORT: &str = r"
-local now = now_ms()
-local rec = redis.call('HMGET', KEYS[1], 'until', 'state', 'reopens')
-if rec[2] == 'open' then
-  local t = tonumber(rec[1])
-  if t and t > now then return {1, t - now} end
-  return {2}
-end
-local bucket_ms = tonumber(ARGV[4])
-local buckets = tonumber(ARGV[5])
-local tick = math.floor(now / bucket_ms)
-local field = 'w' .. int(tick % buckets)
-local c, f, s = 0, 0, 0
-local cur = redis.call('HGET', KEYS[1], field)
-if cur then
-  local i, cc, ff, ss = string.match(cur, '^(%d+):(%d+):(%d+):(%d+)$')
-  if tonumber(i) == tick then c, f, s = tonumber(cc), tonumber(ff), tonumber(ss) end
-end
-c = c + tonumber(ARGV[1])
-f = f + tonumber(ARGV[2])
-s = s + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], field, int(tick) .. ':' .. int(c) .. ':' .. int(f) .. ':' .. int(s))
-local calls, failures, slow = 0, 0, 0
-for slot = 0, buckets - 1 do
-  local v = redis.call('HGET', KEYS[1], 'w' .. int(slot))
-  if v then
-    local i, cc, ff, ss = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
-    i = tonumber(i)
-    if i and i <= tick and i > tick - buckets then
-      calls = calls + tonumber(cc)
-      failures = failures + tonumber(ff)
-      slow = slow + tonumber(ss)
-    end
-  end
-end
-local minimum = tonumber(ARGV[6])
-local fppm = tonumber(ARGV[7])
-local sppm = tonumber(ARGV[8])
-if calls > 0 and calls >= minimum and
-   (failures * 1000000 >= fppm * calls or (sppm > 0 and slow * 1000000 >= sppm * calls)) then
-  local period = tonumber(ARGV[9])
-  local reopens = 0
-  if rec[2] ~= 'closed' then reopens = tonumber(rec[3]) or 0 end
-  clear_window(KEYS[1])
-  write(KEYS[1], now, now + period, period, ARGV[10], reopens, 0, tonumber(ARGV[11]))
-  redis.call('PUBLISH', KEYS[1], 'o:' .. int(period))
-  return {1, period}
-end
-local ttl = redis.call('PTTL', KEYS[1])
-local keep = buckets * bucket_ms + tonumber(ARGV[11])
-if ttl < keep then redis.call('PEXPIRE', KEYS[1], int(keep)) end
-if rec[2] == 'closed' then return {0} end
-return {3}
-";
+const REPORT: &str = include_str!("lua/report.lua");
 
 /// ARGV: period, token, lease, cleanup. Returns {0} closed, {1, remaining}
 /// lost, {2, reopens, period} won.
-const ELECT: &str = r"
-local now = now_ms()
-local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'period', 'state', 'lease')
-if rec[4] == 'closed' then return {0} end
-local t = tonumber(rec[1])
-if t and t > now then return {1, t - now} end
-local lease = tonumber(rec[5]) or 0
-if lease > now then return {1, lease - now} end
-local reopens = tonumber(rec[2]) or 0
-local period = math.max(tonumber(ARGV[1]), tonumber(rec[3]) or 0)
-write(KEYS[1], now, now + period, period, ARGV[2], reopens, now + tonumber(ARGV[3]),
-  tonumber(ARGV[4]))
-return {2, reopens, period}
-";
+const ELECT: &str = include_str!("lua/elect.lua");
 
 /// ARGV: period, the winner's token, a fresh token, cleanup. Returns
 /// {wrote, remaining}.
-const REOPEN: &str = r"
-local now = now_ms()
-local period = tonumber(ARGV[1])
-local rec = redis.call('HMGET', KEYS[1], 'until', 'token', 'reopens', 'state')
-local open = rec[4] == 'open'
-local t = tonumber(rec[1])
-if open and rec[2] == ARGV[2] then
-  local until_ms = now + period
-  if t and t > until_ms then until_ms = t end
-  write(KEYS[1], now, until_ms, period, ARGV[3], (tonumber(rec[3]) or 0) + 1, 0,
-    tonumber(ARGV[4]))
-  redis.call('PUBLISH', KEYS[1], 'o:' .. int(until_ms - now))
-  return {1, until_ms - now}
-end
-if open and t and t > now then return {0, t - now} end
-return {0, 0}
-";
+const REOPEN: &str = include_str!("lua/reopen.lua");
 
 /// ARGV: token, cleanup. Returns {1} if it closed the circuit.
-const CLOSE: &str = r"
-local rec = redis.call('HMGET', KEYS[1], 'token', 'state')
-if rec[2] == 'open' and rec[1] == ARGV[1] then
-  local now = now_ms()
-  redis.call('HSET', KEYS[1], 'state', 'closed', 'token', '', 'since', int(now))
-  redis.call('HDEL', KEYS[1], 'until', 'lease', 'reopens', 'period')
-  redis.call('PEXPIRE', KEYS[1], int(tonumber(ARGV[2])))
-  redis.call('PUBLISH', KEYS[1], 'c')
-  return {1}
-end
-return {0}
-";
+const CLOSE: &str = include_str!("lua/close.lua");
 
 /// Returns {0} closed, {1, remaining} open, {2} expired, {3} missing.
-const READ: &str = r"
-local now = now_ms()
-local rec = redis.call('HMGET', KEYS[1], 'until', 'state')
-if rec[2] == 'closed' then return {0} end
-if not rec[1] and not rec[2] then return {3} end
-local t = tonumber(rec[1])
-if not t then return redis.error_reply('tower-breaker: unreadable record (until is not a number)') end
-if t > now then return {1, t - now} end
-return {2}
-";
+const READ: &str = include_str!("lua/read.lua");
 
 /// A [`Store`] in Redis: the breakers of every process that uses the same
 /// Redis, prefix and breaker name share one circuit.
@@ -840,6 +711,15 @@ mod tests {
     /// Lua's global functions the bodies may call without a definition.
     const LUA_GLOBALS: [&str; 4] = ["tonumber", "tostring", "ipairs", "pairs"];
 
+    /// `code` without its comments (`--` to the end of the line; the
+    /// scripts have no `--` inside strings).
+    fn code_only(code: &str) -> String {
+        code.lines()
+            .map(|line| line.find("--").map_or(line, |at| &line[..at]))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The names of the local functions `code` defines.
     fn defined(code: &str) -> Vec<&str> {
         code.match_indices("local function ")
@@ -874,7 +754,8 @@ mod tests {
 
     #[test]
     fn every_script_is_built_with_the_prelude_once_and_calls_only_its_helpers() {
-        let helpers = defined(PRELUDE);
+        let prelude = code_only(PRELUDE);
+        let helpers = defined(&prelude);
         assert_eq!(helpers, ["now_ms", "int", "clear_window", "write"]);
         let mut hashes = std::collections::HashSet::new();
         for (name, body) in SCRIPTS {
@@ -894,6 +775,13 @@ mod tests {
             );
             assert!(hashes.insert(built), "{name} has another script's hash");
 
+            // Each file opens with the comment block that says what the
+            // script reads and writes.
+            assert!(body.starts_with(&format!("-- {name}: ")), "{name}");
+            for clause in ["KEYS[1]", "Reads", "Writes", "Returns"] {
+                assert!(body.contains(&format!("-- {clause}")), "{name}: {clause}");
+            }
+            let body = &code_only(body);
             // A body defines no helper of its own (nor redefines one)...
             assert_eq!(defined(body), Vec::<&str>::new(), "{name}");
             assert!(!body.contains("replicate_commands"), "{name}");
@@ -909,7 +797,7 @@ mod tests {
         }
         assert_eq!(hashes.len(), SCRIPTS.len());
         // The prelude's own helpers call only each other or Lua.
-        for f in called(PRELUDE) {
+        for f in called(&prelude) {
             assert!(
                 helpers.contains(&f) || LUA_GLOBALS.contains(&f),
                 "the prelude calls {f}"
