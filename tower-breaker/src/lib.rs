@@ -322,18 +322,17 @@
 //!
 //! A breaker in each process's memory does little for a fleet of many
 //! short-lived processes: each must burn its own failures before it stops
-//! calling. With a [`Store`](store::Store) (feature `redis`:
-//! `redis_store::RedisStore`), the breakers of every process that share a
-//! Redis, a key prefix and a breaker name act as one circuit:
+//! calling. With a [`Store`](store::Store) (`RedisStore`, from the crate
+//! [`tower-breaker-redis`](https://docs.rs/tower-breaker-redis)), the
+//! breakers of every process that share a Redis, a key prefix and a
+//! breaker name act as one circuit:
 //!
 //! ```no_run
-//! # #[cfg(feature = "redis")]
-//! # async fn run() -> Result<(), tower_breaker::BoxError> {
-//! use std::sync::Arc;
-//! use tower_breaker::redis_store::{RedisOptions, RedisStore};
+//! # async fn run(store: std::sync::Arc<dyn tower_breaker::store::Store>) -> Result<(), tower_breaker::BoxError> {
 //! use tower_breaker::{Breaker, BreakerConfig};
 //!
-//! let store = Arc::new(RedisStore::connect("redis://127.0.0.1:6379", RedisOptions::new()).await?);
+//! // `store`: `Arc::new(tower_breaker_redis::RedisStore::connect(
+//! //     "redis://127.0.0.1:6379", RedisOptions::new()).await?)`, say.
 //! let breaker = Breaker::try_with_config("payments", BreakerConfig::new().store(store))?;
 //! breaker.refresh().await?; // know the fleet's circuit before serving
 //! # Ok(())
@@ -409,7 +408,8 @@
 //!   Redis outage into an outage of every dependency behind a breaker.
 //!   Alarm on `store_errors` either way.
 //!
-//! **On DynamoDB** (feature `dynamodb`: `dynamodb_store::DynamoDbStore`,
+//! **On DynamoDB** (`DynamoDbStore`, from the crate
+//! [`tower-breaker-dynamodb`](https://docs.rs/tower-breaker-dynamodb),
 //! the seeds' own design for serverless functions), the same record is one
 //! item and every decision a consistent read followed by a write
 //! conditioned on the version read, so one prober wins each election
@@ -460,11 +460,7 @@
 //! | feature | default | what |
 //! |---|---|---|
 //! | `stack` | on | [`stack`]: the one-line client and server stacks, with `tower-deadline`, `tower-retry-budget` and `tower-bulkhead` in the recommended order |
-//! | `redis` | off | `redis_store::RedisStore`, a [`Store`](store::Store) in Redis through the `redis` crate (tokio, Lua scripts, pushes over pub/sub), on one node or through Sentinel, with ACL logins |
-//! | `redis-tls` | off | `rediss://` for the store: rustls with the `ring` crypto provider (no system OpenSSL), custom CAs and client certificates |
-//! | `redis-cluster` | off | the store on a Redis Cluster (`RedisTarget::cluster`) |
 //! | `metrics` | off | `metrics`: calls, rejections, state, transitions, probes and store errors through the [`metrics`](https://docs.rs/metrics) facade, labelled with the breaker's name (with `stack`, the other three layers record theirs too); the full list of names is in `docs/metrics.md` at the repository's root |
-//! | `dynamodb` | off | `dynamodb_store::DynamoDbStore`, a [`Store`](store::Store) in a DynamoDB table through the official `aws-sdk-dynamodb` client (conditional writes, a fenced prober election, a TTL for cleanup, a documented clock-skew bound) |
 //! | `reqwest` | off | module `reqwest` (reqwest 0.13): `reqwest::Client` at the bottom of the client stack (`reqwest::ReqwestService`) and a `reqwest::Client` of this crate over it whose request builder is reqwest's own, delegated (`client.get(url).send().await`), built in one call by `ClientStack::reqwest`; enables `stack`; reqwest without default features (bring your TLS backend) |
 //! | `reqwest-query`, `reqwest-form`, `reqwest-json`, `reqwest-multipart` | off | the builder methods `query`, `form`, `json` and `multipart`, through reqwest's features of the same names; each enables `reqwest` |
 //! | `reqwest-http2` | off | HTTP/2 for the reqwest transport (reqwest's `http2`), with the retry layer recognising HTTP/2 refusals, so that they are retried by the stack once reqwest's own retries are off; enables `reqwest` |
@@ -486,9 +482,6 @@ pub mod body;
 mod breaker;
 pub mod classify;
 mod config;
-#[cfg(feature = "dynamodb")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
-pub mod dynamodb_store;
 pub mod error;
 pub mod fallback;
 pub mod future;
@@ -502,9 +495,6 @@ pub mod metrics;
 mod metrics_off;
 #[cfg(not(feature = "metrics"))]
 use metrics_off as metrics;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub mod redis_store;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;
@@ -554,7 +544,7 @@ pub use tower_resilience_base::Answer;
 pub use tower_resilience_base::BoxError;
 
 /// The README's examples, compiled as doc tests.
-#[cfg(all(doctest, feature = "redis", feature = "dynamodb"))]
+#[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 #[derive(Debug)]
 pub struct ReadmeDoctests;

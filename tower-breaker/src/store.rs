@@ -40,7 +40,7 @@
 //! An opening whose write-through failed is written again at the first
 //! read that finds the store without it, so sharing resumes by itself.
 //! Timeouts of store calls belong to each store implementation
-//! (`redis_store::RedisStore`, feature `redis`, bounds each one, 50 ms by
+//! (`tower_breaker_redis::RedisStore` bounds each one, 50 ms by
 //! default); the breaker itself bounds an election by the half-open
 //! wait.
 //!
@@ -479,24 +479,40 @@ pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
 
 /// Tokens that no other call of any process is likely to draw: a random
 /// per-store seed hashed with a counter. The shared stores use them for
-/// their versions and probe tokens.
-#[cfg(any(feature = "redis", feature = "dynamodb"))]
+/// their versions and probe tokens; a store of your own can too.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::store::Tokens;
+///
+/// let tokens = Tokens::new();
+/// assert_ne!(tokens.draw(), tokens.draw());
+/// ```
 #[derive(Debug)]
-pub(crate) struct Tokens {
+pub struct Tokens {
     seed: std::collections::hash_map::RandomState,
     next: AtomicU64,
 }
 
-#[cfg(any(feature = "redis", feature = "dynamodb"))]
+impl Default for Tokens {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Tokens {
-    pub(crate) fn new() -> Self {
+    /// A source of tokens with a seed of its own.
+    #[must_use]
+    pub fn new() -> Self {
         Self {
             seed: std::collections::hash_map::RandomState::new(),
             next: AtomicU64::new(0),
         }
     }
 
-    pub(crate) fn draw(&self) -> u64 {
+    /// The next token.
+    pub fn draw(&self) -> u64 {
         use std::hash::{BuildHasher, Hasher};
         let mut hasher = self.seed.build_hasher();
         hasher.write_u64(self.next.fetch_add(1, Relaxed));

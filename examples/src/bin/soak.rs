@@ -60,13 +60,13 @@ use axum::Router;
 use examples::demo::{check, serve_local};
 use tokio::time::{Instant, MissedTickBehavior};
 use tower::{Layer, Service, ServiceBuilder};
-use tower_breaker::redis_store::{RedisOptions, RedisStore};
 use tower_breaker::reqwest::{Client, ReqwestService};
 use tower_breaker::stack::server_stack;
 use tower_breaker::{
     Answer, Breaker, BreakerConfig, BreakerLayer, Cause, Outcome, State as CircuitState, Totals,
     Transition,
 };
+use tower_breaker_redis::{RedisOptions, RedisStore};
 use tower_bulkhead::{BulkheadLayer, CompartmentHandle, HttpBulkheadLayer};
 use tower_deadline::ClientDeadlineLayer;
 use tower_retry_budget::{Counters, RetryLayer, RETRY_ATTEMPT_HEADER};

@@ -152,40 +152,6 @@ pub fn ok_infallible(
     service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) })
 }
 
-/// Whether `program` runs (`program arg` succeeds). When it does not, says
-/// so on the real stderr (not captured by the test harness) with `hint`,
-/// so that `test` can return early; with `TOWER_REQUIRE_SERVERS` set (as
-/// `.ci/run` does), a missing server fails the test instead.
-pub fn server_found(program: &str, arg: &str, test: &str, hint: &str) -> bool {
-    let found = std::process::Command::new(program)
-        .arg(arg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if !found {
-        assert!(
-            std::env::var_os("TOWER_REQUIRE_SERVERS").is_none(),
-            "{program} not found and TOWER_REQUIRE_SERVERS is set: `{test}` must run"
-        );
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "skipped: {program} not found ({hint}): {test}"
-        );
-    }
-    found
-}
-
-#[cfg(feature = "dynamodb")]
-pub mod moto_server;
-#[cfg(feature = "redis")]
-pub mod redis_server;
-#[cfg(feature = "redis-tls")]
-pub mod redis_tls;
-#[cfg(feature = "redis")]
-pub mod redis_topology;
-
 /// One event: its message, and its other fields as their `Debug` text.
 pub type Event = (String, BTreeMap<String, String>);
 

@@ -2,7 +2,6 @@
 //! calling a failing dependency at a low rate, open together from the
 //! fleet's evidence. Each process is this test binary run again with
 //! `TOWER_BREAKER_REDIS_FLEET` set; a private `redis-server` on a free port.
-#![cfg(feature = "redis")]
 
 mod support;
 
@@ -13,8 +12,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::sleep;
-use tower_breaker::redis_store::{RedisOptions, RedisStore};
 use tower_breaker::{Breaker, Outcome, State};
+use tower_breaker_redis::{RedisOptions, RedisStore};
 
 const MEMBER: &str = "TOWER_BREAKER_REDIS_FLEET";
 

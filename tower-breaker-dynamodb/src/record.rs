@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use crate::store::{Decision, FleetRule, StoreError};
+use tower_breaker::store::{Decision, FleetRule, StoreError};
 
 /// An item as DynamoDB returns it.
 pub(super) type Item = HashMap<String, AttributeValue>;

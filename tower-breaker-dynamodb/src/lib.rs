@@ -1,5 +1,5 @@
 //! [`DynamoDbStore`]: the shared decision of a fleet's breakers in a
-//! DynamoDB table (feature `dynamodb`), for fleets of short-lived processes
+//! DynamoDB table, a [`Store`] for [`tower_breaker`], for fleets of short-lived processes
 //! (AWS Lambda functions, say) that have DynamoDB at hand and no Redis.
 //!
 //! # The table
@@ -101,9 +101,9 @@
 //! Items stay under 1 KB: a write costs one write capacity unit, a
 //! (strongly consistent) read one read capacity unit. On the closed path
 //! there is no request; each breaker reads or reports once per
-//! [`refresh_interval`](crate::BreakerConfig::refresh_interval) (60 requests
+//! [`refresh_interval`](tower_breaker::BreakerConfig::refresh_interval) (60 requests
 //! a minute per breaker and process by default), and reports at most every
-//! [`flush_interval`](crate::BreakerConfig::flush_interval) while failures
+//! [`flush_interval`](tower_breaker::BreakerConfig::flush_interval) while failures
 //! arrive. On-demand tables bill per request: for large fleets, raise both.
 //! [`DynamoDbStore::usage`] counts requests and the capacity the service
 //! reported.
@@ -116,7 +116,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use tower_breaker::dynamodb_store::{DynamoDbOptions, DynamoDbStore};
+//! use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 //! use tower_breaker::{Breaker, BreakerConfig};
 //!
 //! # async fn run(sdk_config: &aws_sdk_dynamodb::Config) -> Result<(), tower_breaker::BoxError> {
@@ -129,6 +129,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::collections::HashMap;
 use std::fmt;
@@ -149,10 +150,10 @@ use aws_sdk_dynamodb::Client;
 
 mod record;
 
-use crate::store::{
+use record::{bucket_attr, decide, expiry_secs, millis, pack, Item, Phase, Record, Window};
+use tower_breaker::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
 };
-use record::{bucket_attr, decide, expiry_secs, millis, pack, Item, Phase, Record, Window};
 
 /// The default table name: `"tower-breaker"`.
 pub const DEFAULT_TABLE: &str = "tower-breaker";
@@ -162,7 +163,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 /// The default clock skew the store tolerates between processes: 1 s.
 pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
 /// The default time an item is kept after its T: 10 minutes.
-pub const DEFAULT_CLEANUP_AFTER: Duration = crate::store::DEFAULT_CLEANUP_AFTER;
+pub const DEFAULT_CLEANUP_AFTER: Duration = tower_breaker::store::DEFAULT_CLEANUP_AFTER;
 /// The longest breaker name: 200 bytes.
 pub const MAX_NAME_LEN: usize = 200;
 /// The longest key prefix: 64 bytes.
@@ -185,7 +186,7 @@ const MAX_REMOVED: usize = 16;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_breaker::dynamodb_store::{DynamoDbOptions, DynamoDbStore};
+/// use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 /// use tower_breaker::store::{Decision, Store};
 ///
 /// # async fn run(client: aws_sdk_dynamodb::Client) -> Result<(), tower_breaker::BoxError> {
@@ -220,7 +221,7 @@ pub struct DynamoDbStore {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_breaker::dynamodb_store::DynamoDbOptions;
+/// use tower_breaker_dynamodb::DynamoDbOptions;
 ///
 /// let options = DynamoDbOptions::new()
 ///     .table("circuits")
@@ -248,7 +249,7 @@ pub struct DynamoDbOptions {
 /// # Example
 ///
 /// ```
-/// use tower_breaker::dynamodb_store::Usage;
+/// use tower_breaker_dynamodb::Usage;
 ///
 /// let usage = Usage::default();
 /// assert_eq!(usage.reads + usage.writes, 0);
@@ -1028,3 +1029,9 @@ fn add_units(counter: &AtomicU64, consumed: Option<&ConsumedCapacity>) {
         counter.fetch_add((units * 1000.0).round() as u64, Relaxed);
     }
 }
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+#[derive(Debug)]
+pub struct ReadmeDoctests;

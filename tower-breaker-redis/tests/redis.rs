@@ -5,7 +5,6 @@
 //! Real time is unavoidable here (paused tokio time does not move Redis's
 //! clock): open periods are a few hundred milliseconds, and the tests
 //! assert the order of events with generous bounds, never tight timings.
-#![cfg(feature = "redis")]
 
 mod support;
 
@@ -18,9 +17,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::{sleep, Instant};
-use tower_breaker::redis_store::{InvalidName, RedisOptions, RedisStore};
 use tower_breaker::store::{Decision, Election, ProbeToken, Store, StoreFailureMode};
 use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
+use tower_breaker_redis::{InvalidName, RedisOptions, RedisStore};
 
 const REFRESH: Duration = Duration::from_millis(100);
 const OPEN: Duration = Duration::from_millis(400);

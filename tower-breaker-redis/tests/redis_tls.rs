@@ -7,7 +7,7 @@
 //!
 //! Real time, as in `tests/redis.rs`: the order of events is asserted,
 //! with generous bounds.
-#![cfg(feature = "redis-tls")]
+#![cfg(feature = "tls")]
 
 mod support;
 
@@ -18,9 +18,9 @@ use std::time::Duration;
 use support::redis_tls::{TestCa, TlsServer, PASSWORD, USER};
 use support::*;
 use tokio::time::{sleep, Instant};
-use tower_breaker::redis_store::{RedisOptions, RedisStore, RedisTarget};
 use tower_breaker::store::{Decision, Store};
 use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
+use tower_breaker_redis::{RedisOptions, RedisStore, RedisTarget};
 
 const REFRESH: Duration = Duration::from_millis(100);
 /// Slack for scheduling (and TLS handshakes) on a busy 2-core machine.

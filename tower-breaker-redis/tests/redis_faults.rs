@@ -4,7 +4,6 @@
 //! callsite that other tests' threads hit at the same moment can miss a
 //! thread-local subscriber (tracing caches each callsite's interest
 //! process-wide).
-#![cfg(feature = "redis")]
 
 mod support;
 
@@ -15,8 +14,8 @@ use std::time::Duration;
 use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::{sleep, Instant};
-use tower_breaker::redis_store::{RedisOptions, RedisStore};
 use tower_breaker::{Breaker, Outcome, State};
+use tower_breaker_redis::{RedisOptions, RedisStore};
 
 const REFRESH: Duration = Duration::from_millis(100);
 

@@ -6,7 +6,6 @@
 //! rules are tested by giving each "process" (each store) its own clock
 //! offset instead of waiting. The tests through breakers run in real time
 //! with open periods of a few hundred milliseconds and generous bounds.
-#![cfg(feature = "dynamodb")]
 
 mod support;
 
@@ -20,11 +19,11 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use support::moto_server::{client_for, options, MotoServer};
 use support::*;
 use tokio::time::{sleep, Instant};
-use tower_breaker::dynamodb_store::{DynamoDbOptions, DynamoDbStore};
 use tower_breaker::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreFailureMode,
 };
 use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
+use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
 const TABLE: &str = "circuits";
 const REFRESH: Duration = Duration::from_millis(100);

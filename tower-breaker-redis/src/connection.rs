@@ -14,10 +14,10 @@ use redis::{
 };
 
 use super::{push, RedisOptions, RedisStore};
-use crate::BoxError;
+use tower_breaker::BoxError;
 
 mod node;
-#[cfg(feature = "redis-tls")]
+#[cfg(feature = "tls")]
 mod tls;
 
 use node::{Node, Sentinel, Source};
@@ -38,13 +38,13 @@ enum Inner {
     /// is.
     Node(Node),
     /// Every primary of a Redis Cluster, each key sent to its slot's node.
-    #[cfg(feature = "redis-cluster")]
+    #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
 /// Where the shared store's Redis is, and how to log in to it: one node, a
-/// primary watched by Sentinel, or (feature `redis-cluster`) a Redis
-/// Cluster; an ACL user or a password; TLS (feature `redis-tls`).
+/// primary watched by Sentinel, or (feature `cluster`) a Redis
+/// Cluster; an ACL user or a password; TLS (feature `tls`).
 ///
 /// Build a store from it with [`RedisStore::connect_with`] (or
 /// [`connect_lazy_with`](RedisStore::connect_lazy_with)).
@@ -62,7 +62,7 @@ enum Inner {
 /// # Example
 ///
 /// ```
-/// use tower_breaker::redis_store::{RedisStore, RedisOptions, RedisTarget};
+/// use tower_breaker_redis::{RedisStore, RedisOptions, RedisTarget};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_breaker::BoxError> {
@@ -85,7 +85,7 @@ pub struct RedisTarget {
     topology: Topology,
     username: Option<String>,
     password: Option<String>,
-    #[cfg(feature = "redis-tls")]
+    #[cfg(feature = "tls")]
     tls: tls::TlsFiles,
 }
 
@@ -96,7 +96,7 @@ enum Topology {
         sentinels: Vec<ConnectionInfo>,
         service: String,
     },
-    #[cfg(feature = "redis-cluster")]
+    #[cfg(feature = "cluster")]
     Cluster(Vec<ConnectionInfo>),
 }
 
@@ -122,7 +122,7 @@ enum PushSource {
 /// The certificates a target trusts (and presents), if not the system's.
 #[derive(Clone, Default)]
 struct Trust {
-    #[cfg(feature = "redis-tls")]
+    #[cfg(feature = "tls")]
     certs: Option<redis::TlsCertificates>,
 }
 
@@ -146,7 +146,7 @@ impl Connection {
             Inner::Manager(_) => "connection manager",
             Inner::Node(node) if node.is_sentinel() => "sentinel",
             Inner::Node(_) => "node",
-            #[cfg(feature = "redis-cluster")]
+            #[cfg(feature = "cluster")]
             Inner::Cluster(_) => "cluster",
         }
     }
@@ -165,7 +165,7 @@ impl ConnectionLike for Connection {
         match &mut self.inner {
             Inner::Manager(conn) => conn.req_packed_command(cmd),
             Inner::Node(conn) => conn.req_packed_command(cmd),
-            #[cfg(feature = "redis-cluster")]
+            #[cfg(feature = "cluster")]
             Inner::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
@@ -179,7 +179,7 @@ impl ConnectionLike for Connection {
         match &mut self.inner {
             Inner::Manager(conn) => conn.req_packed_commands(cmd, offset, count),
             Inner::Node(conn) => conn.req_packed_commands(cmd, offset, count),
-            #[cfg(feature = "redis-cluster")]
+            #[cfg(feature = "cluster")]
             Inner::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
         }
     }
@@ -188,7 +188,7 @@ impl ConnectionLike for Connection {
         match &self.inner {
             Inner::Manager(conn) => conn.get_db(),
             Inner::Node(conn) => conn.get_db(),
-            #[cfg(feature = "redis-cluster")]
+            #[cfg(feature = "cluster")]
             Inner::Cluster(conn) => conn.get_db(),
         }
     }
@@ -209,7 +209,7 @@ impl RedisTarget {
     /// One Redis server, or an endpoint that always leads to the current
     /// primary (a managed service's primary endpoint, such as
     /// ElastiCache's): `redis://[user:password@]host[:port][/db]`, or
-    /// `rediss://` for TLS (feature `redis-tls`).
+    /// `rediss://` for TLS (feature `tls`).
     ///
     /// The connection reconnects by itself after errors, with backoff
     /// (50 ms doubling to 1 s, then again at the next call), so a store
@@ -218,16 +218,16 @@ impl RedisTarget {
     /// # Errors
     ///
     /// [`ConnectError`] if the URL does not parse, or asks for TLS
-    /// without the `redis-tls` feature.
+    /// without the `tls` feature.
     ///
     /// # Example
     ///
     /// ```
-    /// use tower_breaker::redis_store::RedisTarget;
+    /// use tower_breaker_redis::RedisTarget;
     ///
     /// let target = RedisTarget::node("redis://127.0.0.1:6379/2")?.password("s3cret");
     /// assert!(RedisTarget::node("http://127.0.0.1").is_err());
-    /// # Ok::<(), tower_breaker::redis_store::ConnectError>(())
+    /// # Ok::<(), tower_breaker_redis::ConnectError>(())
     /// ```
     pub fn node(url: &str) -> Result<Self, ConnectError> {
         let info = url.into_connection_info().map_err(ConnectError::new)?;
@@ -250,7 +250,7 @@ impl RedisTarget {
     /// [`user`](RedisTarget::user) and [`password`](RedisTarget::password)
     /// log in to the primary. The primary is reached over TLS when the
     /// sentinels are (`rediss://`), or when a CA is set (feature
-    /// `redis-tls`); its certificate must then name the address Sentinel
+    /// `tls`); its certificate must then name the address Sentinel
     /// gives (usually an IP address). The store uses database 0.
     ///
     /// # Errors
@@ -261,11 +261,11 @@ impl RedisTarget {
     /// # Example
     ///
     /// ```
-    /// use tower_breaker::redis_store::RedisTarget;
+    /// use tower_breaker_redis::RedisTarget;
     ///
     /// let target = RedisTarget::sentinel(["redis://127.0.0.1:26379"], "breakers")?;
     /// assert!(RedisTarget::sentinel(Vec::<String>::new(), "breakers").is_err());
-    /// # Ok::<(), tower_breaker::redis_store::ConnectError>(())
+    /// # Ok::<(), tower_breaker_redis::ConnectError>(())
     /// ```
     pub fn sentinel<I>(sentinels: I, service: &str) -> Result<Self, ConnectError>
     where
@@ -302,7 +302,7 @@ impl RedisTarget {
     /// # Example
     ///
     /// ```
-    /// use tower_breaker::redis_store::RedisTarget;
+    /// use tower_breaker_redis::RedisTarget;
     ///
     /// let target = RedisTarget::cluster([
     ///     "redis://10.0.0.1:6379",
@@ -310,10 +310,10 @@ impl RedisTarget {
     ///     "redis://10.0.0.3:6379",
     /// ])?;
     /// # let _ = target;
-    /// # Ok::<(), tower_breaker::redis_store::ConnectError>(())
+    /// # Ok::<(), tower_breaker_redis::ConnectError>(())
     /// ```
-    #[cfg(feature = "redis-cluster")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     pub fn cluster<I>(nodes: I) -> Result<Self, ConnectError>
     where
         I: IntoIterator,
@@ -331,7 +331,7 @@ impl RedisTarget {
             topology,
             username: None,
             password: None,
-            #[cfg(feature = "redis-tls")]
+            #[cfg(feature = "tls")]
             tls: tls::TlsFiles::default(),
         }
     }
@@ -350,11 +350,11 @@ impl RedisTarget {
     /// # Example
     ///
     /// ```
-    /// use tower_breaker::redis_store::RedisTarget;
+    /// use tower_breaker_redis::RedisTarget;
     ///
     /// let target = RedisTarget::node("redis://127.0.0.1:6379")?.user("breaker", "s3cret");
     /// assert!(!format!("{target:?}").contains("s3cret"));
-    /// # Ok::<(), tower_breaker::redis_store::ConnectError>(())
+    /// # Ok::<(), tower_breaker_redis::ConnectError>(())
     /// ```
     pub fn user(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
         self.username = Some(username.into());
@@ -369,11 +369,11 @@ impl RedisTarget {
     /// # Example
     ///
     /// ```
-    /// use tower_breaker::redis_store::RedisTarget;
+    /// use tower_breaker_redis::RedisTarget;
     ///
     /// let target = RedisTarget::node("redis://127.0.0.1:6379")?.password("s3cret");
     /// # let _ = target;
-    /// # Ok::<(), tower_breaker::redis_store::ConnectError>(())
+    /// # Ok::<(), tower_breaker_redis::ConnectError>(())
     /// ```
     pub fn password(mut self, password: impl Into<String>) -> Self {
         self.password = Some(password.into());
@@ -395,11 +395,11 @@ impl RedisTarget {
     /// TLS is on for every data node whatever its URL says (a CA or a
     /// client certificate is set).
     fn tls_forced(&self) -> bool {
-        #[cfg(feature = "redis-tls")]
+        #[cfg(feature = "tls")]
         {
             self.tls.is_set()
         }
-        #[cfg(not(feature = "redis-tls"))]
+        #[cfg(not(feature = "tls"))]
         {
             false
         }
@@ -407,7 +407,7 @@ impl RedisTarget {
 
     fn trust(&self) -> Trust {
         Trust {
-            #[cfg(feature = "redis-tls")]
+            #[cfg(feature = "tls")]
             certs: self.tls.certificates(),
         }
     }
@@ -433,7 +433,7 @@ impl RedisTarget {
             || match &self.topology {
                 Topology::Node(info) => tls(info),
                 Topology::Sentinel { sentinels, .. } => sentinels.iter().any(tls),
-                #[cfg(feature = "redis-cluster")]
+                #[cfg(feature = "cluster")]
                 Topology::Cluster(nodes) => nodes.iter().any(tls),
             }
     }
@@ -455,7 +455,7 @@ impl RedisTarget {
                 let source = Source::Sentinel(self.sentinel_source()?);
                 Inner::Node(Node::new(source, options.connect_timeout, 0))
             }
-            #[cfg(feature = "redis-cluster")]
+            #[cfg(feature = "cluster")]
             Topology::Cluster(nodes) => {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(options.connect_timeout)
@@ -499,7 +499,7 @@ impl RedisTarget {
         let source = match &self.topology {
             Topology::Node(info) => PushSource::Nodes(vec![trust.client(self.data_node(info))?]),
             Topology::Sentinel { .. } => PushSource::Sentinel(Arc::new(self.sentinel_source()?)),
-            #[cfg(feature = "redis-cluster")]
+            #[cfg(feature = "cluster")]
             Topology::Cluster(nodes) => PushSource::Nodes(
                 nodes
                     .iter()
@@ -517,7 +517,7 @@ impl RedisTarget {
     /// The connection, connected (and answering `PING`) within the connect
     /// timeout (twice it through Sentinel: asking, then connecting).
     async fn connect(&self, options: &RedisOptions) -> Result<Connection, ConnectError> {
-        #[cfg(feature = "redis-cluster")]
+        #[cfg(feature = "cluster")]
         if let Topology::Cluster(nodes) = &self.topology {
             let client = self
                 .cluster_client(nodes, options)
@@ -540,7 +540,7 @@ impl RedisTarget {
         Ok(conn)
     }
 
-    #[cfg(feature = "redis-cluster")]
+    #[cfg(feature = "cluster")]
     fn cluster_client(
         &self,
         nodes: &[ConnectionInfo],
@@ -551,12 +551,12 @@ impl RedisTarget {
         let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.connect_timeout);
-        #[cfg(feature = "redis-tls")]
+        #[cfg(feature = "tls")]
         if let Some(certs) = self.tls.certificates() {
             builder = builder.certs(certs);
         }
         if self.uses_tls() {
-            #[cfg(feature = "redis-tls")]
+            #[cfg(feature = "tls")]
             tls::install_provider();
         }
         builder.build()
@@ -575,12 +575,12 @@ impl fmt::Debug for RedisTarget {
             Topology::Sentinel { sentinels, service } => d
                 .field("sentinels", &addrs(sentinels))
                 .field("service", service),
-            #[cfg(feature = "redis-cluster")]
+            #[cfg(feature = "cluster")]
             Topology::Cluster(nodes) => d.field("cluster", &addrs(nodes)),
         };
         let login = match &self.topology {
             Topology::Node(info) => Some(self.login(info.redis_settings().clone())),
-            #[cfg(feature = "redis-cluster")]
+            #[cfg(feature = "cluster")]
             Topology::Cluster(nodes) => nodes
                 .first()
                 .map(|info| self.login(info.redis_settings().clone())),
@@ -649,7 +649,7 @@ impl Trust {
     /// A client for `info`, trusting the target's certificates if it uses
     /// TLS (and installing the crypto provider first).
     fn client(&self, info: ConnectionInfo) -> RedisResult<Client> {
-        #[cfg(feature = "redis-tls")]
+        #[cfg(feature = "tls")]
         if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
             tls::install_provider();
             if let Some(certs) = &self.certs {
@@ -664,7 +664,7 @@ impl Trust {
 
 impl RedisStore {
     /// Connects to the Redis at `url` (`redis://host:port/db`, or
-    /// `rediss://` with the `redis-tls` feature, see
+    /// `rediss://` with the `tls` feature, see
     /// [`RedisTarget::node`]) and checks that it answers within the
     /// connect timeout. The same as [`connect_with`](RedisStore::connect_with)
     /// on `RedisTarget::node(url)`.
@@ -711,7 +711,7 @@ impl RedisStore {
     ///
     /// ```no_run
     /// use std::sync::Arc;
-    /// use tower_breaker::redis_store::{RedisOptions, RedisStore, RedisTarget};
+    /// use tower_breaker_redis::{RedisOptions, RedisStore, RedisTarget};
     /// use tower_breaker::BreakerConfig;
     ///
     /// # #[tokio::main]
@@ -753,7 +753,7 @@ impl RedisStore {
     /// # Example
     ///
     /// ```
-    /// use tower_breaker::redis_store::{RedisOptions, RedisStore, RedisTarget};
+    /// use tower_breaker_redis::{RedisOptions, RedisStore, RedisTarget};
     ///
     /// let target = RedisTarget::node("redis://127.0.0.1:6379")?.password("s3cret");
     /// let store = RedisStore::connect_lazy_with(target, RedisOptions::new())?;
@@ -779,7 +779,7 @@ impl RedisStore {
 /// # Example
 ///
 /// ```
-/// use tower_breaker::redis_store::{ConnectError, RedisOptions, RedisStore};
+/// use tower_breaker_redis::{ConnectError, RedisOptions, RedisStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

@@ -4,7 +4,7 @@
 //! default 1 s refresh interval), one thread.
 //!
 //! Run with
-//! `cargo bench -p tower-breaker --features redis --bench redis`;
+//! `cargo bench -p tower-breaker-redis --bench redis`;
 //! `redis-server` must be on the `PATH` (the bench starts its own on a free
 //! port of 127.0.0.1 and kills it at the end).
 
@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tower_breaker::redis_store::{RedisOptions, RedisStore};
 use tower_breaker::store::MemoryStore;
 use tower_breaker::{Breaker, BreakerConfig, Outcome};
+use tower_breaker_redis::{RedisOptions, RedisStore};
 
 /// A private redis-server, killed on drop.
 struct Server(Child);

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_dynamodb::Client;
-use tower_breaker::dynamodb_store::{DynamoDbOptions, DynamoDbStore};
+use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
 /// A `moto_server` child process.
 #[derive(Debug)]

@@ -6,7 +6,7 @@
 //! against a local `moto_server`.
 //!
 //! Run with
-//! `cargo bench -p tower-breaker --features dynamodb --bench dynamodb`;
+//! `cargo bench -p tower-breaker-dynamodb --bench dynamodb`;
 //! `moto_server` (`pip install 'moto[server]'`) should be on the `PATH`:
 //! the bench starts its own on a free port of 127.0.0.1 and kills it at the
 //! end. Without it the bench says `skipped: moto_server not found` and
@@ -42,9 +42,9 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
-use tower_breaker::dynamodb_store::{DynamoDbOptions, DynamoDbStore, Usage};
 use tower_breaker::store::{FleetRule, MemoryStore, Report, Store};
 use tower_breaker::{Breaker, BreakerConfig, Outcome};
+use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore, Usage};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;

@@ -12,7 +12,6 @@
 //!
 //! Real time, as in `tests/redis.rs`: the order of events is asserted,
 //! with generous bounds; the measured durations are printed.
-#![cfg(feature = "redis")]
 
 mod support;
 
@@ -24,9 +23,9 @@ use std::time::Duration;
 use support::redis_topology::{poll, SentinelSet, DATA_PASSWORD, SERVICE};
 use support::*;
 use tokio::time::{sleep, Instant};
-use tower_breaker::redis_store::{RedisOptions, RedisStore, RedisTarget};
 use tower_breaker::store::{Decision, Store};
 use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
+use tower_breaker_redis::{RedisOptions, RedisStore, RedisTarget};
 
 const REFRESH: Duration = Duration::from_millis(100);
 /// Sentinel's detection (300 ms), election and promotion, on a busy

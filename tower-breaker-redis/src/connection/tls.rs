@@ -1,4 +1,4 @@
-//! TLS settings of a [`RedisTarget`] (feature `redis-tls`): rustls, with
+//! TLS settings of a [`RedisTarget`] (feature `tls`): rustls, with
 //! `ring` as its crypto provider.
 
 use std::fmt;
@@ -74,13 +74,13 @@ impl RedisTarget {
     /// default provider, unless the process installed one already (then
     /// that one is used).
     ///
-    /// [`RedisStore::connect_with`]: crate::redis_store::RedisStore::connect_with
-    /// [`ConnectError`]: crate::redis_store::ConnectError
+    /// [`RedisStore::connect_with`]: crate::RedisStore::connect_with
+    /// [`ConnectError`]: crate::ConnectError
     ///
     /// # Example
     ///
     /// ```no_run
-    /// use tower_breaker::redis_store::{RedisOptions, RedisStore, RedisTarget};
+    /// use tower_breaker_redis::{RedisOptions, RedisStore, RedisTarget};
     ///
     /// # #[tokio::main]
     /// # async fn main() -> Result<(), tower_breaker::BoxError> {
@@ -93,7 +93,7 @@ impl RedisTarget {
     /// # Ok(())
     /// # }
     /// ```
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.ca_pem = Some(pem.into());
         self
@@ -107,7 +107,7 @@ impl RedisTarget {
     /// # Example
     ///
     /// ```no_run
-    /// use tower_breaker::redis_store::RedisTarget;
+    /// use tower_breaker_redis::RedisTarget;
     ///
     /// # fn main() -> Result<(), tower_breaker::BoxError> {
     /// let target = RedisTarget::node("rediss://10.0.0.5:6380")?
@@ -120,7 +120,7 @@ impl RedisTarget {
     /// # Ok(())
     /// # }
     /// ```
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_client_cert_pem(
         mut self,
         cert_pem: impl Into<Vec<u8>>,

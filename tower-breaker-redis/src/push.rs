@@ -17,7 +17,7 @@ use futures_core::Stream;
 use redis::aio::{PubSub, PubSubSink};
 use redis::{Msg, RedisResult};
 
-use crate::store::{Decision, Watcher};
+use tower_breaker::store::{Decision, Watcher};
 
 /// Opens a pub/sub connection to the server that publishes (for a
 /// sentinel set, the current primary; for a cluster, any node: messages

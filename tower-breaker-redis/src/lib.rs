@@ -1,5 +1,5 @@
-//! [`RedisStore`]: the shared decision of a fleet's breakers in Redis
-//! (feature `redis`).
+//! [`RedisStore`]: the shared decision of a fleet's breakers in Redis, a
+//! [`Store`] for [`tower_breaker`].
 //!
 //! One Redis hash per breaker name, at key `prefix + name` (default prefix
 //! [`DEFAULT_PREFIX`]; the name percent-encoded, see [`RedisStore::key`]),
@@ -18,7 +18,7 @@
 //! Every decision is one Lua script, run atomically by the server and
 //! reading the server's clock (`TIME`), so the clocks of the processes
 //! never matter and no two processes can interleave. The scripts are
-//! files of their own (`src/redis_store/lua/*.lua`, each opening with a
+//! files of their own (`src/lua/*.lua`, each opening with a
 //! comment block: its keys, arguments, what it reads, writes and returns),
 //! loaded after a shared prelude of helpers:
 //!
@@ -33,7 +33,7 @@
 //!   while processes knew the circuit open): this caller wins; T moves
 //!   forward by the longer of the caller's period and the last opening's,
 //!   its lease covers its whole probe (the breaker's
-//!   [`max_half_open_wait`](crate::BreakerConfig::max_half_open_wait)), a
+//!   [`max_half_open_wait`](tower_breaker::BreakerConfig::max_half_open_wait)), a
 //!   fresh token is stored, and the winner learns the count of re-opens so
 //!   far. So a slow prober is never joined by a second one, and a prober
 //!   that vanishes holds the fleet back at most its lease.
@@ -61,7 +61,7 @@
 //! Every call is bounded by [`RedisOptions::timeout`] (default 50 ms); a
 //! timeout, a connection error or a reply the store cannot read is a
 //! [`StoreError`], and the breaker fails open (or closed, as configured:
-//! [`StoreFailureMode`](crate::store::StoreFailureMode)). The connection
+//! [`StoreFailureMode`](tower_breaker::store::StoreFailureMode)). The connection
 //! reconnects by itself, so sharing resumes when Redis comes back; scripts
 //! are sent again if a restarted server has forgotten them.
 //!
@@ -70,9 +70,9 @@
 //! [`RedisTarget`] says how to reach Redis: one node (or a managed
 //! primary endpoint, [`RedisTarget::node`]), a primary watched by Sentinel
 //! ([`RedisTarget::sentinel`], followed through failovers), or a cluster
-//! ([`RedisTarget::cluster`], feature `redis-cluster`; every script touches
+//! ([`RedisTarget::cluster`], feature `cluster`; every script touches
 //! one key, so any slot layout works). [`RedisTarget::user`] logs in as an
-//! ACL user; with the feature `redis-tls` (rustls with the `ring` crypto
+//! ACL user; with the feature `tls` (rustls with the `ring` crypto
 //! provider: no system OpenSSL), `rediss://` targets trust the system roots
 //! or only the CA given to `RedisTarget::tls_ca_pem`. Build the store with
 //! [`RedisStore::connect_with`]. Neither the target's `Debug` nor any error
@@ -93,7 +93,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use tower_breaker::redis_store::{RedisOptions, RedisStore};
+//! use tower_breaker_redis::{RedisOptions, RedisStore};
 //! use tower_breaker::{Breaker, BreakerConfig};
 //!
 //! # #[tokio::main]
@@ -105,6 +105,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::error::Error;
 use std::fmt;
@@ -117,13 +118,13 @@ use redis::Script;
 mod connection;
 mod push;
 
-use crate::store::{
-    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
-    Watcher,
-};
 use connection::Connection;
 pub use connection::{ConnectError, RedisTarget};
 use push::Push;
+use tower_breaker::store::{
+    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
+    Watcher,
+};
 
 /// The default key prefix: `"tower-breaker:"`.
 pub const DEFAULT_PREFIX: &str = "tower-breaker:";
@@ -132,8 +133,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// The default bound of connecting (and of each reconnection attempt): 1 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default time a record is kept after its T: 10 minutes (the same as
-/// [`MemoryStore`](crate::store::MemoryStore)'s).
-pub const DEFAULT_CLEANUP_AFTER: Duration = crate::store::DEFAULT_CLEANUP_AFTER;
+/// [`MemoryStore`](tower_breaker::store::MemoryStore)'s).
+pub const DEFAULT_CLEANUP_AFTER: Duration = tower_breaker::store::DEFAULT_CLEANUP_AFTER;
 /// The longest breaker name: 200 bytes.
 pub const MAX_NAME_LEN: usize = 200;
 /// The longest key prefix: 64 bytes.
@@ -170,12 +171,12 @@ const READ: &str = include_str!("lua/read.lua");
 /// Redis, prefix and breaker name share one circuit.
 ///
 /// See the [module docs](self) for the record and the scripts, and the
-/// [crate docs](crate#shared-state-redis) for the trade-offs.
+/// [crate docs](tower_breaker#shared-state-redis) for the trade-offs.
 ///
 /// # Clone
 ///
 /// Not `Clone`; share it as `Arc<RedisStore>` (what
-/// [`BreakerConfig::store`](crate::BreakerConfig::store) takes). Its
+/// [`BreakerConfig::store`](tower_breaker::BreakerConfig::store) takes). Its
 /// connection is multiplexed, used by every breaker of the process.
 ///
 /// # Example
@@ -183,7 +184,7 @@ const READ: &str = include_str!("lua/read.lua");
 /// ```no_run
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use tower_breaker::redis_store::{RedisOptions, RedisStore};
+/// use tower_breaker_redis::{RedisOptions, RedisStore};
 /// use tower_breaker::store::{Decision, Store};
 ///
 /// # #[tokio::main]
@@ -217,7 +218,7 @@ pub struct RedisStore {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_breaker::redis_store::RedisOptions;
+/// use tower_breaker_redis::RedisOptions;
 ///
 /// let options = RedisOptions::new()
 ///     .prefix("checkout:")
@@ -247,7 +248,7 @@ pub struct RedisOptions {
 /// # Example
 ///
 /// ```
-/// use tower_breaker::redis_store::{InvalidName, RedisOptions};
+/// use tower_breaker_redis::{InvalidName, RedisOptions};
 ///
 /// let err: InvalidName = RedisOptions::new().prefix("a b").check().unwrap_err();
 /// assert_eq!(
@@ -394,7 +395,7 @@ impl RedisStore {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), tower_breaker::BoxError> {
-    /// use tower_breaker::redis_store::{RedisOptions, RedisStore};
+    /// use tower_breaker_redis::{RedisOptions, RedisStore};
     ///
     /// let store = RedisStore::connect_lazy("redis://127.0.0.1:6379", RedisOptions::new())?;
     /// assert_eq!(store.key("routes:/users/{id}")?, "tower-breaker:routes:/users/%7Bid%7D");
@@ -818,3 +819,9 @@ mod tests {
         );
     }
 }
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+#[derive(Debug)]
+pub struct ReadmeDoctests;

@@ -3,7 +3,6 @@
 //! the prober's process is killed with SIGKILL mid-probe. Real
 //! `redis-server`s on free ports; real time, with bounds taken from the
 //! configured periods plus generous slack for a busy machine.
-#![cfg(feature = "redis")]
 
 mod support;
 
@@ -15,9 +14,9 @@ use std::time::Duration;
 use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::{sleep, Instant};
-use tower_breaker::redis_store::{RedisOptions, RedisStore};
 use tower_breaker::store::{Decision, Store};
 use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
+use tower_breaker_redis::{RedisOptions, RedisStore};
 
 const REFRESH: Duration = Duration::from_millis(100);
 
