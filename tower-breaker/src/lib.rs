@@ -523,8 +523,6 @@ pub use config::{
     DEFAULT_SUCCESSES_TO_CLOSE, DEFAULT_WINDOW_SIZE,
 };
 pub use fallback::{Fallback, FallbackLayer, FallbackServed, FallbackService};
-#[allow(deprecated)]
-pub use keyed::DEFAULT_IDLE_EVICTION;
 pub use keyed::{
     BreakerRegistry, KeyedBreakerLayer, KeyedCircuitBreaker, KeyedHttpBreakerLayer,
     KeyedHttpCircuitBreaker, KeyedPlainBreakerLayer, KeyedPlainCircuitBreaker, PerKey,

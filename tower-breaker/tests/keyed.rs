@@ -7,7 +7,6 @@ mod support;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use support::*;
@@ -15,7 +14,7 @@ use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::{
     BreakerRegistry, Classify, KeyedBreakerLayer, KeyedHttpBreakerLayer, KeyedPlainBreakerLayer,
-    Mode, Outcome, State, DEFAULT_IDLE_TIMEOUT,
+    Mode, Outcome, State,
 };
 use tower_resilience_base::error::LocalRejection;
 
@@ -420,14 +419,4 @@ async fn a_key_function_generic_over_the_body_is_inferred_from_the_service() {
     let svc = KeyedBreakerLayer::new(registry.clone(), by_authority).layer(answering(&calls, 200));
     get(&svc, "a.example").await.unwrap();
     assert!(registry.find(&"a.example".to_owned()).is_some());
-}
-
-#[test]
-#[allow(deprecated)]
-fn the_old_names_still_work() {
-    assert_eq!(tower_breaker::DEFAULT_IDLE_EVICTION, DEFAULT_IDLE_TIMEOUT);
-    let registry = BreakerRegistry::<String>::new("hosts", config())
-        .idle_eviction(Duration::from_secs(5))
-        .max_keys(3);
-    assert!(format!("{registry:?}").contains("idle_timeout: 5s"));
 }

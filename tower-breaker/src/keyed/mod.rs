@@ -3,8 +3,6 @@
 
 mod registry;
 
-#[allow(deprecated)]
-pub use registry::DEFAULT_IDLE_EVICTION;
 use registry::{next_layer_id, Handle, HookOwner};
 pub use registry::{BreakerRegistry, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
 

@@ -47,13 +47,6 @@ pub const DEFAULT_MAX_KEYS: usize = 1024;
 /// [`max_keys`](BreakerRegistry::max_keys).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The old name of [`DEFAULT_IDLE_TIMEOUT`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `DEFAULT_IDLE_TIMEOUT`, the name tower-bulkhead uses"
-)]
-pub const DEFAULT_IDLE_EVICTION: Duration = DEFAULT_IDLE_TIMEOUT;
-
 /// Shards of a registry (a power of two).
 const SHARDS: usize = 16;
 /// The most slots one new key examines, over every shard, when the
@@ -316,16 +309,6 @@ where
             inner.grain_ns = inner.idle_ns / GRAIN_DIVISOR;
         }
         self
-    }
-
-    /// The old name of [`idle_timeout`](Self::idle_timeout).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `idle_timeout`, the name tower-bulkhead uses"
-    )]
-    #[must_use]
-    pub fn idle_eviction(self, idle: Duration) -> Self {
-        self.idle_timeout(idle)
     }
 
     /// The breaker of `key`, created if needed, or the overflow breaker
