@@ -243,21 +243,10 @@ fn closed_path(c: &mut Criterion, rt: &Runtime, moto: Option<&Moto>) {
 
 /// A rule the bench's reports (successes only) never break.
 fn rule() -> FleetRule {
-    FleetRule {
-        buckets: 10,
-        bucket: Duration::from_secs(1),
-        minimum_calls: 10,
-        failure_rate_ppm: 500_000,
-        slow_rate_ppm: 0,
-        open_for: Duration::from_secs(5),
-    }
+    FleetRule::new(10, Duration::from_secs(1), Duration::from_secs(5)).with_minimum_calls(10)
 }
 
-const REPORT: Report = Report {
-    calls: 1,
-    failures: 0,
-    slow: 0,
-};
+const REPORT: Report = Report::new(1, 0, 0);
 
 /// The time of `n` calls of `op`, one after the other.
 fn store_calls<F>(rt: &Runtime, n: u64, mut op: impl FnMut() -> F) -> Duration

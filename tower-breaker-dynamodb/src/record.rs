@@ -323,14 +323,11 @@ mod tests {
     use super::*;
 
     fn rule(buckets: u32, bucket_ms: u64) -> FleetRule {
-        FleetRule {
+        FleetRule::new(
             buckets,
-            bucket: Duration::from_millis(bucket_ms),
-            minimum_calls: 1,
-            failure_rate_ppm: 500_000,
-            slow_rate_ppm: 0,
-            open_for: Duration::from_secs(5),
-        }
+            Duration::from_millis(bucket_ms),
+            Duration::from_secs(5),
+        )
     }
 
     #[test]

@@ -241,7 +241,7 @@ async fn fifty_processes_x_20_racing_tasks_elect_exactly_one_prober_and_only_its
                 assert!(remaining <= secs(601), "{remaining:?}");
                 lost += 1;
             }
-            Election::Closed => panic!("nobody closed"),
+            other => panic!("nobody closed: {other:?}"),
         }
     }
     assert_eq!(won.len(), 1, "exactly one prober among 1000 tasks");
@@ -537,14 +537,7 @@ async fn names_tables_and_prefixes_are_checked_at_construction() {
 // --- the fleet's window ---
 
 fn rule() -> FleetRule {
-    FleetRule {
-        buckets: 10,
-        bucket: secs(1),
-        minimum_calls: 10,
-        failure_rate_ppm: 500_000,
-        slow_rate_ppm: 0,
-        open_for: secs(5),
-    }
+    FleetRule::new(10, secs(1), secs(5)).with_minimum_calls(10)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -554,11 +547,7 @@ async fn reports_of_many_processes_add_up_and_open_the_circuit_together() {
     else {
         return;
     };
-    let failing = Report {
-        calls: 2,
-        failures: 2,
-        slow: 0,
-    };
+    let failing = Report::new(2, 2, 0);
     // Four racing processes report 2 failures each: 8 calls in the
     // fleet's window, below its minimum of 10, and none is lost.
     let mut fleet = Vec::new();
@@ -618,11 +607,7 @@ async fn a_process_whose_clock_is_behind_the_whole_window_is_refused_loudly() {
     };
     let on_time = process(&server, 0).await;
     let behind = process(&server, -12_000).await;
-    let healthy = Report {
-        calls: 1,
-        failures: 0,
-        slow: 0,
-    };
+    let healthy = Report::new(1, 0, 0);
     on_time.report("late", healthy, rule()).await.unwrap();
     // 12 s behind, with a 10 s window of 1 s buckets: its bucket is older
     // than the fleet's window. Rather than counting into nowhere, it is
@@ -662,11 +647,7 @@ async fn a_process_whose_clock_is_behind_the_whole_window_is_refused_loudly() {
     // 3 s behind is within the window: its counts land in an older bucket,
     // still summed by the others. 6 failures, then 6 more: 12 of 13 calls.
     let slightly = process(&server, -3_000).await;
-    let failing = Report {
-        calls: 6,
-        failures: 6,
-        slow: 0,
-    };
+    let failing = Report::new(6, 6, 0);
     assert_eq!(
         slightly.report("late", failing, rule()).await.unwrap(),
         Decision::Missing

@@ -692,7 +692,7 @@ async fn exactly_one_election_winner_and_only_its_token_closes() {
         match t.await.unwrap() {
             Election::Won(token) => won.push(token),
             Election::Lost { remaining } => assert!(remaining <= OPEN),
-            Election::Closed => panic!("the record is there"),
+            other => panic!("the record is there: {other:?}"),
         }
     }
     assert_eq!(won.len(), 1);

@@ -284,7 +284,11 @@ pub enum StoreFailureMode {
 /// let e = Election::Won(ProbeToken::new(42));
 /// assert!(matches!(e, Election::Won(t) if t.get() == 42));
 /// ```
+///
+/// Non-exhaustive: a later version may tell more outcomes apart; a
+/// breaker's match has a wildcard arm, and a store builds these variants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Election {
     /// This caller probes; the token proves it to [`Store::close`].
     Won(ProbeToken),
@@ -332,11 +336,16 @@ pub trait Watcher: Send + Sync + 'static {
 /// ```
 /// use tower_breaker::store::Report;
 ///
-/// let report = Report { calls: 12, failures: 7, slow: 0 };
+/// let report = Report::new(12, 7, 0);
+/// assert_eq!((report.calls, report.failures, report.slow), (12, 7, 0));
 /// assert!(!report.is_empty());
 /// assert!(Report::default().is_empty());
 /// ```
+///
+/// Non-exhaustive (a later version may count more kinds of outcome): read
+/// its fields, build it with [`Report::new`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Report {
     /// Calls whose outcome was counted.
     pub calls: u64,
@@ -347,6 +356,17 @@ pub struct Report {
 }
 
 impl Report {
+    /// A report of `calls` counted calls, `failures` of them failed and
+    /// `slow` of them slow successes.
+    #[must_use]
+    pub const fn new(calls: u64, failures: u64, slow: u64) -> Self {
+        Self {
+            calls,
+            failures,
+            slow,
+        }
+    }
+
     /// Whether there is nothing to report.
     #[must_use]
     pub fn is_empty(&self) -> bool {
@@ -363,19 +383,20 @@ impl Report {
 /// use std::time::Duration;
 /// use tower_breaker::store::FleetRule;
 ///
-/// let rule = FleetRule {
-///     buckets: 10,
-///     bucket: Duration::from_secs(1),
-///     minimum_calls: 10,
-///     failure_rate_ppm: 500_000,
-///     slow_rate_ppm: 0,
-///     open_for: Duration::from_secs(5),
-/// };
+/// // 10 buckets of 1 s, open for 5 s once 10 calls are in and half fail.
+/// let rule = FleetRule::new(10, Duration::from_secs(1), Duration::from_secs(5))
+///     .with_minimum_calls(10)
+///     .with_failure_rate_ppm(500_000);
 /// assert!(rule.breaks(10, 5, 0));
 /// assert!(!rule.breaks(9, 9, 0), "below the minimum");
 /// assert!(!rule.breaks(10, 4, 0));
+/// assert_eq!(rule.slow_rate_ppm, 0, "slow calls are not judged");
 /// ```
+///
+/// Non-exhaustive (a later version may judge more): read its fields, build
+/// it with [`FleetRule::new`] and the `with_` methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FleetRule {
     /// Buckets in the window.
     pub buckets: u32,
@@ -393,6 +414,45 @@ pub struct FleetRule {
 }
 
 impl FleetRule {
+    /// A window of `buckets` buckets of `bucket` each, opening the circuit
+    /// for `open_for`; it judges from the first call
+    /// ([`with_minimum_calls`](Self::with_minimum_calls)), at 50% failures
+    /// ([`with_failure_rate_ppm`](Self::with_failure_rate_ppm)), and not on
+    /// slow calls ([`with_slow_rate_ppm`](Self::with_slow_rate_ppm)).
+    #[must_use]
+    pub const fn new(buckets: u32, bucket: Duration, open_for: Duration) -> Self {
+        Self {
+            buckets,
+            bucket,
+            minimum_calls: 1,
+            failure_rate_ppm: 500_000,
+            slow_rate_ppm: 0,
+            open_for,
+        }
+    }
+
+    /// The fleet's calls in the window before it is judged.
+    #[must_use]
+    pub const fn with_minimum_calls(mut self, calls: u64) -> Self {
+        self.minimum_calls = calls;
+        self
+    }
+
+    /// Open when failures / calls reaches `ppm` millionths.
+    #[must_use]
+    pub const fn with_failure_rate_ppm(mut self, ppm: u64) -> Self {
+        self.failure_rate_ppm = ppm;
+        self
+    }
+
+    /// Open when slow / calls reaches `ppm` millionths (0: slow calls are
+    /// not judged).
+    #[must_use]
+    pub const fn with_slow_rate_ppm(mut self, ppm: u64) -> Self {
+        self.slow_rate_ppm = ppm;
+        self
+    }
+
     /// Whether a window of `calls` calls, `failures` failures and `slow`
     /// slow calls breaks the rule.
     #[must_use]

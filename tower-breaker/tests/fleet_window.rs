@@ -75,19 +75,8 @@ async fn a_fleet_of_slow_callers_opens_together_from_the_fleets_evidence() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_store_opens_when_the_fleets_window_breaks_the_rule() {
     let store = MemoryStore::new();
-    let rule = FleetRule {
-        buckets: 10,
-        bucket: secs(1),
-        minimum_calls: 10,
-        failure_rate_ppm: 500_000,
-        slow_rate_ppm: 0,
-        open_for: secs(5),
-    };
-    let report = |calls, failures| Report {
-        calls,
-        failures,
-        slow: 0,
-    };
+    let rule = FleetRule::new(10, secs(1), secs(5)).with_minimum_calls(10);
+    let report = |calls, failures| Report::new(calls, failures, 0);
     // 9 calls, all failures: below the minimum.
     assert_eq!(
         store.report("x", report(9, 9), rule).await.unwrap(),
