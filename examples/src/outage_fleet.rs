@@ -38,7 +38,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::time::{Instant, MissedTickBehavior};
-use tower_breaker::{Breaker, Cause, State as CircuitState, Transition};
+use tower_breaker::snapshot::Cause;
+use tower_breaker::{Breaker, State as CircuitState, Transition};
 
 use super::{
     breaker_config, breaker_store, full_stack, stack_call, stack_url, Args, FleetArgs,

@@ -46,10 +46,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
+use tower_breaker::snapshot::Cause;
 use tower_breaker::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture,
 };
-use tower_breaker::{Breaker, BreakerConfig, Cause, State as CircuitState, Transition};
+use tower_breaker::{Breaker, BreakerConfig, State as CircuitState, Transition};
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
 use super::fleet::{FleetOutcome, FleetSecond};

@@ -21,7 +21,7 @@
 //! A head that already fails (a 503, a connection error) is counted at
 //! once, as before; only good heads wait. Slow-call timing ends at the
 //! body's end too, unless [`BreakerConfig::slow_call_end`] says
-//! [`CallEnd::Head`](crate::CallEnd::Head).
+//! [`CallEnd::Head`](crate::config::CallEnd::Head).
 //!
 //! With a retry layer below the breaker, the retry layer reports each
 //! attempt through the attempt hook; the hook keeps the report of an

@@ -175,7 +175,8 @@ pub struct DefaultClassifier;
 /// # Example
 ///
 /// ```
-/// use tower_breaker::{Classify, ErrorsOnly, Outcome};
+/// use tower_breaker::{Classify, Outcome};
+/// use tower_breaker::classify::ErrorsOnly;
 ///
 /// assert_eq!(ErrorsOnly.classify_response(&"anything"), Outcome::Success);
 /// ```
@@ -242,7 +243,8 @@ pub struct ClassifyFn<F> {
 /// # Example
 ///
 /// ```
-/// use tower_breaker::{classify, classify_fn, Classify, Outcome};
+/// use tower_breaker::{classify, Classify, Outcome};
+/// use tower_breaker::classify::classify_fn;
 ///
 /// let classifier = classify_fn(|result: Result<&u16, &(dyn std::error::Error + 'static)>| {
 ///     match result {

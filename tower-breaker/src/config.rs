@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tower_resilience_base::clock::CoarseClock;
 
+use crate::random::{ProcessRandom, RandomSource};
 use crate::snapshot::{DebugListener, Listener};
 use crate::store::{Store, StoreFailureMode};
-use crate::{ProcessRandom, RandomSource};
 
 /// The default count window: the last 20 calls.
 pub const DEFAULT_WINDOW_SIZE: usize = 20;
@@ -53,7 +53,8 @@ pub const DEFAULT_FLEET_WINDOW: Duration = Duration::from_secs(10);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_breaker::{BreakerConfig, WindowKind};
+/// use tower_breaker::BreakerConfig;
+/// use tower_breaker::config::WindowKind;
 ///
 /// let config = BreakerConfig::new().time_window(10, Duration::from_secs(1));
 /// assert_eq!(
@@ -299,7 +300,8 @@ impl BreakerConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_breaker::{BreakerConfig, CallEnd};
+    /// use tower_breaker::BreakerConfig;
+    /// use tower_breaker::config::CallEnd;
     ///
     /// // A download service: judge the time to first byte, not the file size.
     /// let config = BreakerConfig::new()
@@ -373,7 +375,7 @@ impl BreakerConfig {
     /// admission: each probe gets the whole wait. When every probe slot is
     /// held and the latest probe has been out this long, the circuit
     /// re-opens with the longer period (cause
-    /// [`ProbeTimedOut`](crate::Cause::ProbeTimedOut)), so a probe that
+    /// [`ProbeTimedOut`](crate::snapshot::Cause::ProbeTimedOut)), so a probe that
     /// never completes cannot wedge it. A half-open circuit with no probe in
     /// flight waits for traffic as long as it takes: with
     /// `successes_to_close > 1` and sparse calls, every probe that succeeds
@@ -441,7 +443,7 @@ impl BreakerConfig {
     /// of the whole fleet's calls, failures and slow calls and opens the
     /// circuit for everyone when the fleet's rates cross this breaker's
     /// thresholds after the fleet-wide `minimum_calls` (see
-    /// [`Store::report`](crate::store::Store::report)). A process's own
+    /// [`Store::report`]). A process's own
     /// window keeps working beside it, as a local safety net.
     ///
     /// The fleet's window is the breaker's [time window](Self::time_window)

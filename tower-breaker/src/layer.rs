@@ -264,7 +264,7 @@ impl PlainBreakerLayer {
 
 impl<C> PlainBreakerLayer<C> {
     /// Replaces the classifier, which judges each outcome (see
-    /// [`Classify`](crate::Classify); [`classify_fn`](crate::classify_fn)
+    /// [`Classify`](crate::Classify); [`classify_fn`](crate::classify::classify_fn)
     /// builds one from a closure).
     pub fn classifier<D>(self, classifier: D) -> PlainBreakerLayer<D> {
         PlainBreakerLayer {

@@ -110,7 +110,7 @@
 //! | [`minimum_calls`](BreakerConfig::minimum_calls) | 10 | calls in the window before judging (capped at a count window's size) |
 //! | [`failure_rate`](BreakerConfig::failure_rate) | 0.5 | open when failures / calls reaches it |
 //! | [`slow_calls`](BreakerConfig::slow_calls) | off (rate 0.5 once on) | a success this slow counts as slow; open when slow / calls reaches the rate |
-//! | [`slow_call_end`](BreakerConfig::slow_call_end) | [`CallEnd::Body`] | where an HTTP call's duration ends: its body's end, or its head |
+//! | [`slow_call_end`](BreakerConfig::slow_call_end) | [`CallEnd::Body`](config::CallEnd::Body) | where an HTTP call's duration ends: its body's end, or its head |
 //! | [`consecutive_failures`](BreakerConfig::consecutive_failures) | off | also open after this many failures in a row |
 //! | [`open_period`](BreakerConfig::open_period) | 5 s | first open period |
 //! | [`open_growth`](BreakerConfig::open_growth) | x2 | growth per re-open in a row |
@@ -121,7 +121,7 @@
 //! | [`max_half_open_wait`](BreakerConfig::max_half_open_wait) | 30 s | re-open if a probe takes longer |
 //! | [`ramp_up`](BreakerConfig::ramp_up) | off | after closing, admit a share of calls growing to 100% over this period |
 //! | [`rejection_event_interval`](BreakerConfig::rejection_event_interval) | 1 s | least interval between `circuit_rejected` events |
-//! | [`random`](BreakerConfig::random) | [`ProcessRandom`] | source of the jitter (tests inject [`SeededRandom`]) |
+//! | [`random`](BreakerConfig::random) | [`ProcessRandom`](random::ProcessRandom) | source of the jitter (tests inject [`SeededRandom`]) |
 //! | [`listener`](BreakerConfig::listener) | none | told about every [`Transition`] |
 //! | [`store`](BreakerConfig::store) / [`refresh_interval`](BreakerConfig::refresh_interval) | none / 1 s | share the decision across processes ([`store`]; see [Shared state](#shared-state-redis)) |
 //! | [`on_store_failure`](BreakerConfig::on_store_failure) | fail open | what to do while the store fails ([`StoreFailureMode`](store::StoreFailureMode)) |
@@ -160,8 +160,8 @@
 //! `circuit_mode_changed`, and `circuit_rejected` (warn, at most once per
 //! `rejection_event_interval` per breaker, with the rejected total);
 //! [`Breaker::snapshot`] for the state, the window's counts and rates and
-//! the [`Totals`] (successful, failed, slow, ignored, **rejected**, stale,
-//! opened); a [`Listener`] for alarms.
+//! the [`Totals`](snapshot::Totals) (successful, failed, slow, ignored, **rejected**, stale,
+//! opened); a [`Listener`](snapshot::Listener) for alarms.
 //!
 //! # Flavours
 //!
@@ -187,17 +187,17 @@
 //!   classifier: [`DefaultClassifier`].
 //! - The **plain** flavour takes any request type and counts each call
 //!   once. Its responses need not be HTTP, so its default classifier is
-//!   [`ErrorsOnly`] (responses succeed, errors fail).
+//!   [`ErrorsOnly`](classify::ErrorsOnly) (responses succeed, errors fail).
 //!
 //! [`BreakerLayer::http_answers`] and [`BreakerLayer::plain`] turn a client
 //! layer into the other two, keeping its breaker.
 //!
 //! Each flavour has a keyed twin, one breaker per key of the request (host,
 //! route, tenant) from a bounded [`BreakerRegistry`]:
-//! [`KeyedCircuitBreaker`] ([`KeyedBreakerLayer`]),
-//! [`KeyedHttpCircuitBreaker`] ([`KeyedHttpBreakerLayer`], per-route
-//! breakers on an axum router) and [`KeyedPlainCircuitBreaker`]
-//! ([`KeyedPlainBreakerLayer`]).
+//! [`KeyedCircuitBreaker`](keyed::KeyedCircuitBreaker) ([`KeyedBreakerLayer`]),
+//! [`KeyedHttpCircuitBreaker`](keyed::KeyedHttpCircuitBreaker) ([`KeyedHttpBreakerLayer`](keyed::KeyedHttpBreakerLayer), per-route
+//! breakers on an axum router) and [`KeyedPlainCircuitBreaker`](keyed::KeyedPlainCircuitBreaker)
+//! ([`KeyedPlainBreakerLayer`](keyed::KeyedPlainBreakerLayer)).
 //!
 //! # Readiness
 //!
@@ -383,7 +383,7 @@
 //! - **Failing store**: every Redis call is bounded (50 ms by default). A
 //!   timeout, a connection error or an unreadable reply fails open by
 //!   default: calls go through, local counting goes on, and
-//!   [`Totals::store_errors`] and a `circuit_store_failed` warning say the
+//!   [`Totals::store_errors`](snapshot::Totals::store_errors) and a `circuit_store_failed` warning say the
 //!   store is failing; [`StoreFailureMode::FailClosed`](store::StoreFailureMode::FailClosed)
 //!   rejects instead. Nothing panics; the connection reconnects by itself,
 //!   and a local opening the store missed is written again, so sharing
@@ -439,7 +439,7 @@
 //!   turns an outage of one dependency into an outage of all.
 //! - Thresholds are shares of *attempts* when a retry layer is below (see
 //!   above); the `4xx` of a misbehaving caller never count.
-//! - A [`Listener`] runs on the thread of the call that made the
+//! - A [`Listener`](snapshot::Listener) runs on the thread of the call that made the
 //!   transition: keep it short and never block in it.
 //! - [`CircuitBreaker`] takes `http::Request<B>` only: on any other
 //!   request type the compiler reports that `CircuitBreaker<S>` does not
@@ -481,12 +481,12 @@
 pub mod body;
 mod breaker;
 pub mod classify;
-mod config;
+pub mod config;
 pub mod error;
 pub mod fallback;
 pub mod future;
 mod hook;
-mod keyed;
+pub mod keyed;
 mod layer;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -499,7 +499,7 @@ use metrics_off as metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;
 mod service;
-mod snapshot;
+pub mod snapshot;
 #[cfg(feature = "stack")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stack")))]
 pub mod stack;
@@ -512,29 +512,24 @@ pub mod tonic;
 mod window;
 
 pub use breaker::{Breaker, Permit};
-pub use classify::{
-    by_class, classify_fn, ByClass, Classify, DefaultClassifier, ErrorsOnly, Outcome,
-};
-pub use config::{
-    BreakerConfig, CallEnd, WindowKind, DEFAULT_FAILURE_RATE, DEFAULT_FLEET_WINDOW,
-    DEFAULT_FLUSH_INTERVAL, DEFAULT_JITTER, DEFAULT_MAX_HALF_OPEN_WAIT, DEFAULT_MAX_OPEN_PERIOD,
-    DEFAULT_MINIMUM_CALLS, DEFAULT_OPEN_GROWTH, DEFAULT_OPEN_PERIOD, DEFAULT_PERMITTED_PROBES,
-    DEFAULT_REFRESH_INTERVAL, DEFAULT_REJECTION_EVENT_INTERVAL, DEFAULT_SLOW_CALL_RATE,
-    DEFAULT_SUCCESSES_TO_CLOSE, DEFAULT_WINDOW_SIZE,
-};
-pub use fallback::{Fallback, FallbackLayer, FallbackServed, FallbackService};
-pub use keyed::{
-    BreakerRegistry, KeyedBreakerLayer, KeyedCircuitBreaker, KeyedHttpBreakerLayer,
-    KeyedHttpCircuitBreaker, KeyedPlainBreakerLayer, KeyedPlainCircuitBreaker, PerKey,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS,
-};
+pub use classify::{Classify, DefaultClassifier, Outcome};
+pub use config::BreakerConfig;
+pub use fallback::{Fallback, FallbackLayer};
+pub use keyed::{BreakerRegistry, KeyedBreakerLayer};
 pub use layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
 pub use service::{CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker};
-pub use snapshot::{Cause, Listener, Snapshot, Totals, Transition, WindowCounts};
+pub use snapshot::{Snapshot, Transition};
 #[cfg(feature = "stack")]
 pub use stack::{client_stack, server_stack, ClientStack, ServerStack};
 pub use state::{Mode, State};
-pub use tower_resilience_base::random::{ProcessRandom, RandomSource, SeededRandom};
+pub use tower_resilience_base::random::SeededRandom;
+/// The random sources of the open period's jitter and the probe
+/// elections: [`SeededRandom`] for tests, [`ProcessRandom`](random::ProcessRandom)
+/// by default, or a [`RandomSource`](random::RandomSource) of your own
+/// (the toolkit's one definition, from `tower-resilience-base`).
+pub mod random {
+    pub use tower_resilience_base::random::{ProcessRandom, RandomSource, SeededRandom};
+}
 pub use tower_resilience_base::Answer;
 
 /// The boxed error type of [`CircuitBreaker`] and [`PlainCircuitBreaker`], as

@@ -20,7 +20,7 @@
 //! Calls let through by [`Mode::MetricsOnly`] or
 //! [`Mode::Disabled`] are not counted in
 //! `tower_breaker_calls_total` (they are not counted in the window
-//! either); see [`Totals`](crate::Totals) for them.
+//! either); see [`Totals`](crate::snapshot::Totals) for them.
 //!
 //! # Registration
 //!

@@ -188,7 +188,7 @@ pub struct Transition {
 /// # Example
 ///
 /// ```
-/// use tower_breaker::Cause;
+/// use tower_breaker::snapshot::Cause;
 ///
 /// assert_ne!(Cause::FailureRate, Cause::SlowCallRate);
 /// ```
@@ -231,7 +231,8 @@ pub enum Cause {
 /// ```
 /// use std::sync::atomic::{AtomicU32, Ordering};
 /// use std::sync::Arc;
-/// use tower_breaker::{Listener, State, Transition};
+/// use tower_breaker::{State, Transition};
+/// use tower_breaker::snapshot::Listener;
 ///
 /// #[derive(Debug, Default)]
 /// struct OpenAlarm(AtomicU32);

@@ -34,7 +34,7 @@
 //! beyond one clock read to see whether a read is due. When a store call
 //! fails, the breaker **fails open** by default: it keeps its local
 //! decision, counts the error in
-//! [`Totals::store_errors`](crate::Totals::store_errors) and emits a
+//! [`Totals::store_errors`](crate::snapshot::Totals::store_errors) and emits a
 //! `circuit_store_failed` warning (and `circuit_store_recovered` when a
 //! call works again); [`StoreFailureMode::FailClosed`] rejects instead.
 //! An opening whose write-through failed is written again at the first
@@ -240,7 +240,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 ///
 /// Whatever the mode, the breaker keeps counting its own calls, opens on
 /// its own window, counts each failed store call in
-/// [`Totals::store_errors`](crate::Totals::store_errors) and emits a
+/// [`Totals::store_errors`](crate::snapshot::Totals::store_errors) and emits a
 /// `circuit_store_failed` warning; the next successful store call ends the
 /// failure by itself.
 ///

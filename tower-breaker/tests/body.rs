@@ -14,7 +14,8 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use support::{config, Scripted, Step};
 use tower::{service_fn, BoxError, Layer, ServiceBuilder, ServiceExt};
-use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, CallEnd, HttpBreakerLayer, Mode, State};
+use tower_breaker::config::CallEnd;
+use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Mode, State};
 
 /// A dependency whose every answer is `200` with `steps` as the body.
 fn answering(

@@ -10,10 +10,12 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use support::*;
 use tower::{service_fn, BoxError, Layer, ServiceBuilder};
+use tower_breaker::classify::classify_fn;
+use tower_breaker::random::RandomSource;
+use tower_breaker::snapshot::Listener;
 use tower_breaker::store::Store;
 use tower_breaker::{
-    classify, classify_fn, Breaker, BreakerLayer, Classify, DefaultClassifier, Listener, Outcome,
-    PlainBreakerLayer, RandomSource, State,
+    classify, Breaker, BreakerLayer, Classify, DefaultClassifier, Outcome, PlainBreakerLayer, State,
 };
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use support::*;
 use tokio::time::Instant;
-use tower_breaker::{Breaker, Cause, Mode, Outcome, State, Transition};
+use tower_breaker::snapshot::Cause;
+use tower_breaker::{Breaker, Mode, Outcome, State, Transition};
 
 fn event(message: &str, fields: &[(&str, &str)]) -> Event {
     let fields = fields

@@ -11,10 +11,11 @@ use std::io;
 use http::{Request, Response, StatusCode};
 use support::*;
 use tower::{service_fn, BoxError, Layer, ServiceExt};
+use tower_breaker::classify::{classify_fn, ErrorsOnly};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::{
-    classify_fn, Breaker, BreakerLayer, CircuitBreaker, ErrorsOnly, HttpBreakerLayer,
-    HttpCircuitBreaker, Mode, Outcome, PlainBreakerLayer, PlainCircuitBreaker, State,
+    Breaker, BreakerLayer, CircuitBreaker, HttpBreakerLayer, HttpCircuitBreaker, Mode, Outcome,
+    PlainBreakerLayer, PlainCircuitBreaker, State,
 };
 
 /// A breaker of a 2-call window, opened by two failures (open for 5 s).

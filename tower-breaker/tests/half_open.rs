@@ -187,7 +187,7 @@ async fn a_probe_that_never_completes_cannot_wedge_the_breaker() {
     let svc = BreakerLayer::new(b.clone()).layer(dep);
     let mut hung = Box::pin(send(&svc));
     assert!(hung.as_mut().now_or_never().is_none());
-    advance(tower_breaker::DEFAULT_MAX_HALF_OPEN_WAIT).await;
+    advance(tower_breaker::config::DEFAULT_MAX_HALF_OPEN_WAIT).await;
     assert!(send(&svc).now_or_never().unwrap().is_err());
     assert_eq!(state(&b), State::Open);
     advance(secs(10)).await;

@@ -12,10 +12,8 @@ use http::{Request, Response, StatusCode};
 use support::*;
 use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::error::CircuitOpen;
-use tower_breaker::{
-    BreakerRegistry, Classify, KeyedBreakerLayer, KeyedHttpBreakerLayer, KeyedPlainBreakerLayer,
-    Mode, Outcome, State,
-};
+use tower_breaker::keyed::{KeyedHttpBreakerLayer, KeyedPlainBreakerLayer};
+use tower_breaker::{BreakerRegistry, Classify, KeyedBreakerLayer, Mode, Outcome, State};
 use tower_resilience_base::error::LocalRejection;
 
 fn by_host(req: &Request<String>) -> String {

@@ -14,7 +14,8 @@ use axum::routing::get;
 use axum::Router;
 use support::*;
 use tower::ServiceExt;
-use tower_breaker::{BreakerRegistry, KeyedHttpBreakerLayer, State};
+use tower_breaker::keyed::KeyedHttpBreakerLayer;
+use tower_breaker::{BreakerRegistry, State};
 
 /// The route template, not the raw path.
 fn by_route(req: &Request) -> &'static str {

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use http::{Request, Response};
 use support::*;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_breaker::classify::classify_fn;
 use tower_breaker::classify::{classify_error, default_outcome};
 use tower_breaker::error::CircuitOpen;
-use tower_breaker::{classify_fn, BreakerLayer, State};
+use tower_breaker::{BreakerLayer, State};
 
 /// The message the breaker's hook logs when it reports responses of
 /// another type than its classifier judges.

@@ -45,7 +45,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use support::*;
-use tower_breaker::{Breaker, Cause, Outcome, Permit, State, Transition};
+use tower_breaker::snapshot::Cause;
+use tower_breaker::{Breaker, Outcome, Permit, State, Transition};
 
 const OPEN_MS: u64 = 1000;
 const MAX_OPEN_MS: u64 = 8000;

@@ -407,7 +407,7 @@ async fn the_breaker_counts_each_attempt_by_the_retry_policys_class() {
 async fn a_breaker_with_its_own_classifier_ignores_the_retry_policys_class() {
     let breaker = counted(6);
     let calls = CallCounter::default();
-    let teapots = tower_breaker::classify_fn(
+    let teapots = tower_breaker::classify::classify_fn(
         |result: Result<&http::Response<String>, &(dyn std::error::Error + 'static)>| match result {
             Ok(r) if r.status() == 418 => Outcome::Failure,
             Ok(_) => Outcome::Success,

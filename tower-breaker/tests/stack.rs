@@ -17,14 +17,12 @@ use tokio::sync::{Barrier, Semaphore};
 use tokio_test::{assert_pending, assert_ready_ok};
 use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::error::CircuitOpen;
+use tower_breaker::snapshot::{Totals, WindowCounts};
 use tower_breaker::stack::{
     client_stack, server_stack, ClientStack, ClientStackService, ServerStackService,
     DEFAULT_CLIENT_CONCURRENCY, DEFAULT_SERVER_CONCURRENCY,
 };
-use tower_breaker::{
-    Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Mode, Outcome, State, Totals,
-    WindowCounts,
-};
+use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Mode, Outcome, State};
 use tower_bulkhead::error::BulkheadFull;
 use tower_bulkhead::{BulkheadLayer, HttpBulkheadLayer, DEFAULT_RETRY_AFTER};
 use tower_deadline::error::DeadlineExceeded;

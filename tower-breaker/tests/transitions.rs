@@ -7,7 +7,8 @@ mod support;
 use std::time::Duration;
 
 use support::*;
-use tower_breaker::{Breaker, Cause, Outcome, SeededRandom, State};
+use tower_breaker::snapshot::Cause;
+use tower_breaker::{Breaker, Outcome, SeededRandom, State};
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn failure_rate_threshold_below_at_and_above() {
@@ -398,7 +399,7 @@ struct FixedDraw {
     draws: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-impl tower_breaker::RandomSource for FixedDraw {
+impl tower_breaker::random::RandomSource for FixedDraw {
     fn next_u64(&self) -> u64 {
         self.draws
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -51,7 +51,8 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
-use tower_breaker::{Breaker, BreakerConfig, Cause, Outcome, State, Transition};
+use tower_breaker::snapshot::Cause;
+use tower_breaker::{Breaker, BreakerConfig, Outcome, State, Transition};
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
 #[path = "../moto.rs"]

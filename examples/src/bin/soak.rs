@@ -61,10 +61,10 @@ use examples::demo::{check, serve_local};
 use tokio::time::{Instant, MissedTickBehavior};
 use tower::{Layer, Service, ServiceBuilder};
 use tower_breaker::reqwest::{Client, ReqwestService};
+use tower_breaker::snapshot::{Cause, Totals};
 use tower_breaker::stack::server_stack;
 use tower_breaker::{
-    Answer, Breaker, BreakerConfig, BreakerLayer, Cause, Outcome, State as CircuitState, Totals,
-    Transition,
+    Answer, Breaker, BreakerConfig, BreakerLayer, Outcome, State as CircuitState, Transition,
 };
 use tower_breaker_redis::{RedisOptions, RedisStore};
 use tower_bulkhead::{BulkheadLayer, CompartmentHandle, HttpBulkheadLayer};

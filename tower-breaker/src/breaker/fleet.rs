@@ -558,7 +558,7 @@ impl Core {
     /// warning at the first failure after the store worked, then at most
     /// once per second per breaker, saying how many failures it stands for
     /// (every one is counted in
-    /// [`Totals::store_errors`](crate::Totals::store_errors)).
+    /// [`Totals::store_errors`](crate::snapshot::Totals::store_errors)).
     pub(super) fn store_failed(self: &Arc<Self>, operation: &'static str, error: &StoreError) {
         let core = &**self;
         core.store_errors.fetch_add(1, Relaxed);

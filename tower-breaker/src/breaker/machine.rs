@@ -63,7 +63,7 @@ pub(super) struct Settings {
     /// 0 when slow-call detection is off.
     pub(super) slow_ns: u64,
     /// Whether a call's duration ends at its response head
-    /// ([`CallEnd::Head`](crate::CallEnd::Head)) rather than its body's end.
+    /// ([`CallEnd::Head`](crate::config::CallEnd::Head)) rather than its body's end.
     pub(super) slow_at_head: bool,
     /// 0 when off.
     pub(super) consecutive: u64,
@@ -114,7 +114,7 @@ impl Core {
             failure_ppm: (config.failure_rate * PPM as f64).round() as u64,
             slow_ppm: (config.slow_call_rate * PPM as f64).round() as u64,
             slow_ns: config.slow_call_duration.map_or(0, |d| nanos(d).max(1)),
-            slow_at_head: config.slow_call_end == crate::CallEnd::Head,
+            slow_at_head: config.slow_call_end == crate::config::CallEnd::Head,
             consecutive: config.consecutive_failures.map_or(0, u64::from),
             open_ns: nanos(config.open_period),
             max_open_ns: nanos(config.max_open_period),

@@ -38,7 +38,8 @@ use crate::BoxError;
 ///
 /// ```
 /// use tower::{service_fn, BoxError, Layer};
-/// use tower_breaker::{BreakerConfig, BreakerRegistry, KeyedCircuitBreaker, PerKey};
+/// use tower_breaker::{BreakerConfig, BreakerRegistry};
+/// use tower_breaker::keyed::{KeyedCircuitBreaker, PerKey};
 ///
 /// type Inner = tower::util::ServiceFn<fn(http::Request<()>) -> std::future::Ready<Result<http::Response<()>, BoxError>>>;
 /// type ByHost = fn(&http::Request<()>) -> String;
@@ -188,7 +189,8 @@ pub struct KeyedBreakerLayer<K, F, C = DefaultClassifier> {
 /// ```
 /// use axum::extract::Request;
 /// use axum::{routing::get, Router};
-/// use tower_breaker::{BreakerConfig, BreakerRegistry, KeyedHttpBreakerLayer};
+/// use tower_breaker::{BreakerConfig, BreakerRegistry};
+/// use tower_breaker::keyed::KeyedHttpBreakerLayer;
 ///
 /// let routes = BreakerRegistry::new("routes", BreakerConfig::new());
 /// let by_route = |req: &Request| match req.uri().path() {
@@ -227,7 +229,8 @@ pub struct KeyedHttpBreakerLayer<K, F, C = DefaultClassifier> {
 ///
 /// ```
 /// use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
-/// use tower_breaker::{BreakerConfig, BreakerRegistry, KeyedPlainBreakerLayer};
+/// use tower_breaker::{BreakerConfig, BreakerRegistry};
+/// use tower_breaker::keyed::KeyedPlainBreakerLayer;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), BoxError> {
@@ -270,7 +273,7 @@ impl<K, F> KeyedBreakerLayer<K, F> {
 
 impl<K, F, C> KeyedBreakerLayer<K, F, C> {
     /// Replaces the classifier, which judges each outcome (see
-    /// [`Classify`](crate::Classify)), for the calls and for each key's
+    /// [`Classify`]), for the calls and for each key's
     /// attempt hook.
     ///
     /// Each key keeps the hook of the first classifier it is used with; a
@@ -377,7 +380,7 @@ impl<K, F> KeyedHttpBreakerLayer<K, F> {
 
 impl<K, F, C> KeyedHttpBreakerLayer<K, F, C> {
     /// Replaces the classifier, which judges each response and each error
-    /// of the inner service (see [`Classify`](crate::Classify)).
+    /// of the inner service (see [`Classify`]).
     pub fn classifier<D>(self, classifier: D) -> KeyedHttpBreakerLayer<K, F, D> {
         KeyedHttpBreakerLayer {
             keys: self.keys,
@@ -440,7 +443,7 @@ impl<K, F> KeyedPlainBreakerLayer<K, F> {
 
 impl<K, F, C> KeyedPlainBreakerLayer<K, F, C> {
     /// Replaces the classifier, which judges each outcome (see
-    /// [`Classify`](crate::Classify); [`classify_fn`](crate::classify_fn)
+    /// [`Classify`]; [`classify_fn`](crate::classify::classify_fn)
     /// builds one from a closure).
     pub fn classifier<D>(self, classifier: D) -> KeyedPlainBreakerLayer<K, F, D> {
         KeyedPlainBreakerLayer {
@@ -507,7 +510,8 @@ impl<S, K, F: Clone, C: Clone> Layer<S> for KeyedPlainBreakerLayer<K, F, C> {
 /// ```
 /// use tower::{service_fn, BoxError, ServiceExt};
 /// use tower_breaker::error::CircuitOpen;
-/// use tower_breaker::{BreakerConfig, BreakerRegistry, KeyedCircuitBreaker, Mode};
+/// use tower_breaker::{BreakerConfig, BreakerRegistry, Mode};
+/// use tower_breaker::keyed::KeyedCircuitBreaker;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), BoxError> {
@@ -559,7 +563,8 @@ pub struct KeyedCircuitBreaker<S, P, C = DefaultClassifier> {
 /// ```
 /// use std::convert::Infallible;
 /// use tower::{service_fn, ServiceExt};
-/// use tower_breaker::{BreakerConfig, BreakerRegistry, KeyedHttpCircuitBreaker, Mode};
+/// use tower_breaker::{BreakerConfig, BreakerRegistry, Mode};
+/// use tower_breaker::keyed::KeyedHttpCircuitBreaker;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -606,7 +611,8 @@ pub struct KeyedHttpCircuitBreaker<S, P, C = DefaultClassifier> {
 /// ```
 /// use tower::{service_fn, BoxError, ServiceExt};
 /// use tower_breaker::error::CircuitOpen;
-/// use tower_breaker::{BreakerConfig, BreakerRegistry, KeyedPlainCircuitBreaker, Mode};
+/// use tower_breaker::{BreakerConfig, BreakerRegistry, Mode};
+/// use tower_breaker::keyed::KeyedPlainCircuitBreaker;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), BoxError> {
