@@ -1,0 +1,316 @@
+//! The clauses of the store contract, one `async fn` each: `store` is the
+//! store under test, `name` a breaker name no other clause uses. Each
+//! panics, with what the store did, when the store breaks its clause.
+//!
+//! The contract, as [`Store`]'s documentation states it:
+//!
+//! - **Decisions** ([`Store::read`]): a name never written is
+//!   [`Decision::Missing`]; an opening is [`Decision::Open`] with the time
+//!   left until its T, then [`Decision::Expired`] once T has passed; a
+//!   close is [`Decision::Closed`].
+//! - **Opening** ([`Store::try_open`]): T = now + the period, unless the
+//!   circuit is open until later: concurrent openers adopt the first T.
+//! - **The election** ([`Store::try_acquire_probe`]): before T, every
+//!   candidate loses with the time left; once T has passed exactly one
+//!   wins, with a token and a lease during which every other candidate
+//!   loses, even past T.
+//! - **Fencing**: only the winner's token closes ([`Store::close`]) or
+//!   re-opens ([`Store::reopen`]); after a close, elections report
+//!   [`Election::Closed`] and a stale re-open writes nothing.
+//! - **Re-opens**: a failed probe re-opens for at least its period and
+//!   counts one more re-open in a row, which the next winner's token
+//!   carries; the time left it answers is the one the next read tells.
+//! - **The fleet's window** ([`Store::report`]): reports add up within the
+//!   rule's buckets and open the circuit when the rule breaks; reports
+//!   while open are not evidence; an opening, an election and a close each
+//!   start the window empty, so evidence from before them never counts
+//!   after the circuit closes again.
+//! - **The clock** is the store's own (its server's, or the process's for
+//!   a store without one); every duration in and out is relative to it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio::time::sleep;
+use tower_breaker::store::{Decision, Election, FleetRule, ProbeToken, Report, Store};
+
+/// The period of a clause's openings.
+const PERIOD: Duration = Duration::from_millis(400);
+/// A period short enough to wait out.
+const SHORT: Duration = Duration::from_millis(200);
+/// What the clauses allow for a store's round trips and timers.
+const SLACK: Duration = Duration::from_millis(150);
+
+/// Opens `name` for [`SHORT`] and waits until its T has passed.
+async fn open_and_wait(store: &dyn Store, name: &str) {
+    store.try_open(name, SHORT).await.expect("try_open");
+    sleep(SHORT + SLACK).await;
+}
+
+/// Wins the election of `name` (its T must have passed), for `open_for`
+/// with a lease of `lease`.
+async fn win(store: &dyn Store, name: &str, open_for: Duration, lease: Duration) -> ProbeToken {
+    match store.try_acquire_probe(name, open_for, lease).await {
+        Ok(Election::Won(token)) => token,
+        other => panic!("{name}: the election should be won, got {other:?}"),
+    }
+}
+
+fn open_left(decision: Decision) -> Duration {
+    match decision {
+        Decision::Open { remaining } => remaining,
+        other => panic!("the circuit should be open, got {other:?}"),
+    }
+}
+
+/// A read of a name never written is [`Decision::Missing`].
+pub async fn a_name_never_written_reads_missing(store: &Arc<dyn Store>, name: &str) {
+    assert_eq!(store.read(name).await.expect("read"), Decision::Missing);
+}
+
+/// [`Store::try_open`] sets T = now + the period; a second opener, even
+/// with a longer period, adopts the first T and learns the time left.
+pub async fn an_opening_lasts_its_period_and_concurrent_openers_adopt_it(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    let first = store.try_open(name, PERIOD).await.expect("try_open");
+    assert!(
+        first <= PERIOD && first + SLACK > PERIOD,
+        "the first opener gets its period: {first:?}"
+    );
+    let second = store.try_open(name, PERIOD * 10).await.expect("try_open");
+    assert!(
+        second <= first,
+        "T is not pushed forward: {second:?} > {first:?}"
+    );
+    let read = open_left(store.read(name).await.expect("read"));
+    assert!(read <= second && read > Duration::ZERO, "{read:?}");
+}
+
+/// Once T has passed, the opening reads [`Decision::Expired`].
+pub async fn an_opening_whose_period_passed_reads_expired(store: &Arc<dyn Store>, name: &str) {
+    open_and_wait(&**store, name).await;
+    assert_eq!(store.read(name).await.expect("read"), Decision::Expired);
+}
+
+/// Before T, every candidate loses, with the time left until T.
+pub async fn an_election_before_t_is_lost_with_the_time_left(store: &Arc<dyn Store>, name: &str) {
+    store.try_open(name, PERIOD).await.expect("try_open");
+    match store.try_acquire_probe(name, PERIOD, PERIOD).await {
+        Ok(Election::Lost { remaining }) => assert!(
+            remaining <= PERIOD && remaining > Duration::ZERO,
+            "{remaining:?}"
+        ),
+        other => panic!("a candidate before T loses: {other:?}"),
+    }
+}
+
+/// Once T has passed, exactly one of many concurrent candidates wins.
+pub async fn one_caller_of_many_wins_the_election_once_t_has_passed(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    open_and_wait(&**store, name).await;
+    let mut candidates = JoinSet::new();
+    for _ in 0..16 {
+        let (store, name) = (Arc::clone(store), name.to_owned());
+        candidates.spawn(async move { store.try_acquire_probe(&name, PERIOD, PERIOD).await });
+    }
+    let (mut won, mut lost) = (0, 0);
+    while let Some(result) = candidates.join_next().await {
+        match result
+            .expect("a candidate task")
+            .expect("try_acquire_probe")
+        {
+            Election::Won(_) => won += 1,
+            Election::Lost { remaining } => {
+                assert!(remaining <= PERIOD, "{remaining:?}");
+                lost += 1;
+            }
+            other => panic!("nobody closed the circuit: {other:?}"),
+        }
+    }
+    assert_eq!((won, lost), (1, 15), "exactly one winner");
+}
+
+/// The winner's lease holds off every other candidate, even past the T
+/// the election wrote.
+pub async fn the_winners_lease_holds_off_other_candidates_past_t(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    open_and_wait(&**store, name).await;
+    let lease = Duration::from_secs(2);
+    win(&**store, name, Duration::from_millis(100), lease).await;
+    sleep(Duration::from_millis(100) + SLACK).await;
+    match store.try_acquire_probe(name, PERIOD, lease).await {
+        Ok(Election::Lost { remaining }) => assert!(remaining <= lease, "{remaining:?}"),
+        other => panic!("the lease still runs: {other:?}"),
+    }
+}
+
+/// Only the winner's token closes the circuit, once.
+pub async fn the_winner_closes_and_a_stranger_cannot(store: &Arc<dyn Store>, name: &str) {
+    open_and_wait(&**store, name).await;
+    let token = win(&**store, name, PERIOD, PERIOD).await;
+    let stranger = ProbeToken::new(token.get() ^ 1);
+    assert!(
+        !store.close(name, stranger).await.expect("close"),
+        "a stranger's token"
+    );
+    assert!(
+        store.close(name, token).await.expect("close"),
+        "the winner's token"
+    );
+    assert_eq!(store.read(name).await.expect("read"), Decision::Closed);
+    assert!(
+        !store.close(name, token).await.expect("close"),
+        "closed already"
+    );
+}
+
+/// After a close, candidates learn the circuit is closed, and a stale
+/// re-open writes nothing.
+pub async fn a_closed_circuit_refuses_elections_and_a_stale_reopen(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    open_and_wait(&**store, name).await;
+    let token = win(&**store, name, PERIOD, PERIOD).await;
+    assert!(store.close(name, token).await.expect("close"));
+    assert!(matches!(
+        store.try_acquire_probe(name, PERIOD, PERIOD).await,
+        Ok(Election::Closed)
+    ));
+    let left = store.reopen(name, token, PERIOD).await.expect("reopen");
+    assert_eq!(left, Duration::ZERO, "fenced: the fleet closed since");
+    assert_eq!(store.read(name).await.expect("read"), Decision::Closed);
+}
+
+/// A failed probe re-opens for its period; a stale re-open of the same
+/// election writes nothing; the next winner's token counts the re-open.
+pub async fn a_failed_probe_reopens_and_the_next_prober_learns_it(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    open_and_wait(&**store, name).await;
+    let token = win(&**store, name, SHORT, PERIOD).await;
+    assert_eq!(token.reopens(), 0);
+    let left = store.reopen(name, token, SHORT).await.expect("reopen");
+    assert!(left <= SHORT && left + SLACK > SHORT, "{left:?}");
+    let read = open_left(store.read(name).await.expect("read"));
+    assert!(read <= left, "{read:?} > {left:?}");
+    // The same token again: the record holds a fresh one now.
+    let again = store
+        .reopen(name, token, PERIOD * 10)
+        .await
+        .expect("reopen");
+    assert!(again <= left, "a stale re-open writes nothing: {again:?}");
+    sleep(SHORT + SLACK).await;
+    let next = win(&**store, name, SHORT, PERIOD).await;
+    assert_eq!(next.reopens(), 1, "one re-open in a row");
+}
+
+/// A re-open answers the time left until the effective T, which may be
+/// the election's (later than now + the re-open's period), and the next
+/// read tells the same time left, not less.
+pub async fn a_reopen_and_the_next_read_agree_on_the_time_left(store: &Arc<dyn Store>, name: &str) {
+    open_and_wait(&**store, name).await;
+    let election = Duration::from_secs(3);
+    let token = win(&**store, name, election, Duration::from_millis(100)).await;
+    let left = store.reopen(name, token, SHORT).await.expect("reopen");
+    assert!(
+        left > election - SLACK * 2,
+        "never earlier than the election's T: {left:?}"
+    );
+    let read = open_left(store.read(name).await.expect("read"));
+    assert!(
+        read <= left && read + SLACK > left,
+        "the read tells the time left the re-open answered: {read:?} vs {left:?}"
+    );
+}
+
+/// The fleet's rule: 10 buckets of 1 s, judged from 10 calls, open at 50%.
+fn rule() -> FleetRule {
+    FleetRule::new(10, Duration::from_secs(1), PERIOD).with_minimum_calls(10)
+}
+
+/// Reports add up; the one that breaks the rule opens the circuit.
+pub async fn reports_add_up_and_open_the_circuit_when_the_rule_breaks(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    let decision = store
+        .report(name, Report::new(6, 2, 0), rule())
+        .await
+        .expect("report");
+    assert!(
+        matches!(decision, Decision::Missing | Decision::Closed),
+        "6 calls: below the minimum, {decision:?}"
+    );
+    let decision = store
+        .report(name, Report::new(4, 4, 0), rule())
+        .await
+        .expect("report");
+    let left = open_left(decision);
+    assert!(left <= PERIOD, "{left:?}");
+    assert!(matches!(
+        store.read(name).await.expect("read"),
+        Decision::Open { .. }
+    ));
+}
+
+/// Reports while the circuit is open are not evidence for the next closed
+/// period.
+pub async fn reports_while_open_are_not_evidence(store: &Arc<dyn Store>, name: &str) {
+    store.try_open(name, SHORT).await.expect("try_open");
+    let decision = store
+        .report(name, Report::new(10, 10, 0), rule())
+        .await
+        .expect("report");
+    assert!(matches!(decision, Decision::Open { .. }), "{decision:?}");
+    sleep(SHORT + SLACK).await;
+    let token = win(&**store, name, SHORT, PERIOD).await;
+    assert!(store.close(name, token).await.expect("close"));
+    let decision = store
+        .report(name, Report::new(1, 1, 0), rule())
+        .await
+        .expect("report");
+    assert_eq!(
+        decision,
+        Decision::Closed,
+        "the 10 failures reported while open do not count"
+    );
+}
+
+/// Evidence reported before an election (on a record that held only the
+/// window, lost while the fleet knew the circuit open) never counts after
+/// the probe closes the circuit: the election and the close start the
+/// window empty, as an opening does.
+pub async fn evidence_from_before_an_election_never_counts_after_the_close(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    let decision = store
+        .report(name, Report::new(8, 8, 0), rule())
+        .await
+        .expect("report");
+    assert!(
+        matches!(decision, Decision::Missing | Decision::Closed),
+        "8 calls: below the minimum, {decision:?}"
+    );
+    // A process that knew the circuit open elects itself on the record.
+    let token = win(&**store, name, SHORT, PERIOD).await;
+    assert!(store.close(name, token).await.expect("close"));
+    let decision = store
+        .report(name, Report::new(2, 0, 0), rule())
+        .await
+        .expect("report");
+    assert_eq!(
+        decision,
+        Decision::Closed,
+        "the 8 failures from before the election do not count with these 2 calls"
+    );
+}
