@@ -986,10 +986,14 @@ impl Store for DynamoDbStore {
                 Ok(match seen {
                     Some(r) if r.phase == Phase::Open && r.version == Some(token.get()) => {
                         let until = (now + period).max(r.until);
+                        // The opening's period is its effective length:
+                        // the read, which caps the time left at the
+                        // period (a bound on the writers' clock skew),
+                        // then tells what this answers.
                         let record = Record::open(
                             now,
                             until,
-                            period,
+                            until - now,
                             r.reopens.saturating_add(1),
                             None,
                             self.tokens.draw(),

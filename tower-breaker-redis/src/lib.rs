@@ -34,11 +34,12 @@
 //!   forward by the longer of the caller's period and the last opening's,
 //!   its lease covers its whole probe (the breaker's
 //!   [`max_half_open_wait`](tower_breaker::BreakerConfig::max_half_open_wait)), a
-//!   fresh token is stored, and the winner learns the count of re-opens so
-//!   far. So a slow prober is never joined by a second one, and a prober
+//!   fresh token is stored, the fleet's window starts empty, and the
+//!   winner learns the count of re-opens so far. So a slow prober is never joined by a second one, and a prober
 //!   that vanishes holds the fleet back at most its lease.
-//! - **close** ([`Store::close`]): mark the circuit closed only if the
-//!   record still holds the winner's token. The mark stays for the
+//! - **close** ([`Store::close`]): mark the circuit closed (with an empty
+//!   window) only if the record still holds the winner's token. The mark
+//!   stays for the
 //!   cleanup time, so that a record that *vanished* (a restart without
 //!   persistence, a failover to a replica that had not received it, an
 //!   eviction) is never mistaken for a fleet that closed.

@@ -50,7 +50,7 @@ mod on_a_cluster {
 
     async fn cluster(clause: &'static str) -> Option<Fixture> {
         let cluster = Cluster::start_or_skip(clause)?;
-        let target = RedisTarget::cluster(&cluster.urls()).expect("a cluster target");
+        let target = RedisTarget::cluster(cluster.urls()).expect("a cluster target");
         let store = RedisStore::connect_with(target, RedisOptions::new().timeout(secs(5)))
             .await
             .expect("connect to the cluster");

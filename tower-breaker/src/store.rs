@@ -103,6 +103,13 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 /// Each method must be atomic in the store (a conditional write, a
 /// server-side script).
 ///
+/// # The contract
+///
+/// The methods below state it, clause by clause; the crate
+/// `tower-breaker-conformance` (in this repository) makes each clause a
+/// test, run on every store of the workspace against its real server, and
+/// runnable on a store of your own: `tower_breaker_conformance::tests!`.
+///
 /// The trait is object safe and is used as `Arc<dyn Store>`; its methods
 /// return boxed futures, which is fine because they are called only on
 /// rare paths.
@@ -175,7 +182,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [`ProbeToken`]. Otherwise nothing is written (fenced: a stale
     /// prober must not re-open a circuit the fleet closed or re-elected
     /// since). Returns the time left until the effective T (zero when the
-    /// circuit is not open).
+    /// circuit is not open), which is what the next [`read`](Store::read)
+    /// tells.
     ///
     /// The default implementation is [`try_open`](Store::try_open), which
     /// is not fenced: implement it.
@@ -194,7 +202,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// would, for `rule.open_for`) if the fleet's window now breaks `rule`,
     /// and returns the decision, as [`read`](Store::read) does. The fleet's
     /// window is `rule.buckets` buckets of `rule.bucket` of the store's
-    /// clock; it starts empty again when the circuit opens.
+    /// clock; it starts empty again when the circuit opens, when a prober
+    /// is elected and when the circuit closes, so that evidence from
+    /// before those never counts in the next closed period. Reports while
+    /// the circuit is open are not evidence.
     ///
     /// The default implementation ignores the report and reads: a store
     /// without it shares decisions, not evidence.
@@ -885,7 +896,7 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> StoreFuture<'a, Election> {
         let token = self.token();
-        let result = self.with(|records, now| match records.get(name).copied() {
+        let result = self.with_all(|all, now| match all.map.get(name).copied() {
             Some(r) if !r.open => Election::Closed,
             Some(r) if r.until > now => Election::Lost {
                 remaining: r.until - now,
@@ -900,7 +911,11 @@ impl Store for MemoryStore {
                 let (reopens, last) =
                     previous.map_or((0, Duration::ZERO), |r| (r.reopens, r.period));
                 let period = open_for.max(last);
-                records.insert(
+                // An election starts the window empty, as an opening does:
+                // evidence from before it (on a record that held only the
+                // window) is not evidence after the probe.
+                all.windows.remove(name);
+                all.map.insert(
                     name.to_owned(),
                     Record {
                         open: true,
@@ -946,7 +961,9 @@ impl Store for MemoryStore {
     fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
         let result = self.with_all(|all, now| match all.map.get_mut(name) {
             Some(r) if r.open && r.token == token.get() => {
-                // The mark stays until the cleanup, like an opening.
+                // The mark stays until the cleanup, like an opening; the
+                // next closed period's window starts empty.
+                all.windows.remove(name);
                 *r = Record {
                     open: false,
                     until: now,

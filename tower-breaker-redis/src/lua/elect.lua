@@ -7,8 +7,9 @@
 -- Writes   unless the record is closed, once the open period and any
 --          earlier lease are over (a missing record included): an open
 --          record with the candidate's token, a new open period
---          (max(period, the record's)) and lease = now + lease; the
---          window's buckets are left as they are
+--          (max(period, the record's)) and lease = now + lease; clears
+--          the window, as an opening does (evidence from before the
+--          election is not evidence after the probe)
 -- Returns  {0} closed, {1, remaining} lost (the open period or another's
 --          lease still runs), {2, reopens, period} won
 
@@ -21,6 +22,7 @@ local lease = tonumber(rec[5]) or 0
 if lease > now then return {1, lease - now} end
 local reopens = tonumber(rec[2]) or 0
 local period = math.max(tonumber(ARGV[1]), tonumber(rec[3]) or 0)
+clear_window(KEYS[1])
 write(KEYS[1], now, now + period, period, ARGV[2], reopens, now + tonumber(ARGV[3]),
   tonumber(ARGV[4]))
 return {2, reopens, period}
