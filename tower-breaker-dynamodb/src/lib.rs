@@ -150,6 +150,26 @@ use aws_sdk_dynamodb::Client;
 
 mod record;
 
+/// The `aws-sdk-dynamodb` crate this store is built on (the 1.x line), for
+/// the `aws_sdk_dynamodb::Client` that [`DynamoDbStore::new`] takes: build
+/// it with this re-export (from an `aws-config` of the same release train)
+/// and its version always matches the store's. A new major of the SDK is a
+/// new major of this crate.
+///
+/// # Example
+///
+/// ```no_run
+/// use tower_breaker_dynamodb::{aws_sdk_dynamodb, DynamoDbOptions, DynamoDbStore};
+///
+/// # fn run(config: &aws_sdk_dynamodb::Config) -> Result<(), tower_breaker::BoxError> {
+/// let client = aws_sdk_dynamodb::Client::from_conf(config.clone());
+/// let store = DynamoDbStore::new(client, DynamoDbOptions::new().table("circuits"))?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+pub use aws_sdk_dynamodb;
+
 use record::{bucket_attr, decide, expiry_secs, millis, pack, Item, Phase, Record, Window};
 use tower_breaker::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,

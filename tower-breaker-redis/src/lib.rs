@@ -121,7 +121,28 @@ mod push;
 
 use connection::Connection;
 pub use connection::{ConnectError, RedisTarget};
+
 use push::Push;
+/// The `redis` crate this store is built on (the 1.x line), for the
+/// `redis::aio::ConnectionManager` that [`RedisStore::new`] takes: build it
+/// with this re-export and its version always matches the store's, whatever
+/// `redis` your own `Cargo.toml` names. A new major of `redis` is a new
+/// major of this crate.
+///
+/// # Example
+///
+/// ```no_run
+/// use tower_breaker_redis::{redis, RedisOptions, RedisStore};
+///
+/// # async fn run() -> Result<(), tower_breaker::BoxError> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let manager = redis::aio::ConnectionManager::new(client).await?;
+/// let store = RedisStore::new(manager, RedisOptions::new())?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+pub use redis;
 use tower_breaker::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
     Watcher,
