@@ -106,9 +106,10 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 /// # The contract
 ///
 /// The methods below state it, clause by clause; the crate
-/// `tower-breaker-conformance` (in this repository) makes each clause a
-/// test, run on every store of the workspace against its real server, and
-/// runnable on a store of your own: `tower_breaker_conformance::tests!`.
+/// [`tower-breaker-conformance`](https://docs.rs/tower-breaker-conformance)
+/// makes each clause a test, run on every store of this workspace against
+/// its real server, and on a store of your own as a dev-dependency:
+/// `tower_breaker_conformance::tests!(your_fixture)`.
 ///
 /// The trait is object safe and is used as `Arc<dyn Store>`; its methods
 /// return boxed futures, which is fine because they are called only on
