@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, MissedTickBehavior};
 use tower_breaker::snapshot::Cause;
-use tower_breaker::{Breaker, State as CircuitState, Transition};
+use tower_breaker::{Breaker, FleetConfig, State as CircuitState, Transition};
 
 use super::{
     breaker_config, breaker_store, full_stack, stack_call, stack_url, Args, FleetArgs,
@@ -120,7 +120,7 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
         }
     };
     let transitions: Arc<Mutex<Vec<(Instant, CircuitState, bool)>>> = Arc::default();
-    let mut config = breaker_config(args).refresh_interval(REFRESH).listener({
+    let mut config = breaker_config(args).listener({
         let transitions = transitions.clone();
         move |t: &Transition| {
             let own = !matches!(t.cause, Cause::Store);
@@ -128,7 +128,7 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
         }
     });
     if let Some(store) = store {
-        config = config.store(store);
+        config = config.fleet(FleetConfig::new(store).refresh_interval(REFRESH));
     }
     let breaker = match Breaker::try_with_config("dependency", config) {
         Ok(breaker) => breaker,

@@ -50,7 +50,7 @@ use tower_breaker::snapshot::Cause;
 use tower_breaker::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture,
 };
-use tower_breaker::{Breaker, BreakerConfig, State as CircuitState, Transition};
+use tower_breaker::{Breaker, BreakerConfig, FleetConfig, State as CircuitState, Transition};
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
 use super::fleet::{FleetOutcome, FleetSecond};
@@ -119,7 +119,6 @@ fn store_options() -> DynamoDbOptions {
 fn lambda_config(args: &Args) -> BreakerConfig {
     breaker_config(args)
         .time_window(BUCKETS, BUCKET)
-        .refresh_interval(REFRESH)
         // The prober's lease: its probe is one call, bounded by the
         // timeout. A process that wins an election with its last call
         // exits without probing, and the fleet waits for this.
@@ -291,7 +290,7 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
         }
     };
     let config = lambda_config(args)
-        .store(store.clone())
+        .fleet(FleetConfig::new(store.clone()).refresh_interval(REFRESH))
         .listener(move |t: &Transition| {
             println!(
                 "tr {:.6} {} {} {} {}",

@@ -43,6 +43,7 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
 use tower_breaker::store::{FleetRule, MemoryStore, Report, Store};
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, BreakerConfig, Outcome};
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore, Usage};
 
@@ -172,8 +173,7 @@ fn variants(moto: Option<&Moto>) -> Vec<Variant> {
         ] {
             let store = Arc::new(dynamodb_store(moto));
             let config = BreakerConfig::new()
-                .store(store.clone())
-                .refresh_interval(refresh);
+                .fleet(FleetConfig::new(store.clone()).refresh_interval(refresh));
             variants.push(Variant {
                 name,
                 breaker: Breaker::try_with_config("bench", config).expect("a valid name"),

@@ -101,9 +101,9 @@
 //! Items stay under 1 KB: a write costs one write capacity unit, a
 //! (strongly consistent) read one read capacity unit. On the closed path
 //! there is no request; each breaker reads or reports once per
-//! [`refresh_interval`](tower_breaker::BreakerConfig::refresh_interval) (60 requests
+//! [`refresh_interval`](tower_breaker::FleetConfig::refresh_interval) (60 requests
 //! a minute per breaker and process by default), and reports at most every
-//! [`flush_interval`](tower_breaker::BreakerConfig::flush_interval) while failures
+//! [`flush_interval`](tower_breaker::FleetConfig::flush_interval) while failures
 //! arrive. On-demand tables bill per request: for large fleets, raise both.
 //! [`DynamoDbStore::usage`] counts requests and the capacity the service
 //! reported.

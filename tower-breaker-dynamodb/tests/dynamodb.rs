@@ -22,6 +22,7 @@ use tokio::time::{sleep, Instant};
 use tower_breaker::store::{
     Decision, Election, FleetRule, ProbeToken, Report, Store, StoreFailureMode,
 };
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
@@ -88,12 +89,16 @@ fn num(item: &HashMap<String, String>, name: &str) -> u64 {
 }
 
 fn fleet_config(store: Arc<DynamoDbStore>) -> BreakerConfig {
+    fleet_config_with(FleetConfig::new(store).refresh_interval(REFRESH))
+}
+
+/// [`fleet_config`] with the fleet's settings as `fleet` says.
+fn fleet_config_with(fleet: FleetConfig) -> BreakerConfig {
     config()
         .count_window(2)
         .minimum_calls(2)
         .open_period(OPEN)
-        .store(store)
-        .refresh_interval(REFRESH)
+        .fleet(fleet)
 }
 
 /// Calls every breaker every few milliseconds until each has rejected a
@@ -673,10 +678,13 @@ async fn breakers_that_each_saw_two_failures_open_together_and_one_probe_closes_
     for _ in 0..8 {
         let b = Breaker::with_config(
             "together",
-            fleet_config(process(&server, 0).await)
-                .count_window(20)
-                .minimum_calls(10)
-                .flush_interval(ms(20)),
+            fleet_config_with(
+                FleetConfig::new(process(&server, 0).await)
+                    .refresh_interval(REFRESH)
+                    .flush_interval(ms(20)),
+            )
+            .count_window(20)
+            .minimum_calls(10),
         );
         b.refresh().await.unwrap();
         fleet.push(b);
@@ -717,7 +725,7 @@ async fn the_closed_path_makes_no_request() {
     let store = process(&server, 0).await;
     let b = Breaker::with_config(
         "quiet",
-        fleet_config(store.clone()).refresh_interval(secs(3600)),
+        fleet_config_with(FleetConfig::new(store.clone()).refresh_interval(secs(3600))),
     );
     b.refresh().await.unwrap();
     let before = store.usage();
@@ -745,7 +753,11 @@ async fn killing_the_server_fails_open_with_the_alarm_and_sharing_resumes_after_
     b.refresh().await.unwrap();
     let strict = Breaker::with_config(
         "strict",
-        fleet_config(store.clone()).on_store_failure(StoreFailureMode::FailClosed),
+        fleet_config_with(
+            FleetConfig::new(store.clone())
+                .refresh_interval(REFRESH)
+                .on_store_failure(StoreFailureMode::FailClosed),
+        ),
     );
     strict.refresh().await.unwrap();
     server.kill();

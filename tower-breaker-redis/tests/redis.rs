@@ -18,6 +18,7 @@ use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::{sleep, Instant};
 use tower_breaker::store::{Decision, Election, ProbeToken, Store, StoreFailureMode};
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
 use tower_breaker_redis::{InvalidName, RedisOptions, RedisStore};
 
@@ -41,12 +42,16 @@ fn breaker_on(name: &str, store: Arc<RedisStore>) -> Breaker {
 }
 
 fn fleet_config(store: Arc<RedisStore>) -> BreakerConfig {
+    fleet_config_with(FleetConfig::new(store).refresh_interval(REFRESH))
+}
+
+/// [`fleet_config`] with the fleet's settings as `fleet` says.
+fn fleet_config_with(fleet: FleetConfig) -> BreakerConfig {
     config()
         .count_window(2)
         .minimum_calls(2)
         .open_period(OPEN)
-        .store(store)
-        .refresh_interval(REFRESH)
+        .fleet(fleet)
 }
 
 async fn fleet(server: &RedisServer, name: &str, n: usize) -> Vec<Breaker> {
@@ -540,7 +545,11 @@ async fn fail_closed_rejects_while_the_store_is_down_and_fail_open_does_not() {
     };
     let closed = Breaker::with_config(
         "closed",
-        fleet_config(store(&server).await).on_store_failure(StoreFailureMode::FailClosed),
+        fleet_config_with(
+            FleetConfig::new(store(&server).await)
+                .refresh_interval(REFRESH)
+                .on_store_failure(StoreFailureMode::FailClosed),
+        ),
     );
     let open = breaker_on("open", store(&server).await);
     closed.refresh().await.unwrap();

@@ -18,6 +18,7 @@ use support::redis_topology::{command_calls, Cluster};
 use support::*;
 use tokio::time::{sleep, Instant};
 use tower_breaker::store::{Decision, Store};
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
 use tower_breaker_redis::{RedisOptions, RedisStore, RedisTarget};
 
@@ -30,8 +31,7 @@ fn fleet_config(store: Arc<RedisStore>) -> BreakerConfig {
         .count_window(2)
         .minimum_calls(2)
         .open_period(secs(60))
-        .store(store)
-        .refresh_interval(REFRESH)
+        .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
 }
 
 fn trip(b: &Breaker) {

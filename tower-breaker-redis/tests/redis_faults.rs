@@ -14,6 +14,7 @@ use std::time::Duration;
 use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::{sleep, Instant};
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, Outcome, State};
 use tower_breaker_redis::{RedisOptions, RedisStore};
 
@@ -83,8 +84,7 @@ async fn killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_ba
             .count_window(2)
             .minimum_calls(2)
             .open_period(secs(20))
-            .store(store)
-            .refresh_interval(REFRESH)
+            .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
     };
     let a = Breaker::with_config("faults", long(store(&server).await));
     let b = Breaker::with_config("faults", long(store(&server).await));

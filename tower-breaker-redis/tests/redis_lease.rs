@@ -15,6 +15,7 @@ use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::{sleep, Instant};
 use tower_breaker::store::{Decision, Store};
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
 use tower_breaker_redis::{RedisOptions, RedisStore};
 
@@ -43,8 +44,7 @@ fn fleet_config(store: Arc<RedisStore>, open: Duration, lease: Duration) -> Brea
         .minimum_calls(2)
         .open_period(open)
         .max_half_open_wait(lease)
-        .store(store)
-        .refresh_interval(REFRESH)
+        .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
 }
 
 fn trip(b: &Breaker) {

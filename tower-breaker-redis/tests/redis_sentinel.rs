@@ -24,6 +24,7 @@ use support::redis_topology::{poll, SentinelSet, DATA_PASSWORD, SERVICE};
 use support::*;
 use tokio::time::{sleep, Instant};
 use tower_breaker::store::{Decision, Store};
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
 use tower_breaker_redis::{RedisOptions, RedisStore, RedisTarget};
 
@@ -55,8 +56,7 @@ fn fleet_config(store: Arc<RedisStore>) -> BreakerConfig {
         // Longer than any failover here: the circuit must stay open
         // through it, with no probe.
         .open_period(secs(120))
-        .store(store)
-        .refresh_interval(REFRESH)
+        .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
 }
 
 fn trip(b: &Breaker) {

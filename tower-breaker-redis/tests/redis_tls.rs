@@ -19,6 +19,7 @@ use support::redis_tls::{TestCa, TlsServer, PASSWORD, USER};
 use support::*;
 use tokio::time::{sleep, Instant};
 use tower_breaker::store::{Decision, Store};
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
 use tower_breaker_redis::{RedisOptions, RedisStore, RedisTarget};
 
@@ -38,8 +39,7 @@ fn fleet_config(store: Arc<RedisStore>) -> BreakerConfig {
         .count_window(2)
         .minimum_calls(2)
         .open_period(secs(30))
-        .store(store)
-        .refresh_interval(REFRESH)
+        .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
 }
 
 /// Records failures until the breaker opens.

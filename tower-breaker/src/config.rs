@@ -149,13 +149,118 @@ pub struct BreakerConfig {
     pub(crate) rejection_event_interval: Duration,
     pub(crate) random: Arc<dyn RandomSource>,
     pub(crate) listener: Option<Arc<dyn Listener>>,
-    pub(crate) store: Option<Arc<dyn Store>>,
+    /// How the breaker shares with a fleet, if it does.
+    pub(crate) fleet: Option<FleetConfig>,
+    /// The coarse clock to tell time by, if any (`coarse_clock`).
+    pub(crate) coarse_clock: Option<&'static CoarseClock>,
+}
+
+/// How a breaker shares its circuit with a fleet of processes: the
+/// [`Store`] that holds the shared decision and the fleet's window, and
+/// how often and how the breaker talks to it. The state machine's settings
+/// stay in [`BreakerConfig`]; [`BreakerConfig::fleet`] takes this.
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tower_breaker::store::{MemoryStore, StoreFailureMode};
+/// use tower_breaker::{BreakerConfig, FleetConfig};
+///
+/// let fleet = FleetConfig::new(Arc::new(MemoryStore::new()))
+///     .refresh_interval(Duration::from_millis(250))
+///     .on_store_failure(StoreFailureMode::FailClosed);
+/// let config = BreakerConfig::new().open_period(Duration::from_secs(5)).fleet(fleet);
+/// # let _ = config;
+/// ```
+#[derive(Clone)]
+pub struct FleetConfig {
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) refresh_interval: Duration,
     pub(crate) store_failure: StoreFailureMode,
     pub(crate) fleet_window: bool,
-    /// The coarse clock to tell time by, if any (`coarse_clock`).
-    pub(crate) coarse_clock: Option<&'static CoarseClock>,
     pub(crate) flush_interval: Duration,
+}
+
+// === impl FleetConfig ===
+
+impl FleetConfig {
+    /// Share the decision (open until when, who probes) and the evidence
+    /// through `store`, with every default. See [`crate::store`].
+    #[must_use]
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            refresh_interval: DEFAULT_REFRESH_INTERVAL,
+            store_failure: StoreFailureMode::FailOpen,
+            fleet_window: true,
+            flush_interval: DEFAULT_FLUSH_INTERVAL,
+        }
+    }
+
+    /// How often, at most, the breaker reads the shared decision (default
+    /// 1 s). It bounds both the store traffic of the closed path (one read
+    /// per interval per breaker, started by the first call after the
+    /// interval, which does not wait for it) and how late a breaker learns
+    /// that another process opened or closed the circuit.
+    #[must_use]
+    pub fn refresh_interval(mut self, interval: Duration) -> Self {
+        self.refresh_interval = interval;
+        self
+    }
+
+    /// Whether the fleet shares its evidence as well as its decision (on by
+    /// default): each breaker reports the outcomes it counted to the store,
+    /// which keeps a time-bucketed window of the whole fleet's calls,
+    /// failures and slow calls and opens the circuit for everyone when the
+    /// fleet's rates cross this breaker's thresholds after the fleet-wide
+    /// `minimum_calls` (see [`Store::report`]). A process's own window
+    /// keeps working beside it, as a local safety net.
+    ///
+    /// The fleet's window is the breaker's
+    /// [time window](BreakerConfig::time_window) when it has one, else the
+    /// last [`DEFAULT_FLEET_WINDOW`] in buckets of one second. Reports
+    /// replace the periodic read while there is traffic (one store command
+    /// per refresh interval), and come at most every
+    /// [`flush_interval`](Self::flush_interval) while failures arrive;
+    /// nothing is ever sent on the path of a call.
+    #[must_use]
+    pub fn fleet_window(mut self, on: bool) -> Self {
+        self.fleet_window = on;
+        self
+    }
+
+    /// The least interval between two reports of outcomes while failures
+    /// arrive (default 100 ms; at least 1 ms): the fleet learns of a
+    /// failing dependency within about this long, at a cost of at most one
+    /// store command per interval per breaker.
+    #[must_use]
+    pub fn flush_interval(mut self, interval: Duration) -> Self {
+        self.flush_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// What to do while the store fails (default
+    /// [`StoreFailureMode::FailOpen`]: keep the local decision and call
+    /// the dependency). See [`StoreFailureMode`].
+    #[must_use]
+    pub fn on_store_failure(mut self, mode: StoreFailureMode) -> Self {
+        self.store_failure = mode;
+        self
+    }
+}
+
+impl fmt::Debug for FleetConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetConfig")
+            .field("store", &self.store)
+            .field("refresh_interval", &self.refresh_interval)
+            .field("fleet_window", &self.fleet_window)
+            .field("flush_interval", &self.flush_interval)
+            .field("store_failure", &self.store_failure)
+            .finish()
+    }
 }
 
 // === impl BreakerConfig ===
@@ -184,11 +289,7 @@ impl BreakerConfig {
             rejection_event_interval: DEFAULT_REJECTION_EVENT_INTERVAL,
             random: Arc::new(ProcessRandom::new()),
             listener: None,
-            store: None,
-            refresh_interval: DEFAULT_REFRESH_INTERVAL,
-            store_failure: StoreFailureMode::FailOpen,
-            fleet_window: true,
-            flush_interval: DEFAULT_FLUSH_INTERVAL,
+            fleet: None,
             coarse_clock: None,
         }
     }
@@ -419,59 +520,18 @@ impl BreakerConfig {
         self
     }
 
-    /// Share the decision (open until when, who probes) through `store`
-    /// (default none: the breaker's own atomics decide). See
-    /// [`crate::store`].
-    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = Some(store);
+    /// Share the circuit with a fleet of processes, as `fleet` says (the
+    /// store, how often to read it, the fleet's window); default none: the
+    /// breaker's own atomics decide. See [`crate::store`].
+    pub fn fleet(mut self, fleet: FleetConfig) -> Self {
+        self.fleet = Some(fleet);
         self
     }
 
-    /// How often, at most, a breaker with a store reads the shared decision
-    /// (default 1 s). It bounds both the store traffic of the closed path
-    /// (one read per interval per breaker, started by the first call after
-    /// the interval, which does not wait for it) and how late a breaker
-    /// learns that another process opened or closed the circuit.
-    pub fn refresh_interval(mut self, interval: Duration) -> Self {
-        self.refresh_interval = interval;
-        self
-    }
-
-    /// Whether the fleet shares its evidence as well as its decision (on by
-    /// default whenever a store is configured): each breaker reports the
-    /// outcomes it counted to the store, which keeps a time-bucketed window
-    /// of the whole fleet's calls, failures and slow calls and opens the
-    /// circuit for everyone when the fleet's rates cross this breaker's
-    /// thresholds after the fleet-wide `minimum_calls` (see
-    /// [`Store::report`]). A process's own
-    /// window keeps working beside it, as a local safety net.
-    ///
-    /// The fleet's window is the breaker's [time window](Self::time_window)
-    /// when it has one, else the last [`DEFAULT_FLEET_WINDOW`] in buckets
-    /// of one second. Reports replace the periodic read while there is
-    /// traffic (one store command per refresh interval), and come at most
-    /// every [`flush_interval`](Self::flush_interval) while failures
-    /// arrive; nothing is ever sent on the path of a call.
-    pub fn fleet_window(mut self, on: bool) -> Self {
-        self.fleet_window = on;
-        self
-    }
-
-    /// The least interval between two reports of outcomes while failures
-    /// arrive (default 100 ms; at least 1 ms): the fleet learns of a
-    /// failing dependency within about this long, at a cost of at most one
-    /// store command per interval per breaker.
-    pub fn flush_interval(mut self, interval: Duration) -> Self {
-        self.flush_interval = interval.max(Duration::from_millis(1));
-        self
-    }
-
-    /// What to do while the store fails (default
-    /// [`StoreFailureMode::FailOpen`]: keep the local decision and call
-    /// the dependency). See [`StoreFailureMode`].
-    pub fn on_store_failure(mut self, mode: StoreFailureMode) -> Self {
-        self.store_failure = mode;
-        self
+    /// Share the circuit through `store` with the fleet's defaults: short
+    /// for [`fleet`](Self::fleet)`(`[`FleetConfig::new`]`(store))`.
+    pub fn store(self, store: Arc<dyn Store>) -> Self {
+        self.fleet(FleetConfig::new(store))
     }
 
     /// The window the breaker judges.
@@ -508,11 +568,7 @@ impl fmt::Debug for BreakerConfig {
             .field("rejection_event_interval", &self.rejection_event_interval)
             .field("random", &self.random)
             .field("listener", &DebugListener(&self.listener))
-            .field("store", &self.store)
-            .field("refresh_interval", &self.refresh_interval)
-            .field("fleet_window", &self.fleet_window)
-            .field("flush_interval", &self.flush_interval)
-            .field("store_failure", &self.store_failure)
+            .field("fleet", &self.fleet)
             .field("coarse_clock", &self.coarse_clock.is_some())
             .finish()
     }

@@ -123,8 +123,8 @@
 //! | [`rejection_event_interval`](BreakerConfig::rejection_event_interval) | 1 s | least interval between `circuit_rejected` events |
 //! | [`random`](BreakerConfig::random) | [`ProcessRandom`](random::ProcessRandom) | source of the jitter (tests inject [`SeededRandom`]) |
 //! | [`listener`](BreakerConfig::listener) | none | told about every [`Transition`] |
-//! | [`store`](BreakerConfig::store) / [`refresh_interval`](BreakerConfig::refresh_interval) | none / 1 s | share the decision across processes ([`store`]; see [Shared state](#shared-state-redis)) |
-//! | [`on_store_failure`](BreakerConfig::on_store_failure) | fail open | what to do while the store fails ([`StoreFailureMode`](store::StoreFailureMode)) |
+//! | [`store`](BreakerConfig::store) / [`refresh_interval`](FleetConfig::refresh_interval) | none / 1 s | share the decision across processes ([`store`]; see [Shared state](#shared-state-redis)) |
+//! | [`on_store_failure`](FleetConfig::on_store_failure) | fail open | what to do while the store fails ([`StoreFailureMode`](store::StoreFailureMode)) |
 //! | [`coarse_clock`](BreakerConfig::coarse_clock) | off | tell time by a millisecond clock read with one atomic load (not for paused-time tests) |
 //!
 //! Why these defaults: 20 calls with a minimum of 10 is the "half of the
@@ -362,18 +362,18 @@
 //!   next period of the growing schedule (`open_growth`, capped at
 //!   `max_open_period`, jittered by the prober), and the record counts the
 //!   re-opens so the next prober, in any process, grows from there.
-//! - **A fleet-wide window** ([`fleet_window`](BreakerConfig::fleet_window),
+//! - **A fleet-wide window** ([`fleet_window`](FleetConfig::fleet_window),
 //!   on by default): each breaker reports the outcomes it counted, batched,
 //!   and the store keeps a time-bucketed window of the whole fleet's calls;
 //!   its script opens the circuit for everyone when the fleet's rates cross
 //!   the thresholds after the fleet-wide `minimum_calls`. Reports replace
 //!   the periodic read while there is traffic, and come every
-//!   [`flush_interval`](BreakerConfig::flush_interval) (100 ms) while
+//!   [`flush_interval`](FleetConfig::flush_interval) (100 ms) while
 //!   failures arrive. 20 processes calling a failing dependency once a
 //!   second each open together after about 30 calls; each alone would not
 //!   trip for ten seconds.
 //! - **A per-process cache**: each breaker reads the record at most once
-//!   per [`refresh_interval`](BreakerConfig::refresh_interval) (default
+//!   per [`refresh_interval`](FleetConfig::refresh_interval) (default
 //!   1 s), in a spawned task, and folds the answer into its state word, so
 //!   the closed path stays lock-free and makes no network call (it reads
 //!   the clock once, to see whether a read is due: one Redis command per
@@ -513,7 +513,7 @@ mod window;
 
 pub use breaker::{Breaker, Permit};
 pub use classify::{Classify, DefaultClassifier, Outcome};
-pub use config::BreakerConfig;
+pub use config::{BreakerConfig, FleetConfig};
 pub use fallback::{Fallback, FallbackLayer};
 pub use keyed::{BreakerRegistry, KeyedBreakerLayer};
 pub use layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};

@@ -14,7 +14,7 @@
 //!   with [`Store::try_open`], which never pushes an existing, later T
 //!   forward; the breaker adopts the store's T.
 //! - Every breaker reads the record with [`Store::read`] at most once per
-//!   [`refresh_interval`](crate::BreakerConfig::refresh_interval) (in a
+//!   [`refresh_interval`](crate::FleetConfig::refresh_interval) (in a
 //!   spawned task; the call that notices the interval is over does not
 //!   wait), and opens when another process did.
 //! - When its open period is over (or a read finds an expired record), a
@@ -52,7 +52,7 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use tower_breaker::store::MemoryStore;
-//! use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
+//! use tower_breaker::{Breaker, BreakerConfig, FleetConfig, Outcome, State};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
@@ -60,8 +60,7 @@
 //! let config = BreakerConfig::new()
 //!     .count_window(2)
 //!     .minimum_calls(2)
-//!     .store(store.clone())
-//!     .refresh_interval(Duration::from_millis(100));
+//!     .fleet(FleetConfig::new(store.clone()).refresh_interval(Duration::from_millis(100)));
 //! let a = Breaker::with_config("payments", config.clone());
 //! let b = Breaker::with_config("payments", config);
 //!
@@ -248,7 +247,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
 /// What a breaker does while its store fails (an error, a timeout, garbage),
 /// set with
-/// [`BreakerConfig::on_store_failure`](crate::BreakerConfig::on_store_failure).
+/// [`FleetConfig::on_store_failure`](crate::FleetConfig::on_store_failure).
 ///
 /// Whatever the mode, the breaker keeps counting its own calls, opens on
 /// its own window, counts each failed store call in
@@ -261,11 +260,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 /// ```
 /// use std::sync::Arc;
 /// use tower_breaker::store::{MemoryStore, StoreFailureMode};
-/// use tower_breaker::BreakerConfig;
+/// use tower_breaker::{BreakerConfig, FleetConfig};
 ///
-/// let config = BreakerConfig::new()
-///     .store(Arc::new(MemoryStore::new()))
+/// let fleet = FleetConfig::new(Arc::new(MemoryStore::new()))
 ///     .on_store_failure(StoreFailureMode::FailClosed);
+/// let config = BreakerConfig::new().fleet(fleet);
 /// # let _ = config;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

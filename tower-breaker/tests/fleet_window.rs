@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use support::*;
 use tower_breaker::store::{Decision, FleetRule, MemoryStore, Report, Store};
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
 
 /// Lets spawned store tasks run.
@@ -24,8 +25,7 @@ fn process(store: &Arc<MemoryStore>, fleet_window: bool) -> Breaker {
         "payments",
         BreakerConfig::new()
             .jitter(0.0)
-            .store(store.clone())
-            .fleet_window(fleet_window),
+            .fleet(FleetConfig::new(store.clone()).fleet_window(fleet_window)),
     )
 }
 
@@ -119,10 +119,9 @@ async fn the_closed_path_sends_at_most_one_report_per_flush_interval() {
     let b = Breaker::with_config(
         "busy",
         BreakerConfig::new()
-            .store(store.clone())
+            .fleet(FleetConfig::new(store.clone()).flush_interval(ms(100)))
             .count_window(1000)
-            .minimum_calls(1000)
-            .flush_interval(ms(100)),
+            .minimum_calls(1000),
     );
     // 10 s of traffic at 1000 calls/s, 10% failures.
     for i in 0..10_000u32 {

@@ -10,6 +10,7 @@ use support::*;
 use tower_breaker::store::{
     Decision, Election, MemoryStore, ProbeToken, Store, StoreError, StoreFuture,
 };
+use tower_breaker::FleetConfig;
 use tower_breaker::{Breaker, Outcome, State};
 
 const REFRESH: Duration = Duration::from_millis(100);
@@ -30,8 +31,7 @@ fn fleet(store: &Arc<MemoryStore>, n: usize) -> Vec<Breaker> {
                 config()
                     .count_window(2)
                     .minimum_calls(2)
-                    .store(store.clone())
-                    .refresh_interval(REFRESH),
+                    .fleet(FleetConfig::new(store.clone()).refresh_interval(REFRESH)),
             )
         })
         .collect()
@@ -70,8 +70,7 @@ async fn without_pushes_one_trips_and_all_reject_within_one_refresh_interval() {
                 config()
                     .count_window(2)
                     .minimum_calls(2)
-                    .store(store.clone())
-                    .refresh_interval(REFRESH),
+                    .fleet(FleetConfig::new(store.clone()).refresh_interval(REFRESH)),
             )
         })
         .collect();
@@ -254,8 +253,7 @@ async fn a_failing_store_fails_open_and_the_local_breaker_keeps_working() {
         config()
             .count_window(2)
             .minimum_calls(2)
-            .store(Arc::new(Down))
-            .refresh_interval(REFRESH),
+            .fleet(FleetConfig::new(Arc::new(Down)).refresh_interval(REFRESH)),
     );
     record(&b, Outcome::Success, 3);
     settle().await;
@@ -315,10 +313,11 @@ async fn the_next_prober_grows_the_period_from_the_fleets_reopens() {
 async fn fail_closed_rejects_while_the_store_fails_and_recovers_with_it() {
     let b = Breaker::with_config(
         "t",
-        config()
-            .store(Arc::new(Down))
-            .refresh_interval(REFRESH)
-            .on_store_failure(tower_breaker::store::StoreFailureMode::FailClosed),
+        config().fleet(
+            FleetConfig::new(Arc::new(Down))
+                .refresh_interval(REFRESH)
+                .on_store_failure(tower_breaker::store::StoreFailureMode::FailClosed),
+        ),
     );
     b.try_acquire().unwrap().record(Outcome::Success); // starts the first read
     settle().await;
@@ -330,9 +329,10 @@ async fn fail_closed_rejects_while_the_store_fails_and_recovers_with_it() {
     // Against a store that answers, the same breaker admits after a read.
     let ok = Breaker::with_config(
         "t",
-        config()
-            .store(Arc::new(MemoryStore::new()))
-            .on_store_failure(tower_breaker::store::StoreFailureMode::FailClosed),
+        config().fleet(
+            FleetConfig::new(Arc::new(MemoryStore::new()))
+                .on_store_failure(tower_breaker::store::StoreFailureMode::FailClosed),
+        ),
     );
     ok.refresh().await.unwrap();
     assert!(ok.try_acquire().is_ok());
@@ -488,8 +488,7 @@ async fn a_close_and_a_later_open_reach_the_store_in_order() {
         config()
             .count_window(2)
             .minimum_calls(2)
-            .store(store.clone())
-            .refresh_interval(secs(60)),
+            .fleet(FleetConfig::new(store.clone()).refresh_interval(secs(60))),
     );
     record(&b, Outcome::Failure, 2);
     settle().await;
@@ -529,8 +528,7 @@ async fn one_failed_election_does_not_let_the_process_probe_on_its_own() {
         config()
             .count_window(2)
             .minimum_calls(2)
-            .store(store.clone())
-            .refresh_interval(REFRESH),
+            .fleet(FleetConfig::new(store.clone()).refresh_interval(REFRESH)),
     );
     record(&b, Outcome::Failure, 2);
     settle().await;
@@ -560,11 +558,13 @@ async fn an_election_that_never_answers_times_out_after_the_probe_wait() {
             .count_window(2)
             .minimum_calls(2)
             .max_half_open_wait(secs(1))
-            .store(Arc::new(Faulty {
-                mute_elections: true,
-                ..Faulty::default()
-            }))
-            .refresh_interval(REFRESH),
+            .fleet(
+                FleetConfig::new(Arc::new(Faulty {
+                    mute_elections: true,
+                    ..Faulty::default()
+                }))
+                .refresh_interval(REFRESH),
+            ),
     );
     record(&b, Outcome::Failure, 2);
     settle().await;
@@ -588,8 +588,7 @@ async fn a_store_down_for_two_refresh_intervals_lets_the_process_probe_on_its_ow
         config()
             .count_window(2)
             .minimum_calls(2)
-            .store(Arc::new(Down))
-            .refresh_interval(REFRESH),
+            .fleet(FleetConfig::new(Arc::new(Down)).refresh_interval(REFRESH)),
     );
     record(&b, Outcome::Failure, 2);
     settle().await;

@@ -52,7 +52,7 @@ use axum::Router;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 use tower_breaker::snapshot::Cause;
-use tower_breaker::{Breaker, BreakerConfig, Outcome, State, Transition};
+use tower_breaker::{Breaker, BreakerConfig, FleetConfig, Outcome, State, Transition};
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
 #[path = "../moto.rs"]
@@ -129,8 +129,7 @@ impl Context {
             .max_half_open_wait(Duration::from_secs(2))
             // Read (or report to) the table at most every 200 ms; the
             // default is 1 s, one request a second per busy instance.
-            .refresh_interval(Duration::from_millis(200))
-            .store(store.clone())
+            .fleet(FleetConfig::new(store.clone()).refresh_interval(Duration::from_millis(200)))
             .listener(|t: &Transition| {
                 // Only for this demo: tell `main` (see `instance`).
                 let by = match t.cause {

@@ -64,7 +64,8 @@ use tower_breaker::reqwest::{Client, ReqwestService};
 use tower_breaker::snapshot::{Cause, Totals};
 use tower_breaker::stack::server_stack;
 use tower_breaker::{
-    Answer, Breaker, BreakerConfig, BreakerLayer, Outcome, State as CircuitState, Transition,
+    Answer, Breaker, BreakerConfig, BreakerLayer, FleetConfig, Outcome, State as CircuitState,
+    Transition,
 };
 use tower_breaker_redis::{RedisOptions, RedisStore};
 use tower_bulkhead::{BulkheadLayer, CompartmentHandle, HttpBulkheadLayer};
@@ -434,7 +435,6 @@ fn breaker_config() -> BreakerConfig {
         .open_period(OPEN_PERIOD)
         .open_growth(2.0)
         .max_open_period(MAX_OPEN_PERIOD)
-        .refresh_interval(REFRESH_INTERVAL)
 }
 
 /// A transition as the report keeps it: seconds since the start, the new
@@ -453,7 +453,7 @@ fn breaker(name: &str, store: Option<Arc<RedisStore>>, start: Instant, seen: &Se
         lock(&seen).push((at, t.to, t.cause));
     });
     if let Some(store) = store {
-        config = config.store(store);
+        config = config.fleet(FleetConfig::new(store).refresh_interval(REFRESH_INTERVAL));
     }
     Breaker::with_config(name, config)
 }

@@ -87,9 +87,9 @@ impl StoreLink {
     /// The link of a breaker named `name` built with `config`, if it has a
     /// store.
     pub(super) fn for_config(config: &BreakerConfig, name: &str) -> Option<Self> {
-        let link = config.store.clone().map(|store| StoreLink {
-            store,
-            refresh_ns: nanos(config.refresh_interval),
+        let link = config.fleet.as_ref().map(|fleet| StoreLink {
+            store: Arc::clone(&fleet.store),
+            refresh_ns: nanos(fleet.refresh_interval),
             next_refresh_ns: AtomicU64::new(0),
             token: Mutex::new(None),
             shared_open: AtomicBool::new(false),
@@ -97,11 +97,11 @@ impl StoreLink {
             next_warning_ms: AtomicU64::new(0),
             unwarned: AtomicU64::new(0),
             writes: Mutex::new(Writes::default()),
-            fleet: config.fleet_window.then(|| fleet_rule(config)),
-            flush_ns: nanos(config.flush_interval).max(NANOS_PER_MS),
+            fleet: fleet.fleet_window.then(|| fleet_rule(config)),
+            flush_ns: nanos(fleet.flush_interval).max(NANOS_PER_MS),
             next_flush_ns: AtomicU64::new(0),
             reported: Mutex::new([0; 3]),
-            fail_closed: config.store_failure == StoreFailureMode::FailClosed,
+            fail_closed: fleet.store_failure == StoreFailureMode::FailClosed,
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {

@@ -10,7 +10,7 @@ use tower_resilience_base::clock::CoarseClock;
 use super::fleet::StoreLink;
 use super::{nanos, thread_index, Kind, Raw, Rejection, NANOS_PER_MS, NANOS_PER_SEC, PPM, STRIPES};
 use crate::classify::Outcome;
-use crate::config::{BreakerConfig, WindowKind};
+use crate::config::{BreakerConfig, WindowKind, DEFAULT_REFRESH_INTERVAL};
 use crate::metrics::{BreakerMetrics, ProbeResult};
 use crate::snapshot::{Cause, Totals, Transition, WindowCounts};
 use crate::state::{is_newer, Padded, Phase, Word, CLOSED, ELECTING, GEN_MASK, HALF_OPEN, OPEN};
@@ -209,7 +209,11 @@ impl Core {
                 // is unknown.
                 Phase::Closed { .. } if core.store_blocks() => {
                     break Err(Rejection {
-                        retry_after: core.config.refresh_interval,
+                        retry_after: core
+                            .config
+                            .fleet
+                            .as_ref()
+                            .map_or(DEFAULT_REFRESH_INTERVAL, |f| f.refresh_interval),
                         forced: false,
                     });
                 }

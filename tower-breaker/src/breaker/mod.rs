@@ -199,7 +199,7 @@ impl Breaker {
         config: BreakerConfig,
     ) -> Result<Self, StoreError> {
         let name = name.into();
-        if let Some(store) = &config.store {
+        if let Some(store) = config.fleet.as_ref().map(|f| &f.store) {
             store.check_name(&name)?;
             if tokio::runtime::Handle::try_current().is_err() {
                 return Err(StoreError::new(
