@@ -73,6 +73,46 @@ impl fmt::Debug for Fixture {
     }
 }
 
+/// Whether `program` runs (`program arg` succeeds), for a fixture that
+/// starts a server: when it does not, says so on the real stderr (not
+/// captured by the test harness) with `hint`, so that `test` can skip;
+/// with `TOWER_REQUIRE_SERVERS` set (as a CI that installs the servers
+/// does), a missing server fails the test instead.
+///
+/// # Panics
+///
+/// When `program` does not run and `TOWER_REQUIRE_SERVERS` is set.
+///
+/// # Example
+///
+/// ```no_run
+/// use tower_breaker_conformance::server_found;
+///
+/// if !server_found("redis-server", "--version", "my_test", "install redis") {
+///     return; // skipped, and said so
+/// }
+/// ```
+pub fn server_found(program: &str, arg: &str, test: &str, hint: &str) -> bool {
+    use std::io::Write as _;
+    let found = std::process::Command::new(program)
+        .arg(arg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !found {
+        assert!(
+            std::env::var_os("TOWER_REQUIRE_SERVERS").is_none(),
+            "{program} not found and TOWER_REQUIRE_SERVERS is set: `{test}` must run"
+        );
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "skipped: {program} not found ({hint}): {test}"
+        );
+    }
+    found
+}
+
 /// One `#[tokio::test]` per clause of the contract, each on a fresh
 /// fixture from `$make`, an `async fn(&'static str) -> Option<Fixture>`
 /// called with the clause's name (it returns `None` to skip, having said

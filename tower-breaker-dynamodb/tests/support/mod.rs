@@ -25,29 +25,8 @@ pub fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-/// Whether `program` runs (`program arg` succeeds). When it does not, says
-/// so on the real stderr (not captured by the test harness) with `hint`,
-/// so that `test` can return early; with `TOWER_REQUIRE_SERVERS` set (as
-/// `.ci/run` does), a missing server fails the test instead.
-pub fn server_found(program: &str, arg: &str, test: &str, hint: &str) -> bool {
-    let found = std::process::Command::new(program)
-        .arg(arg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if !found {
-        assert!(
-            std::env::var_os("TOWER_REQUIRE_SERVERS").is_none(),
-            "{program} not found and TOWER_REQUIRE_SERVERS is set: `{test}` must run"
-        );
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "skipped: {program} not found ({hint}): {test}"
-        );
-    }
-    found
-}
+/// Whether `program` runs; a loud skip, or a failure under
+/// `TOWER_REQUIRE_SERVERS` (the conformance crate's helper, shared).
+pub use tower_breaker_conformance::server_found;
 
 pub mod moto_server;
