@@ -241,7 +241,8 @@
 //! transport
 //! ```
 //!
-//! [`stack::client_stack`] builds exactly this in one line (feature `stack`).
+//! [`tower-shield`](https://docs.rs/tower-shield)'s `client_stack` builds
+//! exactly this in one line.
 //!
 //! [`CircuitBreaker`] offers its attempt hook
 //! (`tower_resilience_base::hook`, one per layer, no allocation per call)
@@ -312,11 +313,12 @@
 //! # Fallbacks
 //!
 //! When a call fails or the circuit is open, the caller may still answer:
-//! [`FallbackLayer`], outermost in the stack, turns selected failures into
-//! an answer from a fixed value, a function, or the last good response for
-//! the same key, marks and counts it, and can run the fallback on a share
-//! of healthy calls to show it still works. See [`fallback`], including
-//! when not to use one.
+//! [`tower-degrade`](https://docs.rs/tower-degrade)'s `FallbackLayer`,
+//! outermost in the stack, turns selected failures (this breaker's
+//! [`CircuitOpen`](error::CircuitOpen) among them) into an answer from a
+//! fixed value, a function, or the last good response for the same key,
+//! marks and counts it, and can run the fallback on a share of healthy
+//! calls to show it still works. Its guide says when not to use one.
 //!
 //! # Shared state (Redis, DynamoDB)
 //!
@@ -459,13 +461,11 @@
 //!
 //! | feature | default | what |
 //! |---|---|---|
-//! | `stack` | on | [`stack`]: the one-line client and server stacks, with `tower-deadline`, `tower-retry-budget` and `tower-bulkhead` in the recommended order |
-//! | `metrics` | off | `metrics`: calls, rejections, state, transitions, probes and store errors through the [`metrics`](https://docs.rs/metrics) facade, labelled with the breaker's name (with `stack`, the other three layers record theirs too); the full list of names is in `docs/metrics.md` at the repository's root |
-//! | `reqwest` | off | module `reqwest` (reqwest 0.13): `reqwest::Client` at the bottom of the client stack (`reqwest::ReqwestService`) and a `reqwest::Client` of this crate over it whose request builder is reqwest's own, delegated (`client.get(url).send().await`), built in one call by `ClientStack::reqwest`; enables `stack`; reqwest without default features (bring your TLS backend) |
-//! | `reqwest-query`, `reqwest-form`, `reqwest-json`, `reqwest-multipart` | off | the builder methods `query`, `form`, `json` and `multipart`, through reqwest's features of the same names; each enables `reqwest` |
-//! | `reqwest-http2` | off | HTTP/2 for the reqwest transport (reqwest's `http2`), with the retry layer recognising HTTP/2 refusals, so that they are retried by the stack once reqwest's own retries are off; enables `reqwest` |
-//! | `reqwest-middleware` | off | `reqwest::StackMiddleware`: the client stack as one `reqwest_middleware::Middleware`, still counting every attempt and replaying bodies |
-//! | `tonic` | off | `tonic`: the client stack over a `tonic::transport::Channel` in one call (`client_stack(name).tonic(channel)`), replayable bodies included, and every error of the stack as the right `tonic::Status` (implies `stack`) |
+//! | `metrics` | off | `metrics`: calls, rejections, state, transitions, probes and store errors through the [`metrics`](https://docs.rs/metrics) facade, labelled with the breaker's name; the full list of names is in `docs/metrics.md` at the repository's root |
+//!
+//! The one-line stacks and the reqwest and tonic integrations are in
+//! [`tower-shield`](https://docs.rs/tower-shield), which depends on this
+//! crate and the other three layers.
 //!
 //! The breaker cooperates with the other layers (counting every attempt of
 //! a retry layer below, ignoring local rejections) without any feature:
@@ -483,7 +483,6 @@ mod breaker;
 pub mod classify;
 pub mod config;
 pub mod error;
-pub mod fallback;
 pub mod future;
 mod hook;
 pub mod keyed;
@@ -495,32 +494,20 @@ pub mod metrics;
 mod metrics_off;
 #[cfg(not(feature = "metrics"))]
 use metrics_off as metrics;
-#[cfg(feature = "reqwest")]
-#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub mod reqwest;
 mod service;
 pub mod snapshot;
-#[cfg(feature = "stack")]
-#[cfg_attr(docsrs, doc(cfg(feature = "stack")))]
-pub mod stack;
 mod state;
 pub mod store;
 mod sync;
-#[cfg(feature = "tonic")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-pub mod tonic;
 mod window;
 
 pub use breaker::{Breaker, Permit};
 pub use classify::{Classify, DefaultClassifier, Outcome};
 pub use config::{BreakerConfig, FleetConfig};
-pub use fallback::{Fallback, FallbackLayer};
 pub use keyed::{BreakerRegistry, KeyedBreakerLayer};
 pub use layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
 pub use service::{CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker};
 pub use snapshot::{Snapshot, Transition};
-#[cfg(feature = "stack")]
-pub use stack::{client_stack, server_stack, ClientStack, ServerStack};
 pub use state::{Mode, State};
 pub use tower_resilience_base::random::SeededRandom;
 /// The random sources of the open period's jitter and the probe

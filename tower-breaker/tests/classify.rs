@@ -5,11 +5,10 @@ mod support;
 
 use std::error::Error;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use support::*;
-use tower::{service_fn, BoxError, Layer, ServiceBuilder};
+use tower::{service_fn, BoxError, Layer};
 use tower_breaker::classify::classify_fn;
 use tower_breaker::random::RandomSource;
 use tower_breaker::snapshot::Listener;
@@ -52,68 +51,6 @@ async fn server_errors_and_transport_errors_open_the_circuit() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_bulkhead_rejection_is_not_counted() {
-    let b = breaker(2);
-    let calls = CallCounter::default();
-    let (release, wait) = tokio::sync::oneshot::channel::<()>();
-    let wait = Arc::new(tokio::sync::Mutex::new(Some(wait)));
-    let slow = service_fn(move |_req: http::Request<String>| {
-        let wait = wait.clone();
-        calls.hit();
-        async move {
-            if let Some(wait) = wait.lock().await.take() {
-                let _ = wait.await;
-            }
-            Ok::<_, BoxError>(http::Response::new(String::new()))
-        }
-    });
-    let client = ServiceBuilder::new()
-        .layer(BreakerLayer::new(b.clone()))
-        .map_err(|e: BoxError| e) // the rejection arrives boxed once more
-        .layer(tower_bulkhead::BulkheadLayer::new("dep", 1))
-        .service(slow);
-    let mut first = Box::pin(send(&client));
-    assert!(first.as_mut().now_or_never().is_none());
-    for _ in 0..10 {
-        let err = send(&client).await.unwrap_err();
-        assert!(err.is::<tower_bulkhead::error::BulkheadFull>());
-    }
-    let s = b.snapshot();
-    assert_eq!(s.state, State::Closed);
-    assert_eq!(s.window.calls, 0);
-    assert_eq!(s.totals.ignored, 10);
-    release.send(()).unwrap();
-    first.await.unwrap();
-    assert_eq!(b.snapshot().window.calls, 1);
-}
-
-#[test]
-fn the_bulkhead_rejection_is_found_in_the_source_chain() {
-    #[derive(Debug)]
-    struct Wrapper(BoxError);
-    impl std::fmt::Display for Wrapper {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("wrapped")
-        }
-    }
-    impl Error for Wrapper {
-        fn source(&self) -> Option<&(dyn Error + 'static)> {
-            Some(&*self.0)
-        }
-    }
-    let full = ServiceBuilder::new()
-        .layer(tower_bulkhead::BulkheadLayer::new("dep", 0))
-        .service(service_fn(|_: ()| async { Ok::<_, BoxError>(()) }));
-    let err = futures_util::FutureExt::now_or_never(tower::ServiceExt::oneshot(full, ()))
-        .unwrap()
-        .unwrap_err();
-    let wrapped = Wrapper(err);
-    assert_eq!(classify::classify_error(&wrapped), Outcome::Ignored);
-    let io = std::io::Error::from(std::io::ErrorKind::TimedOut);
-    assert_eq!(classify::classify_error(&io), Outcome::Failure);
-}
-
-#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_cancelled_call_is_not_counted() {
     let b = breaker(1);
     let svc = BreakerLayer::new(b.clone()).layer(service_fn(|_req: http::Request<String>| {
@@ -126,25 +63,6 @@ async fn a_cancelled_call_is_not_counted() {
     let s = b.snapshot();
     assert_eq!(s.window.calls, 0);
     assert_eq!(s.totals.ignored, 5);
-}
-
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_deadline_exceeded_counts_as_a_failure() {
-    let b = breaker(2);
-    let client = ServiceBuilder::new()
-        .layer(BreakerLayer::new(b.clone()))
-        .layer(
-            tower_deadline::ClientDeadlineLayer::new().default_timeout(Duration::from_millis(100)),
-        )
-        .service(service_fn(|_req: http::Request<String>| async {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            Ok::<_, BoxError>(http::Response::new(String::new()))
-        }));
-    for _ in 0..2 {
-        let err = send(&client).await.unwrap_err();
-        assert!(err.is::<tower_deadline::error::DeadlineExceeded>());
-    }
-    assert_eq!(state(&b), State::Open);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

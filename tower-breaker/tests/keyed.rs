@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
 use support::*;
-use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::keyed::{KeyedHttpBreakerLayer, KeyedPlainBreakerLayer};
 use tower_breaker::{BreakerRegistry, Classify, KeyedBreakerLayer, Mode, Outcome, State};
@@ -190,88 +190,6 @@ async fn the_layers_classifier_judges_each_keys_calls() {
     assert_eq!(s.state, State::Closed, "503 is a success here");
     assert_eq!(s.totals.successful, 5);
     assert_eq!(calls.calls(), 5);
-}
-
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn each_keys_hook_counts_every_attempt_with_the_layers_classifier() {
-    let registry = BreakerRegistry::new("hosts", config().count_window(20).minimum_calls(20));
-    let calls = CallCounter::default();
-    let lenient = ServiceBuilder::new()
-        .layer(KeyedBreakerLayer::new(registry.clone(), by_host).classifier(Lenient503))
-        .layer(retry())
-        .service(answering(&calls, 503));
-    get(&lenient, "a.example").await.unwrap();
-    assert_eq!(
-        calls.calls(),
-        3,
-        "the retry layer below made three attempts"
-    );
-    let a = registry.find(&"a.example".to_owned()).unwrap().snapshot();
-    assert_eq!(
-        (a.window.calls, a.window.failures),
-        (3, 0),
-        "three attempts, judged by the layer's classifier"
-    );
-
-    // The default classifier, on another key of the same registry.
-    let strict = ServiceBuilder::new()
-        .layer(KeyedBreakerLayer::new(registry.clone(), by_host))
-        .layer(retry())
-        .service(answering(&calls, 503));
-    get(&strict, "b.example").await.unwrap();
-    let b = registry.find(&"b.example".to_owned()).unwrap().snapshot();
-    assert_eq!((b.window.calls, b.window.failures), (3, 3));
-}
-
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn layers_sharing_a_registry_each_count_with_their_own_classifier() {
-    // Regression guard for the per-key hook cache: the key keeps the hook
-    // of the first layer's classifier; the other layers (another type, or
-    // the same type with other values) must still be judged by their own.
-    let registry = BreakerRegistry::new("hosts", config().count_window(50).minimum_calls(50));
-    let calls = CallCounter::default();
-    type ByHost = fn(&Request<String>) -> String;
-    let stack = |layer: KeyedBreakerLayer<String, ByHost, FailsOn>| {
-        ServiceBuilder::new()
-            .layer(layer)
-            .layer(retry())
-            .service(answering(&calls, 503))
-    };
-    let key: ByHost = by_host;
-    let on_503 = stack(KeyedBreakerLayer::new(registry.clone(), key).classifier(FailsOn(503)));
-    let on_500 = stack(KeyedBreakerLayer::new(registry.clone(), key).classifier(FailsOn(500)));
-    let default = ServiceBuilder::new()
-        .layer(KeyedBreakerLayer::new(registry.clone(), by_host).classifier(Lenient503))
-        .layer(retry())
-        .service(answering(&calls, 503));
-
-    get(&on_503, "shared.example").await.unwrap();
-    get(&on_500, "shared.example").await.unwrap();
-    get(&default, "shared.example").await.unwrap();
-    get(&on_503, "shared.example").await.unwrap();
-    let s = registry
-        .find(&"shared.example".to_owned())
-        .unwrap()
-        .snapshot();
-    assert_eq!(s.window.calls, 12, "four requests of three attempts each");
-    assert_eq!(
-        s.window.failures, 6,
-        "only the FailsOn(503) layer's attempts"
-    );
-}
-
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn without_the_hook_a_retried_call_counts_once() {
-    let registry = BreakerRegistry::new("hosts", config());
-    let calls = CallCounter::default();
-    let svc = ServiceBuilder::new()
-        .layer(KeyedBreakerLayer::new(registry.clone(), by_host).count_attempts(false))
-        .layer(retry())
-        .service(answering(&calls, 503));
-    get(&svc, "a.example").await.unwrap();
-    assert_eq!(calls.calls(), 3);
-    let s = registry.find(&"a.example".to_owned()).unwrap().snapshot();
-    assert_eq!(s.window.calls, 1);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

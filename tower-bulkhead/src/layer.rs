@@ -215,7 +215,7 @@ impl<K, M> BulkheadLayer<K, M> {
     /// It costs one pointer in the response body and nothing per frame; a
     /// caller that keeps a response without reading or dropping its body
     /// keeps the slot, as it keeps the dependency's connection.
-    /// `tower_breaker::client_stack` builds its bulkhead this way.
+    /// `tower_shield::client_stack` builds its bulkhead this way.
     ///
     /// # Example
     ///

@@ -168,9 +168,9 @@ impl<E> ClientDeadlineLayer<E> {
     /// outer layer of a stack whose per-attempt `ClientDeadline` (below the
     /// retry layer) writes a fresh budget on every attempt. The outer layer
     /// then does no work for a call that a breaker or bulkhead between them
-    /// refuses. [`tower_breaker::client_stack`]-built stacks do this.
+    /// refuses. [`tower_shield::client_stack`]-built stacks do this.
     ///
-    /// [`tower_breaker::client_stack`]: https://docs.rs/tower-breaker
+    /// [`tower_shield::client_stack`]: https://docs.rs/tower-shield
     pub const fn enforce_only(mut self) -> Self {
         self.config.propagate = false;
         self
@@ -185,7 +185,7 @@ impl<E> ClientDeadlineLayer<E> {
     /// Only for the outer layer of a stack whose per-attempt
     /// `ClientDeadline` below already bounds the body by the same or an
     /// earlier deadline: the outer timer would be a second one for the same
-    /// instant. `tower_breaker::client_stack` builds its outer layer this
+    /// instant. `tower_shield::client_stack` builds its outer layer this
     /// way. Alone, a head-only deadline leaves a caller waiting for ever on
     /// a body that stalls after the head.
     ///

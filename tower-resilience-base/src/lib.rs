@@ -11,12 +11,14 @@
 //! |---|---|
 //! | the per-call context handed from layer to layer | [`CallContext`] |
 //! | what a response or an error says about the dependency | [`classify`] |
+//! | how a call counts for a layer that judges calls (breaker, fallback) | [`outcome`] |
 //! | the caller's deadline, and the one of the request being served | [`Deadline`] |
 //! | how an outer layer sees and gates every attempt | [`hook`] |
 //! | the errors of local rejections and of spent retries | [`error`] |
 //! | the do-not-retry mark, `Retry-After`, gRPC trailers-only answers | [`answer`] |
 //! | gRPC status codes | [`grpc`] |
 //! | the random source of jitter | [`random`] |
+//! | a per-thread stripe for counters many threads update | [`stripe`] |
 //!
 //! Applications rarely use this crate directly: each layer crate re-exports
 //! what its users need. Two things are for applications:
@@ -74,7 +76,9 @@ pub mod hook;
 #[cfg(tower_resilience_loom)]
 #[doc(hidden)]
 pub mod loom_sync;
+pub mod outcome;
 pub mod random;
+pub mod stripe;
 pub mod wake;
 
 pub use answer::{Answer, NO_RETRY_HEADER};

@@ -39,12 +39,12 @@ use axum::routing::get;
 use axum::Router;
 use examples::demo::{check, serve_local};
 use tokio::time::Instant;
-use tower_breaker::reqwest::{Client, ReqwestService};
-use tower_breaker::stack::{client_stack, server_stack};
 use tower_breaker::BoxError;
 use tower_breaker::{Breaker, BreakerConfig};
 use tower_bulkhead::{CompartmentHandle, HttpBulkheadLayer};
 use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
+use tower_shield::reqwest::{Client, ReqwestService};
+use tower_shield::stack::{client_stack, server_stack};
 
 // ---------------------------------------------------------------- inventory
 

@@ -57,12 +57,12 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tower::BoxError;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::error::CircuitOpen;
-use tower_breaker::reqwest::{HttpResponse, ReqwestService};
 use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, State as CircuitState, Transition};
 use tower_bulkhead::BulkheadLayer;
 use tower_deadline::ClientDeadlineLayer;
 use tower_retry_budget::hedge::{HedgeCounters, HedgeLayer, HEDGE_ATTEMPT_HEADER};
 use tower_retry_budget::RetryLayer;
+use tower_shield::reqwest::{HttpResponse, ReqwestService};
 
 /// The requests of every caller: a `Clone` body, which `tower::hedge`
 /// needs to copy a request.

@@ -80,13 +80,13 @@ use axum::Router;
 use http::StatusCode;
 use tokio::time::{Instant, MissedTickBehavior};
 use tower_breaker::error::CircuitOpen;
-use tower_breaker::reqwest::{Client, ReqwestService};
-use tower_breaker::stack::client_stack;
 use tower_breaker::store::Store;
 use tower_breaker::{Breaker, BreakerConfig, State as CircuitState, Transition};
 use tower_breaker_redis::{RedisOptions, RedisStore};
 use tower_bulkhead::error::BulkheadFull;
 use tower_retry_budget::{RetryBudget, RetryLayer, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO};
+use tower_shield::reqwest::{Client, ReqwestService};
+use tower_shield::stack::client_stack;
 
 #[path = "../outage_fleet.rs"]
 mod fleet;

@@ -4,9 +4,9 @@
 //! The stack is `ClientDeadline -> Breaker -> Retry (budget) -> Bulkhead ->
 //! ClientDeadline (per attempt) -> ReqwestService`, built in one call by
 //! `client_stack(..).reqwest(reqwest::Client)` from the published
-//! `tower_breaker::reqwest` module (feature `reqwest`): `ReqwestService`
+//! `tower_shield::reqwest` module (feature `reqwest`): `ReqwestService`
 //! turns the `http::Request` the layers speak into a `reqwest::Request`,
-//! and `tower_breaker::reqwest::Client` gives back `get`/`post`/`send`
+//! and `tower_shield::reqwest::Client` gives back `get`/`post`/`send`
 //! with reqwest's own request builder inside (here `query`, from feature
 //! `reqwest-query`). The `reqwest::Client` comes from
 //! `ReqwestService::client_builder()`, which turns reqwest's own retries
@@ -41,10 +41,10 @@ use bytes::Bytes;
 use examples::demo::check;
 use tokio::time::Instant;
 use tower_breaker::error::CircuitOpen;
-use tower_breaker::reqwest::ReqwestService;
-use tower_breaker::stack::client_stack;
 use tower_breaker::{BoxError, Breaker, BreakerConfig};
 use tower_deadline::error::DeadlineExceeded;
+use tower_shield::reqwest::ReqwestService;
+use tower_shield::stack::client_stack;
 
 /// The local server: counts calls, fails the first attempt of each order.
 #[derive(Clone, Default)]

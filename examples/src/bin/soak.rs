@@ -60,9 +60,7 @@ use axum::Router;
 use examples::demo::{check, serve_local};
 use tokio::time::{Instant, MissedTickBehavior};
 use tower::{Layer, Service, ServiceBuilder};
-use tower_breaker::reqwest::{Client, ReqwestService};
 use tower_breaker::snapshot::{Cause, Totals};
-use tower_breaker::stack::server_stack;
 use tower_breaker::{
     Answer, Breaker, BreakerConfig, BreakerLayer, FleetConfig, Outcome, State as CircuitState,
     Transition,
@@ -71,6 +69,8 @@ use tower_breaker_redis::{RedisOptions, RedisStore};
 use tower_bulkhead::{BulkheadLayer, CompartmentHandle, HttpBulkheadLayer};
 use tower_deadline::ClientDeadlineLayer;
 use tower_retry_budget::{Counters, RetryLayer, RETRY_ATTEMPT_HEADER};
+use tower_shield::reqwest::{Client, ReqwestService};
+use tower_shield::stack::server_stack;
 
 const USAGE: &str = "\
 usage: soak [--secs N] [--quick] [--rate R] [--concurrency K]

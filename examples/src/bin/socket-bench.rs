@@ -13,9 +13,9 @@
 //! Client side (the callers change, the server is the bare router):
 //!
 //! - **reqwest**: a bare `reqwest::Client`;
-//! - **tower**: the same client as `tower_breaker::reqwest::ReqwestService`
+//! - **tower**: the same client as `tower_shield::reqwest::ReqwestService`
 //!   under `ServiceBuilder::new().timeout(2s).concurrency_limit(1024)`,
-//!   called through `tower_breaker::reqwest::Client`;
+//!   called through `tower_shield::reqwest::Client`;
 //! - **tower, same jobs**: the same adapter under tower's layers doing what
 //!   the stack does but the breaker's work: an outer `timeout(2s)`, `retry`
 //!   with tower's `TpsBudget` (its policy keeps a copy of the request head
@@ -98,9 +98,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Layer, ServiceBuilder, ServiceExt};
-use tower_breaker::reqwest::{Client, HttpRequest, HttpResponse, ReqwestService};
-use tower_breaker::stack::{client_stack, server_stack};
 use tower_http::timeout::TimeoutLayer;
+use tower_shield::reqwest::{Client, HttpRequest, HttpResponse, ReqwestService};
+use tower_shield::stack::{client_stack, server_stack};
 
 // ================================================================ settings
 
@@ -357,7 +357,7 @@ impl Drop for Server {
 enum Caller {
     /// A bare `reqwest::Client`.
     Reqwest(reqwest::Client),
-    /// A stack over `ReqwestService`, behind `tower_breaker::reqwest::Client`
+    /// A stack over `ReqwestService`, behind `tower_shield::reqwest::Client`
     /// (boxed, so both stacks fit one variant).
     Stacked(Client<Boxed>),
 }

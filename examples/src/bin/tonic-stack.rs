@@ -8,7 +8,7 @@
 //! Retry (budget, buffered bodies) -> Bulkhead -> ClientDeadline (per
 //! attempt) -> Channel`; `ClientStack::tonic` hands the retry layer's
 //! replayable body to the channel and turns the layers' errors into gRPC
-//! statuses (`tower_breaker::tonic::into_status`), so the generated client
+//! statuses (`tower_shield::tonic::into_status`), so the generated client
 //! takes it as it is. tonic's `Request::set_timeout` writes `grpc-timeout`,
 //! which the outer `ClientDeadlineLayer` takes as one more deadline (the
 //! earliest wins). It shows:
@@ -38,9 +38,9 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status};
 use tower::BoxError;
-use tower_breaker::stack::client_stack;
 use tower_breaker::{Breaker, BreakerConfig};
 use tower_deadline::{codec, ServerDeadlineLayer};
+use tower_shield::stack::client_stack;
 
 /// The code generated from `proto/stock.proto`.
 mod stock {

@@ -8,9 +8,8 @@ mod machine;
 pub(crate) use machine::Core;
 use machine::{probe_gen, probe_in_flight, window_counts};
 
-use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -564,19 +563,4 @@ pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 4)
 }
 
-/// The index of the current thread's stripe.
-pub(crate) fn thread_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    INDEX.with(|index| {
-        let i = index.get();
-        if i != usize::MAX {
-            return i;
-        }
-        let i = NEXT.fetch_add(1, Relaxed);
-        index.set(i);
-        i
-    })
-}
+pub(crate) use tower_resilience_base::stripe::thread_index;

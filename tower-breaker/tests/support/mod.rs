@@ -27,18 +27,6 @@ pub fn breaker(window: usize) -> Breaker {
     )
 }
 
-/// Records `n` outcomes through permits.
-/// A retry layer of 3 attempts with reproducible jitter, for `Clone` bodies.
-pub fn retry() -> tower_retry_budget::RetryLayer<
-    tower_retry_budget::DefaultPolicy,
-    tower_retry_budget::body::CloneBody,
-> {
-    tower_retry_budget::RetryLayer::new()
-        .max_attempts(3)
-        .random(SeededRandom::new(3))
-        .clone_bodies()
-}
-
 /// A breaker that opens at 50% failures of a full window of `window` calls.
 pub fn counted(window: usize) -> Breaker {
     Breaker::with_config(
@@ -50,6 +38,7 @@ pub fn counted(window: usize) -> Breaker {
     )
 }
 
+/// Records `n` outcomes through permits.
 pub fn record(breaker: &Breaker, outcome: Outcome, n: usize) {
     for _ in 0..n {
         breaker

@@ -1,0 +1,307 @@
+//! What a fallback layer counts, and how its events are rate limited.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cause::Cause;
+
+/// The figures of a [`FallbackLayer`](super::FallbackLayer) since it was
+/// built, from [`FallbackLayer::snapshot`](super::FallbackLayer::snapshot).
+///
+/// Each figure is one relaxed atomic load: figures read while calls
+/// complete may disagree by the calls in flight. Calls that pass through
+/// without a fallback are not counted here (the happy path counts
+/// nothing); count them where you count requests.
+///
+/// # Example
+///
+/// ```
+/// use tower::{service_fn, BoxError, Layer, ServiceExt};
+/// use tower_degrade::{Cause, Fallback, FallbackLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = FallbackLayer::plain(Fallback::value(String::from("default")));
+/// let down = service_fn(|_req: ()| async { Err::<String, BoxError>("refused".into()) });
+/// let client = layer.layer(down);
+///
+/// assert_eq!(client.oneshot(()).await.unwrap(), "default");
+/// let snapshot = layer.snapshot();
+/// assert_eq!(snapshot.served.get(Cause::Failure), 1);
+/// assert_eq!(snapshot.served.total(), 1);
+/// assert_eq!(snapshot.unanswered.total(), 0);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct FallbackSnapshot {
+    /// The layer's name (see [`FallbackLayer::name`](super::FallbackLayer::name)).
+    pub name: Arc<str>,
+    /// Fallback answers served, by cause; [`Cause::Exercise`] counts the
+    /// answers the exercise mode served on purpose.
+    pub served: PerCause,
+    /// Times the fallback was asked and gave nothing (every source failed,
+    /// panicked or had nothing fresh enough), by cause: the caller got the
+    /// original error or response. Under [`Cause::Exercise`], exercised
+    /// calls whose fallback gave nothing (they were then sent to the
+    /// dependency). Any figure here is a fallback that does not work.
+    pub unanswered: PerCause,
+    /// Answers served from a last-good cache, and how stale they were.
+    pub stale: StaleServed,
+    /// What the shadow mode found.
+    pub shadow: ShadowCounts,
+    /// Entries in the last-good cache now (zero without one).
+    pub cached: usize,
+}
+
+/// A count per [`Cause`].
+///
+/// # Example
+///
+/// ```
+/// use tower_degrade::{Cause, Fallback, FallbackLayer};
+///
+/// let snapshot = FallbackLayer::plain(Fallback::<(), u8>::value(0)).snapshot();
+/// assert_eq!(snapshot.served.get(Cause::CircuitOpen), 0);
+/// assert_eq!(snapshot.served.iter().count(), Cause::ALL.len());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PerCause {
+    counts: [u64; Cause::ALL.len()],
+}
+
+/// Answers served from a [last-good cache](super::Fallback::last_good)
+/// (by failure or by exercise), and their ages, in whole milliseconds.
+///
+/// # Example
+///
+/// ```
+/// let stale = tower_degrade::StaleServed::default();
+/// assert_eq!(stale.mean_age(), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct StaleServed {
+    /// Cached answers served.
+    pub served: u64,
+    /// The sum of their ages.
+    pub total_age: Duration,
+    /// The oldest one served.
+    pub max_age: Duration,
+}
+
+/// What the shadow mode found: for sampled healthy calls, whether the
+/// fallback would have answered, and whether its answer agreed with the
+/// dependency's (see [`FallbackLayer::compare`](super::FallbackLayer::compare)).
+///
+/// # Example
+///
+/// ```
+/// let shadow = tower_degrade::ShadowCounts::default();
+/// assert_eq!(shadow.compared(), 0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ShadowCounts {
+    /// The fallback answered, and agreed with the dependency.
+    pub agreed: u64,
+    /// The fallback answered, and differed from the dependency.
+    pub differed: u64,
+    /// The fallback gave no answer: had the dependency failed, the caller
+    /// would have had the error.
+    pub unanswered: u64,
+}
+
+/// The counters behind [`FallbackSnapshot`], shared by every clone of a
+/// layer, and the rate limits of its events.
+pub(crate) struct Stats {
+    served: [AtomicU64; Cause::ALL.len()],
+    unanswered: [AtomicU64; Cause::ALL.len()],
+    stale_served: AtomicU64,
+    stale_age_total_ms: AtomicU64,
+    stale_age_max_ms: AtomicU64,
+    shadow_agreed: AtomicU64,
+    shadow_differed: AtomicU64,
+    shadow_unanswered: AtomicU64,
+    pub(crate) served_gate: Gate,
+    pub(crate) failed_gate: Gate,
+    pub(crate) shadow_gate: Gate,
+}
+
+/// At most one event per interval: the next time one may be emitted, in
+/// milliseconds since an epoch.
+pub(crate) struct Gate {
+    epoch: Instant,
+    next_ms: AtomicU64,
+}
+
+// === impl PerCause ===
+
+impl PerCause {
+    /// The count for `cause`.
+    #[must_use]
+    pub const fn get(&self, cause: Cause) -> u64 {
+        self.counts[cause.index()]
+    }
+
+    /// The sum over every cause.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Every cause with its count, in the order of [`Cause::ALL`].
+    pub fn iter(&self) -> impl Iterator<Item = (Cause, u64)> + '_ {
+        Cause::ALL.iter().map(|&c| (c, self.get(c)))
+    }
+}
+
+// === impl StaleServed ===
+
+impl StaleServed {
+    /// The mean age of the cached answers served, if any were.
+    #[must_use]
+    pub fn mean_age(&self) -> Option<Duration> {
+        let n = u32::try_from(self.served).ok().filter(|&n| n > 0)?;
+        Some(self.total_age / n)
+    }
+}
+
+// === impl ShadowCounts ===
+
+impl ShadowCounts {
+    /// Shadow calls whose fallback answered and was compared.
+    #[must_use]
+    pub const fn compared(&self) -> u64 {
+        self.agreed + self.differed
+    }
+}
+
+// === impl Stats ===
+
+impl Stats {
+    pub(crate) fn new() -> Self {
+        let epoch = Instant::now();
+        Self {
+            served: Default::default(),
+            unanswered: Default::default(),
+            stale_served: AtomicU64::new(0),
+            stale_age_total_ms: AtomicU64::new(0),
+            stale_age_max_ms: AtomicU64::new(0),
+            shadow_agreed: AtomicU64::new(0),
+            shadow_differed: AtomicU64::new(0),
+            shadow_unanswered: AtomicU64::new(0),
+            served_gate: Gate::new(epoch),
+            failed_gate: Gate::new(epoch),
+            shadow_gate: Gate::new(epoch),
+        }
+    }
+
+    /// Counts an answer served for `cause`; returns the total served.
+    pub(crate) fn served(&self, cause: Cause, stale_for: Option<Duration>) -> u64 {
+        if let Some(age) = stale_for {
+            let ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+            self.stale_served.fetch_add(1, Relaxed);
+            self.stale_age_total_ms.fetch_add(ms, Relaxed);
+            self.stale_age_max_ms.fetch_max(ms, Relaxed);
+        }
+        self.served[cause.index()].fetch_add(1, Relaxed);
+        self.served.iter().map(|c| c.load(Relaxed)).sum()
+    }
+
+    /// Counts a fallback that gave nothing for `cause`; returns the total.
+    pub(crate) fn unanswered(&self, cause: Cause) -> u64 {
+        self.unanswered[cause.index()].fetch_add(1, Relaxed);
+        self.unanswered.iter().map(|c| c.load(Relaxed)).sum()
+    }
+
+    /// Counts a shadow comparison (`Some(agreed)`) or a shadow call
+    /// without an answer (`None`).
+    pub(crate) fn shadow(&self, agreed: Option<bool>) {
+        let counter = match agreed {
+            Some(true) => &self.shadow_agreed,
+            Some(false) => &self.shadow_differed,
+            None => &self.shadow_unanswered,
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, name: Arc<str>, cached: usize) -> FallbackSnapshot {
+        let load = |counters: &[AtomicU64; Cause::ALL.len()]| PerCause {
+            counts: std::array::from_fn(|i| counters[i].load(Relaxed)),
+        };
+        FallbackSnapshot {
+            name,
+            served: load(&self.served),
+            unanswered: load(&self.unanswered),
+            stale: StaleServed {
+                served: self.stale_served.load(Relaxed),
+                total_age: Duration::from_millis(self.stale_age_total_ms.load(Relaxed)),
+                max_age: Duration::from_millis(self.stale_age_max_ms.load(Relaxed)),
+            },
+            shadow: ShadowCounts {
+                agreed: self.shadow_agreed.load(Relaxed),
+                differed: self.shadow_differed.load(Relaxed),
+                unanswered: self.shadow_unanswered.load(Relaxed),
+            },
+            cached,
+        }
+    }
+}
+
+// === impl Gate ===
+
+impl Gate {
+    fn new(epoch: Instant) -> Self {
+        Self {
+            epoch,
+            next_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether an event may be emitted now; if so, closes the gate for
+    /// `interval`. Exactly one of concurrent callers wins.
+    pub(crate) fn pass(&self, interval: Duration) -> bool {
+        let now_ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_ms.load(Relaxed);
+        let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+        now_ms >= next
+            && self
+                .next_ms
+                .compare_exchange(next, now_ms.saturating_add(interval_ms), Relaxed, Relaxed)
+                .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn gate_opens_once_per_interval() {
+        let gate = Gate::new(Instant::now());
+        let second = Duration::from_secs(1);
+        assert!(gate.pass(second));
+        assert!(!gate.pass(second));
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(!gate.pass(second));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(gate.pass(second));
+    }
+
+    #[test]
+    fn counts_stale_ages() {
+        let stats = Stats::new();
+        stats.served(Cause::Failure, Some(Duration::from_secs(3)));
+        stats.served(Cause::CircuitOpen, Some(Duration::from_secs(1)));
+        assert_eq!(stats.served(Cause::CircuitOpen, None), 3);
+        let s = stats.snapshot("x".into(), 0);
+        assert_eq!(s.served.get(Cause::CircuitOpen), 2);
+        assert_eq!(s.stale.served, 2);
+        assert_eq!(s.stale.max_age, Duration::from_secs(3));
+        assert_eq!(s.stale.mean_age(), Some(Duration::from_secs(2)));
+    }
+}

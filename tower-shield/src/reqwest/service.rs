@@ -1,0 +1,334 @@
+//! `reqwest::Client` as the transport at the bottom of a stack.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::client::HttpRequest;
+use crate::BoxError;
+
+/// The response of [`ReqwestService`]: the `http::Response` the layers
+/// judge, with reqwest's body (and the response's URL, so that
+/// `reqwest::Response::from` gives it back).
+pub type HttpResponse = http::Response<::reqwest::Body>;
+
+/// `reqwest::Client` as a `tower::Service<http::Request<B>>`, for any body
+/// `B` (the retry layer's `ReplayBody` included): the transport at the
+/// bottom of a [`ClientStack`](crate::stack::ClientStack).
+///
+/// Each attempt becomes a `reqwest::Request` sent with the client; the
+/// answer comes back as an [`HttpResponse`], whose extensions carry the
+/// final URL. A request built by this module's [`Client`](super::Client)
+/// (or passing through [`StackMiddleware`](super)) carries its parsed URL,
+/// so an attempt costs no URL parsing; any other request's URI is parsed
+/// once per attempt. The `http::Request`'s extensions (the stack's call
+/// context) stay in the stack: reqwest gets the method, URI, version,
+/// headers and body.
+///
+/// Configure connection settings (connect timeout, pool, TLS) on the
+/// `reqwest::Client`; leave its request `timeout` unset and let the
+/// stack's deadline bound each call. Build it with
+/// [`ReqwestService::client_builder`], which turns reqwest's own retries
+/// off so that every attempt on the wire is one the breaker counts and the
+/// budget pays for (see the [module docs](super#reqwests-own-retries)).
+///
+/// # Example
+///
+/// ```no_run
+/// use tower::{Layer, ServiceExt};
+/// use tower_shield::reqwest::ReqwestService;
+/// use tower_shield::stack::client_stack;
+///
+/// # async fn run() -> Result<(), tower_breaker::BoxError> {
+/// let stack = client_stack("catalog").layer(ReqwestService::new(reqwest::Client::new()));
+/// let request = http::Request::get("http://127.0.0.1:3000/items").body(reqwest::Body::from(""))?;
+/// let response = stack.oneshot(request).await?;
+/// println!("{}", response.status());
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// `reqwest::Error`: an invalid request (a URI reqwest cannot take) or a
+/// failed exchange (connection, protocol, reqwest's own timeouts).
+///
+/// # Clone
+///
+/// Clones share the `reqwest::Client`, and so its connection pool.
+#[derive(Debug, Clone)]
+pub struct ReqwestService {
+    client: ::reqwest::Client,
+}
+
+impl ReqwestService {
+    /// Puts `client` at the bottom of a stack.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_shield::reqwest::ReqwestService;
+    ///
+    /// let transport = ReqwestService::new(reqwest::Client::new());
+    /// # let _ = transport;
+    /// ```
+    pub fn new(client: ::reqwest::Client) -> Self {
+        Self { client }
+    }
+
+    /// A `reqwest::ClientBuilder` for the bottom of a stack: reqwest's
+    /// defaults, except that reqwest's own retries are off
+    /// (`.retry(reqwest::retry::never())`). Add your settings (connect
+    /// timeout, pool, TLS) and `build()` it.
+    ///
+    /// reqwest 0.13's default policy resends, up to twice and with no
+    /// budget, a request that an HTTP/2 server refused (`REFUSED_STREAM`)
+    /// or that a graceful `GOAWAY` left unprocessed (and, with reqwest's
+    /// `http3` feature, an HTTP/3 connection timeout). Those attempts
+    /// happen inside one of the stack's attempts: the breaker never sees
+    /// them and the retry budget never pays for them. With them off, the
+    /// error reaches the stack, whose retry layer retries it like any
+    /// transient failure (idempotent or keyed requests, with backoff and
+    /// budget, each attempt counted) once it recognises HTTP/2 refusals:
+    /// this crate's `reqwest-http2` feature turns on reqwest's HTTP/2 and
+    /// that recognition together.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_shield::reqwest::ReqwestService;
+    /// use tower_shield::stack::client_stack;
+    ///
+    /// # fn main() -> Result<(), reqwest::Error> {
+    /// let transport = ReqwestService::client_builder()
+    ///     .connect_timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// let client = client_stack("catalog").reqwest(transport);
+    /// # let _ = client;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn client_builder() -> ::reqwest::ClientBuilder {
+        ::reqwest::Client::builder().retry(::reqwest::retry::never())
+    }
+
+    /// The wrapped client.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_shield::reqwest::ReqwestService;
+    ///
+    /// let transport = ReqwestService::new(reqwest::Client::new());
+    /// let _client: &reqwest::Client = transport.get_ref();
+    /// ```
+    #[must_use]
+    pub fn get_ref(&self) -> &::reqwest::Client {
+        &self.client
+    }
+}
+
+/// The parsed form of a request's URL, put in the request's extensions
+/// once per call so that no attempt parses it again. It holds the call's
+/// `reqwest::Request` without its body and headers (the URL, and
+/// reqwest's own per-request settings, which live in its private
+/// extensions) and the URI it was built for: an attempt whose URI a layer
+/// changed is parsed instead.
+#[derive(Clone)]
+pub(crate) struct Template(Arc<TemplateInner>);
+
+struct TemplateInner {
+    uri: http::Uri,
+    request: ::reqwest::Request,
+}
+
+impl Template {
+    /// A template for `request` (its body is ignored) sent to `uri`.
+    fn new(uri: http::Uri, mut request: ::reqwest::Request) -> Self {
+        *request.body_mut() = None;
+        Self(Arc::new(TemplateInner { uri, request }))
+    }
+
+    /// The `reqwest::Request` of one attempt, if this template fits it
+    /// (its method and headers are then moved out of `parts`).
+    pub(super) fn attempt(&self, parts: &mut http::request::Parts) -> Option<::reqwest::Request> {
+        if parts.uri != self.0.uri {
+            return None;
+        }
+        // The template has no body, so the clone always succeeds.
+        let mut request = self.0.request.try_clone()?;
+        *request.method_mut() = std::mem::take(&mut parts.method);
+        *request.headers_mut() = std::mem::take(&mut parts.headers);
+        *request.version_mut() = parts.version;
+        Some(request)
+    }
+}
+
+impl fmt::Debug for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Template")
+            .field("uri", &self.0.uri)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A finished `reqwest::Request` as the `http::Request` a stack takes:
+/// method, URI, version, headers and body move over, and the rest (the
+/// parsed URL, reqwest's per-request settings) rides along as the call's
+/// [`Template`], so that [`to_reqwest`] rebuilds each attempt without
+/// parsing the URL again. A missing body becomes an empty one.
+pub(crate) fn split(mut request: ::reqwest::Request) -> Result<HttpRequest, BoxError> {
+    let uri = http::Uri::try_from(request.url().as_str())?;
+    let body = request.body_mut().take().unwrap_or_default();
+    let mut parts = HttpRequest::new(body);
+    *parts.method_mut() = request.method().clone();
+    *parts.uri_mut() = uri.clone();
+    *parts.version_mut() = request.version();
+    *parts.headers_mut() = std::mem::take(request.headers_mut());
+    parts.extensions_mut().insert(Template::new(uri, request));
+    Ok(parts)
+}
+
+/// A stack's answer as a `reqwest::Response`, for any body the stack
+/// answers with; the URL is the one the transport put in the extensions
+/// ([`to_http`]).
+///
+/// A `reqwest::Body` is kept as it is; any other body is wrapped with
+/// `reqwest::Body::wrap`, so an error it yields while the caller reads it
+/// (`text()`, `bytes()`, `chunk()`) comes back as a `reqwest::Error`
+/// whose `source()` chain holds the error, typed.
+pub(crate) fn to_reqwest_response<B>(response: http::Response<B>) -> ::reqwest::Response
+where
+    B: http_body::Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    ::reqwest::Response::from(response.map(to_reqwest_body))
+}
+
+/// `body` as a `reqwest::Body`: unchanged when it is one (the transport's,
+/// through layers that leave bodies alone), so it is not boxed twice and
+/// its errors stay reqwest's own; wrapped otherwise.
+fn to_reqwest_body<B>(body: B) -> ::reqwest::Body
+where
+    B: http_body::Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Some(body);
+    let same = (&mut body as &mut dyn Any).downcast_mut::<Option<::reqwest::Body>>();
+    if let Some(body) = same.and_then(Option::take) {
+        return body;
+    }
+    body.map(::reqwest::Body::wrap).unwrap_or_default()
+}
+
+/// Turns one attempt into a `reqwest::Request`: through the call's
+/// [`Template`] when it has one, by parsing the URI otherwise.
+pub(crate) fn to_reqwest<B>(
+    request: http::Request<B>,
+) -> Result<::reqwest::Request, ::reqwest::Error>
+where
+    B: http_body::Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = request.into_parts();
+    let template = parts.extensions.remove::<Template>();
+    let body = (!body.is_end_stream()).then(|| ::reqwest::Body::wrap(body));
+    if let Some(mut request) = template.and_then(|t| t.attempt(&mut parts)) {
+        *request.body_mut() = body;
+        return Ok(request);
+    }
+    let body = body.unwrap_or_else(|| ::reqwest::Body::from(Bytes::new()));
+    ::reqwest::Request::try_from(http::Request::from_parts(parts, body))
+}
+
+/// A `reqwest::Response` as an [`HttpResponse`], keeping its URL (reqwest's
+/// own conversion drops it).
+pub(crate) fn to_http(response: ::reqwest::Response) -> HttpResponse {
+    use ::reqwest::ResponseBuilderExt as _;
+    let url = response.url().clone();
+    let mut response = HttpResponse::from(response);
+    // A builder holding only an extension cannot fail.
+    if let Ok(tagged) = http::Response::builder().url(url).body(()) {
+        response
+            .extensions_mut()
+            .extend(tagged.into_parts().0.extensions);
+    }
+    response
+}
+
+impl<B> Service<http::Request<B>> for ReqwestService
+where
+    B: http_body::Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Response = HttpResponse;
+    type Error = ::reqwest::Error;
+    type Future = ResponseFuture;
+
+    #[inline]
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // reqwest's pool never applies backpressure.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let kind = match to_reqwest(request) {
+            Ok(request) => Kind::Sending {
+                future: self.client.call(request),
+            },
+            Err(error) => Kind::Failed { error: Some(error) },
+        };
+        ResponseFuture { kind }
+    }
+}
+
+/// reqwest's own response future, which it does not export by name.
+type Pending = <::reqwest::Client as Service<::reqwest::Request>>::Future;
+
+pin_project! {
+    /// The response future of [`ReqwestService`].
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture {
+        #[pin]
+        kind: Kind,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind {
+        Sending { #[pin] future: Pending },
+        Failed { error: Option<::reqwest::Error> },
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<HttpResponse, ::reqwest::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Sending { future } => future.poll(cx).map_ok(to_http),
+            KindProj::Failed { error } => Poll::Ready(Err(error
+                .take()
+                .expect("ResponseFuture polled after completion"))),
+        }
+    }
+}
+
+impl fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

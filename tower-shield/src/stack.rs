@@ -1,0 +1,567 @@
+//! The recommended stacks in one line.
+//!
+//! A client stack, outermost first:
+//!
+//! ```text
+//! ClientDeadline (whole call)   one budget for the logical call; enforces it,
+//!                               writes nothing (the per-attempt layer does)
+//! CircuitBreaker                fails fast while open; counts every attempt
+//! Retry                         jittered backoff, 10% budget, asks the breaker
+//! Bulkhead                      caps attempts in flight; rejects when full
+//! ClientDeadline (per attempt)  writes the budget left on the wire
+//! ```
+//!
+//! ```
+//! use std::time::Duration;
+//! use http_body_util::BodyExt;
+//! use tower::{service_fn, BoxError, Layer, ServiceExt};
+//! use tower_shield::stack::client_stack;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! // The transport: hyper, reqwest (through an adapter), a tonic Channel...
+//! let transport = service_fn(|req: http::Request<_>| async move {
+//!     let budget = req.headers()["x-request-timeout-ms"].to_str()?.to_owned();
+//!     let _body: tower_retry_budget::body::ReplayBody<String> = req.into_body();
+//!     Ok::<_, BoxError>(http::Response::new(budget))
+//! });
+//!
+//! let stack = client_stack("inventory")
+//!     .timeout(Duration::from_secs(2))
+//!     .concurrency(32);
+//! let breaker = stack.breaker_handle().clone();
+//! let bulkhead = stack.bulkhead_handle();
+//! let client = stack.layer(transport);
+//!
+//! let response = client.oneshot(http::Request::new(String::new())).await?;
+//! // The call lasts until its body ends: the bulkhead still counts it.
+//! assert_eq!(bulkhead.in_flight(), 1);
+//! let body = response.into_body().collect().await?.to_bytes();
+//! assert_eq!(body, "2000");
+//! assert_eq!(bulkhead.in_flight(), 0);
+//! assert_eq!(breaker.snapshot().totals.successful, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A server stack for `axum::Router::layer`, outermost first: the caller's
+//! deadline (504 when it passes), a bulkhead (503 + `Retry-After` when
+//! full), a breaker (503 + `Retry-After` while open); every rejection is a
+//! response, so the error type stays the router's:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_shield::stack::server_stack;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let handler = service_fn(|_req: http::Request<()>| async {
+//!     Ok::<_, Infallible>(http::Response::new(String::from("ok")))
+//! });
+//! // With axum: `Router::new().route(..).layer(server_stack("shop").timeout(..))`.
+//! let server = server_stack("shop")
+//!     .timeout(Duration::from_secs(2))
+//!     .max_timeout(Duration::from_secs(5))
+//!     .concurrency(64)
+//!     .layer(handler);
+//! let response = server.oneshot(http::Request::new(())).await.unwrap();
+//! assert_eq!(response.status(), 200);
+//! # }
+//! ```
+//!
+//! Composing the layers by hand stays possible; a [`ClientStack`] is
+//! exactly this `ServiceBuilder` (with the outer deadline in
+//! [`enforce_only`](tower_deadline::ClientDeadlineLayer::enforce_only)
+//! mode, so that only the innermost layer writes headers, and
+//! [`head_only`](tower_deadline::ClientDeadlineLayer::head_only), since the
+//! per-attempt layer bounds the body; the bulkhead holds each slot until
+//! the body ends):
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_breaker::{Breaker, BreakerLayer};
+//! use tower_bulkhead::BulkheadLayer;
+//! use tower_deadline::ClientDeadlineLayer;
+//! use tower_retry_budget::RetryLayer;
+//!
+//! let by_hand = ServiceBuilder::new()
+//!     .layer(
+//!         ClientDeadlineLayer::new()
+//!             .default_timeout(Duration::from_secs(2))
+//!             .enforce_only()
+//!             .head_only(), // the per-attempt layer bounds the body
+//!     )
+//!     .layer(BreakerLayer::new(Breaker::new("inventory")))
+//!     .layer(RetryLayer::new())
+//!     .layer(BulkheadLayer::new("inventory", 32).hold_until_body_end())
+//!     .layer(ClientDeadlineLayer::new());
+//! # let _ = by_hand;
+//! ```
+//!
+//! Handlers that call a dependency through a client stack turn its errors
+//! into answers with [`Answer::for_error`](crate::Answer::for_error): 503
+//! with `Retry-After` and the do-not-retry mark for an open circuit or a
+//! full bulkhead, 504 for a passed deadline, and so on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_bulkhead::partition::Single;
+use tower_bulkhead::release::{BodyEnd, Release};
+use tower_bulkhead::{Bulkhead, BulkheadLayer, CompartmentHandle, HttpBulkhead, HttpBulkheadLayer};
+use tower_deadline::body::Head;
+use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer};
+use tower_layer::Layer;
+use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryLayer};
+
+use tower_breaker::{
+    Breaker, BreakerConfig, BreakerLayer, CircuitBreaker, HttpBreakerLayer, HttpCircuitBreaker,
+};
+
+/// The bulkhead size of a [`client_stack`]: calls in flight to the
+/// dependency at once. Size it with Little's law (rate times normal
+/// latency, times a few for bursts).
+pub const DEFAULT_CLIENT_CONCURRENCY: usize = 64;
+
+/// The bulkhead size of a [`server_stack`]: requests served at once.
+pub const DEFAULT_SERVER_CONCURRENCY: usize = 512;
+
+/// The service a [`ClientStack`] builds around a transport `S`.
+pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd> =
+    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>, Single, R>, P, M>>, Head>;
+
+/// The service a [`ServerStack`] builds around a handler or router `S`.
+pub type ServerStackService<S, R = BodyEnd> =
+    ServerDeadline<HttpBulkhead<HttpCircuitBreaker<S>, Single, R>>;
+
+/// The recommended client stack for one dependency, as one [`Layer`]; see
+/// the [module docs](self) for the order and the hand-built equivalent.
+///
+/// Every setting has a default: no timeout of its own (the caller's
+/// deadline, if any, still applies), a [`Breaker`] with the default
+/// [`BreakerConfig`], a [`RetryLayer`] with its defaults (3 attempts, 10%
+/// budget), a bulkhead of [`DEFAULT_CLIENT_CONCURRENCY`].
+///
+/// # The call ends when the body ends
+///
+/// The deadline, the bulkhead's slot and the breaker's outcome all last
+/// until the response body has been read to its end, has failed or has
+/// been dropped, not only until the head:
+///
+/// - a body still being read when the deadline passes fails on its next
+///   poll with [`DeadlineExceeded`](tower_deadline::error::DeadlineExceeded)
+///   (reqwest's `text()` and hyper's body errors carry it as their source);
+/// - the breaker counts a body that fails or is cut as a failure, a gRPC
+///   status in the trailers as the trailers say, and a body dropped half
+///   read as the head said (see [`tower_breaker::body`]); such a body failure is not
+///   retried (the head was already handed out) and is counted once;
+/// - the bulkhead counts the call in flight until then
+///   ([`BodyEnd`]): a dependency whose bodies hang fills the bulkhead, as
+///   it holds the connections.
+///
+/// A body that is complete in its first poll (a unary answer) arms no
+/// timer and costs a few nanoseconds more than the head alone. To give the
+/// bulkhead's slot back at the head instead, pass a bulkhead in
+/// [`Head`](tower_bulkhead::release::Head) mode:
+/// `.bulkhead(BulkheadLayer::new(name, limit))`; its count then
+/// undercounts streaming bodies (they still occupy the dependency), and a
+/// stalled body no longer shows in it.
+///
+/// # Clone
+///
+/// Clones share the breaker, the retry budget and the bulkhead's
+/// compartment: one dependency, one stack, however many clones.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
+    name: Arc<str>,
+    call: ClientDeadlineLayer<Head>,
+    breaker: BreakerLayer,
+    retry: RetryLayer<P, M>,
+    bulkhead: BulkheadLayer<Single, R>,
+    attempt: ClientDeadlineLayer,
+}
+
+/// The recommended server stack, as one [`Layer`] for
+/// `axum::Router::layer` or `tonic::transport::Server::layer`; see the
+/// [module docs](self).
+///
+/// Defaults: [`ServerDeadlineLayer::new`]'s (the caller's `grpc-timeout` or
+/// `x-request-timeout-ms`, clamped to
+/// [`DEFAULT_MAX_TIMEOUT`](tower_deadline::DEFAULT_MAX_TIMEOUT), no default
+/// for requests without one), a bulkhead of
+/// [`DEFAULT_SERVER_CONCURRENCY`], a [`Breaker`] with the default
+/// [`BreakerConfig`] in an [`HttpBreakerLayer`] (rejections answered 503).
+///
+/// As in the [`ClientStack`], a request ends when its response body has
+/// been sent (or dropped): the caller's deadline bounds a streaming body
+/// too (an HTTP body is cut with an error, a gRPC stream ends with
+/// DEADLINE_EXCEEDED trailers), the bulkhead holds the request's slot until
+/// then ([`BodyEnd`]; pass an [`HttpBulkheadLayer`] in `Head` mode to
+/// [`bulkhead`](Self::bulkhead) to release it at the head), and the
+/// breaker counts a body that fails as a failure.
+///
+/// # Clone
+///
+/// Clones share the breaker and the bulkhead's compartment.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ServerStack<R = BodyEnd> {
+    name: Arc<str>,
+    deadline: ServerDeadlineLayer,
+    bulkhead: HttpBulkheadLayer<Single, R>,
+    breaker: HttpBreakerLayer,
+}
+
+/// The recommended client stack for the dependency `name` (the name of its
+/// breaker and bulkhead compartment).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_shield::stack::client_stack;
+///
+/// let stack = client_stack("catalog")
+///     .timeout(Duration::from_millis(800))
+///     .max_attempts(2)
+///     .concurrency(16);
+/// assert_eq!(stack.breaker_handle().name(), "catalog");
+/// ```
+pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
+    let name = name.into();
+    ClientStack {
+        // The per-attempt layer bounds the body by the same deadline (or an
+        // earlier one): one timer for a slow body, not two.
+        call: ClientDeadlineLayer::new()
+            .enforce_only()
+            .head_only()
+            .name(Arc::clone(&name)),
+        breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))),
+        retry: RetryLayer::new().name(Arc::clone(&name)),
+        bulkhead: BulkheadLayer::new(Arc::clone(&name), DEFAULT_CLIENT_CONCURRENCY)
+            .hold_until_body_end(),
+        attempt: ClientDeadlineLayer::new().name(Arc::clone(&name)),
+        name,
+    }
+}
+
+/// The recommended server stack; `name` names its breaker and bulkhead.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_shield::stack::server_stack;
+///
+/// let stack = server_stack("shop").timeout(Duration::from_secs(2)).concurrency(128);
+/// assert_eq!(stack.breaker_handle().name(), "shop");
+/// ```
+pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
+    let name = name.into();
+    ServerStack {
+        deadline: ServerDeadlineLayer::new().name(Arc::clone(&name)),
+        bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY)
+            .hold_until_body_end(),
+        breaker: HttpBreakerLayer::new(Breaker::new(Arc::clone(&name))),
+        name,
+    }
+}
+
+// === impl ClientStack ===
+
+impl<P, M, R: Release> ClientStack<P, M, R> {
+    /// The budget of the whole logical call, retries and backoffs included
+    /// (an upper bound: a shorter deadline of the caller still wins).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.call = self.call.default_timeout(timeout);
+        self
+    }
+
+    /// Tell time by the coarse clock ([`ClientDeadlineLayer::coarse_clock`]
+    /// on the outer deadline, whose reading every layer below takes): a
+    /// call, or a rejection while the circuit is open, then reads no real
+    /// clock. Deadlines set from [`timeout`](Self::timeout) may then be up
+    /// to the coarse clock's lag (a millisecond plus the clock thread's
+    /// wake-up delay) early. It follows the real clock, not tokio's paused
+    /// test clock. Off by default. The breaker's own readings (a time
+    /// window, slow calls) use it when its configuration says so
+    /// ([`BreakerConfig::coarse_clock`]).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_shield::stack::client_stack;
+    ///
+    /// let stack = client_stack("catalog")
+    ///     .timeout(Duration::from_millis(800))
+    ///     .coarse_clock(true);
+    /// # let _ = stack;
+    /// ```
+    pub fn coarse_clock(mut self, on: bool) -> Self {
+        self.call = self.call.coarse_clock(on);
+        self
+    }
+
+    /// The per-attempt deadline layer, for its margin, header names or a
+    /// per-attempt timeout shorter than the call's.
+    pub fn attempt_deadline(mut self, layer: ClientDeadlineLayer) -> Self {
+        self.attempt = layer;
+        self
+    }
+
+    /// Use `breaker` (one with a shared store, say, or one already watched
+    /// by a dashboard).
+    pub fn breaker(mut self, breaker: Breaker) -> Self {
+        self.breaker = BreakerLayer::new(breaker);
+        self
+    }
+
+    /// A breaker of this stack's name with `config`.
+    pub fn breaker_config(self, config: BreakerConfig) -> Self {
+        let breaker = Breaker::with_config(Arc::clone(&self.name), config);
+        self.breaker(breaker)
+    }
+
+    /// The most attempts per call, the first included (default 3).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.retry = self.retry.max_attempts(attempts);
+        self
+    }
+
+    /// Replace the retry layer (its policy, budget, backoff, body mode).
+    pub fn retry<Q, N>(self, retry: RetryLayer<Q, N>) -> ClientStack<Q, N, R> {
+        ClientStack {
+            name: self.name,
+            call: self.call,
+            breaker: self.breaker,
+            retry,
+            bulkhead: self.bulkhead,
+            attempt: self.attempt,
+        }
+    }
+
+    /// The bulkhead size: attempts in flight to the dependency at once
+    /// (default [`DEFAULT_CLIENT_CONCURRENCY`]).
+    pub fn concurrency(mut self, limit: usize) -> Self {
+        self.bulkhead = BulkheadLayer::new(Arc::clone(&self.name), limit).with_release::<R>();
+        self
+    }
+
+    /// Replace the bulkhead (a bounded wait, metrics labels, one you
+    /// already hold a [`handle`](BulkheadLayer::handle) of, or its release
+    /// mode). Pass it in [`BodyEnd`] mode
+    /// ([`hold_until_body_end`](BulkheadLayer::hold_until_body_end)) to
+    /// keep the stack's default, where a call holds its slot until its
+    /// response body ends; a layer in `Head` mode gives the slot back at
+    /// the response head (see [`ClientStack`]).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_shield::stack::client_stack;
+    /// use tower_bulkhead::BulkheadLayer;
+    ///
+    /// let stack = client_stack("catalog").bulkhead(
+    ///     BulkheadLayer::new("catalog", 16)
+    ///         .max_wait(Duration::from_millis(5))
+    ///         .hold_until_body_end(),
+    /// );
+    /// # let _ = stack;
+    /// ```
+    pub fn bulkhead<N>(self, layer: BulkheadLayer<Single, N>) -> ClientStack<P, M, N> {
+        ClientStack {
+            name: self.name,
+            call: self.call,
+            breaker: self.breaker,
+            retry: self.retry,
+            bulkhead: layer,
+            attempt: self.attempt,
+        }
+    }
+
+    /// The stack's bulkhead compartment: attempts in flight, rejections.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_shield::stack::client_stack;
+    ///
+    /// let stack = client_stack("catalog").concurrency(8);
+    /// assert_eq!(stack.bulkhead_handle().in_flight(), 0);
+    /// ```
+    #[must_use]
+    pub fn bulkhead_handle(&self) -> CompartmentHandle {
+        self.bulkhead.handle()
+    }
+
+    /// The stack's breaker, for snapshots, listeners and manual modes.
+    #[must_use]
+    pub fn breaker_handle(&self) -> &Breaker {
+        self.breaker.breaker()
+    }
+
+    /// The counters of the stack's retry budget.
+    #[must_use]
+    pub fn retry_counters(&self) -> Counters {
+        self.retry.counters()
+    }
+
+    /// A reqwest-style client over this whole stack with `client` at the
+    /// bottom: `client.get(url).send().await` goes through the deadline,
+    /// the breaker, the retries and the bulkhead, and returns a
+    /// `reqwest::Response`; the request builder is reqwest's own. See
+    /// [`crate::reqwest`]. The response's body is the stack's: reading it
+    /// (`text()`, `bytes()`, `chunk()`) is bounded by the call's deadline
+    /// (a body still being read when it passes fails with a `reqwest::Error`
+    /// whose source is [`DeadlineExceeded`](tower_deadline::error::DeadlineExceeded);
+    /// [`find_error`](crate::reqwest::find_error) finds it), the breaker
+    /// counts the call when the body ends, and the bulkhead holds its slot
+    /// until then.
+    ///
+    /// Takes `&self`, so the stack stays at hand for
+    /// [`breaker_handle`](Self::breaker_handle) and
+    /// [`retry_counters`](Self::retry_counters); every client built from
+    /// it (and its clones) shares the same breaker, budget and bulkhead.
+    ///
+    /// reqwest 0.13 retries some failures by itself, below the stack and
+    /// unseen by it: with its default policy, an HTTP/2 stream the server
+    /// refused (`REFUSED_STREAM`) or left out of a graceful `GOAWAY`, up to
+    /// twice and with no budget (and HTTP/3 connection timeouts, with its
+    /// `http3` feature); hyper-util's pool also resends a request it never
+    /// wrote. The breaker counts such a call as one attempt, and the retry
+    /// budget pays for none of the resends. Build `client` with
+    /// [`ReqwestService::client_builder`](crate::reqwest::ReqwestService::client_builder)
+    /// (`reqwest::Client::builder().retry(reqwest::retry::never())`) so that
+    /// the stack makes every retry, and turn on the `reqwest-http2` feature
+    /// for the stack to retry HTTP/2 refusals; see
+    /// [reqwest's own retries](crate::reqwest#reqwests-own-retries).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_shield::reqwest::ReqwestService;
+    /// use tower_shield::stack::client_stack;
+    ///
+    /// # async fn run() -> Result<(), tower_breaker::BoxError> {
+    /// let client = client_stack("catalog")
+    ///     .timeout(Duration::from_secs(2))
+    ///     .reqwest(ReqwestService::client_builder().build()?);
+    /// let text = client.get("http://127.0.0.1:3000/items").send().await?.text().await?;
+    /// # let _ = text;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "reqwest")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+    pub fn reqwest(
+        &self,
+        client: ::reqwest::Client,
+    ) -> crate::reqwest::Client<ClientStackService<crate::reqwest::ReqwestService, P, M, R>>
+    where
+        P: Clone,
+    {
+        let transport = crate::reqwest::ReqwestService::new(client.clone());
+        crate::reqwest::Client::from_parts(client, self.layer(transport))
+    }
+}
+
+impl<S, P: Clone, M, R> Layer<S> for ClientStack<P, M, R> {
+    type Service = ClientStackService<S, P, M, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let attempt = self.attempt.layer(inner);
+        let bulkhead = self.bulkhead.layer(attempt);
+        let retry = self.retry.layer(bulkhead);
+        let breaker = self.breaker.layer(retry);
+        self.call.layer(breaker)
+    }
+}
+
+// === impl ServerStack ===
+
+impl<R: Release> ServerStack<R> {
+    /// The budget of a request that arrives without one.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.deadline = self.deadline.default_timeout(timeout);
+        self
+    }
+
+    /// The most budget a caller may ask for; larger ones are clamped.
+    pub fn max_timeout(mut self, max: Duration) -> Self {
+        self.deadline = self.deadline.max_timeout(max);
+        self
+    }
+
+    /// Replace the deadline layer (header names, malformed-header policy,
+    /// minimum budget).
+    pub fn deadline(mut self, layer: ServerDeadlineLayer) -> Self {
+        self.deadline = layer;
+        self
+    }
+
+    /// The bulkhead size: requests served at once (default
+    /// [`DEFAULT_SERVER_CONCURRENCY`]).
+    pub fn concurrency(mut self, limit: usize) -> Self {
+        self.bulkhead = HttpBulkheadLayer::new(Arc::clone(&self.name), limit).with_release::<R>();
+        self
+    }
+
+    /// Replace the bulkhead (its `Retry-After`, a bounded wait, or one
+    /// whose [`handle`](HttpBulkheadLayer::handle) you keep). In
+    /// [`BodyEnd`] mode
+    /// ([`hold_until_body_end`](HttpBulkheadLayer::hold_until_body_end))
+    /// a request holds its slot until its response body has been sent, the
+    /// stack's default; in `Head` mode it gives it back at the head.
+    pub fn bulkhead<N>(self, layer: HttpBulkheadLayer<Single, N>) -> ServerStack<N> {
+        ServerStack {
+            name: self.name,
+            deadline: self.deadline,
+            bulkhead: layer,
+            breaker: self.breaker,
+        }
+    }
+
+    /// Use `breaker`.
+    pub fn breaker(mut self, breaker: Breaker) -> Self {
+        self.breaker = HttpBreakerLayer::new(breaker);
+        self
+    }
+
+    /// The stack's breaker.
+    #[must_use]
+    pub fn breaker_handle(&self) -> &Breaker {
+        self.breaker.breaker()
+    }
+
+    /// The stack's bulkhead compartment: requests in flight, rejections.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_shield::stack::server_stack;
+    ///
+    /// let stack = server_stack("api").concurrency(64);
+    /// assert_eq!(stack.bulkhead_handle().in_flight(), 0);
+    /// ```
+    #[must_use]
+    pub fn bulkhead_handle(&self) -> CompartmentHandle {
+        self.bulkhead.handle()
+    }
+}
+
+impl<S, R> Layer<S> for ServerStack<R> {
+    type Service = ServerStackService<S, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let breaker = self.breaker.layer(inner);
+        let bulkhead = self.bulkhead.layer(breaker);
+        self.deadline.layer(bulkhead)
+    }
+}
