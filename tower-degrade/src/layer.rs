@@ -14,13 +14,13 @@ use tower_service::Service;
 
 use crate::cache::{Recall, Remember};
 use crate::cause::{judge_http, judge_plain, Cause, Causes, Judged};
-use crate::future::ResponseFuture;
+use crate::future::{Exercised, Finish, Original, ResponseFuture, Run, Trail, Walk};
 use crate::mark::{mark_http, FallbackServed};
 use crate::snapshot::{FallbackSnapshot, Stats};
-use crate::source::{Fallback, Found, KeyFn, Reason, Step, Steps};
+use crate::source::{Fallback, KeyFn, Reason, Step, Steps};
 use tower_resilience_base::outcome::{Classify, DefaultClassifier, ErrorsOnly, Outcome};
 use tower_resilience_base::stripe::thread_index;
-use tower_resilience_base::BoxError;
+use tower_resilience_base::{BoxError, CallContext, Deadline};
 
 /// The shards of the counters and the last-good cache: one per thread of
 /// a small runtime, fewer contended cache lines on a larger one.
@@ -30,6 +30,14 @@ const STRIPES: usize = 8;
 /// (`fallback_served`, `fallback_failed`, `fallback_shadow_differs`) from
 /// one layer: 1 s.
 pub const DEFAULT_EVENT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The default bound on one asynchronous source's wait, when the call's
+/// deadline is not sooner: 1 s.
+pub const DEFAULT_ASYNC_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The default number of asynchronous sources awaited at once by one
+/// layer (its clones included): 32.
+pub const DEFAULT_ASYNC_LIMIT: usize = 32;
 
 /// A layer that answers selected failures of the services below with a
 /// [`Fallback`], marks and counts what it serves, and can exercise the
@@ -62,6 +70,8 @@ pub const DEFAULT_EVENT_INTERVAL: Duration = Duration::from_secs(1);
 /// | [`name`](Self::name) | `"fallback"` | named in events and snapshots |
 /// | [`event_interval`](Self::event_interval) | [`DEFAULT_EVENT_INTERVAL`] (1 s) | least interval between two events of one kind |
 /// | [`random`](Self::random) | [`ProcessRandom`] | the sampling of the shadow and exercise shares |
+/// | [`async_timeout`](Self::async_timeout) | [`DEFAULT_ASYNC_TIMEOUT`] (1 s) | longest wait for one asynchronous source, when the call's deadline is not sooner |
+/// | [`async_limit`](Self::async_limit) | [`DEFAULT_ASYNC_LIMIT`] (32) | asynchronous sources awaited at once; past it they give nothing |
 ///
 /// # Clone
 ///
@@ -132,6 +142,12 @@ pub struct FallbackLayer<Req, Res, K = ()> {
 /// that reserves capacity in `poll_ready` (tower's `ConcurrencyLimit`)
 /// keeps it until the next call or until it is dropped.
 ///
+/// An exercise whose chain reaches an asynchronous source moves the ready
+/// inner service (a clone takes its place, as tower's own `Retry` does)
+/// and the request into the response future, and calls it only if the
+/// fallback gives nothing: the dependency never sees an exercised request
+/// the fallback answered. Hence `S: Clone`.
+///
 /// # Clone
 ///
 /// Clones clone the inner service and share everything of the layer (see
@@ -160,6 +176,10 @@ pub(crate) struct Core<Res, K> {
     random: Arc<dyn RandomSource>,
     name: Arc<str>,
     event_interval: Duration,
+    /// Whether a source is asynchronous (then calls keep their deadline).
+    has_async: bool,
+    async_timeout: Duration,
+    async_limit: usize,
     stats: Arc<Stats>,
 }
 
@@ -248,6 +268,7 @@ impl<Req, Res: 'static, K> FallbackLayer<Req, Res, K> {
     ) -> Self {
         let key = fallback.key_fn().clone();
         let (steps, cache) = fallback.into_parts();
+        let has_async = steps.iter().any(|step| matches!(step, Step::Async(_)));
         let core = Arc::new(Core {
             steps,
             cache,
@@ -263,6 +284,9 @@ impl<Req, Res: 'static, K> FallbackLayer<Req, Res, K> {
             random: Arc::new(ProcessRandom::new()),
             name: Arc::from("fallback"),
             event_interval: DEFAULT_EVENT_INTERVAL,
+            has_async,
+            async_timeout: DEFAULT_ASYNC_TIMEOUT,
+            async_limit: DEFAULT_ASYNC_LIMIT,
             stats: Arc::new(Stats::new()),
         });
         Self {
@@ -311,7 +335,9 @@ impl<Req, Res: 'static, K> FallbackLayer<Req, Res, K> {
     /// dependency's answer.**
     ///
     /// It costs one random draw per call while on, and a fallback
-    /// computation per sampled success. With a last-good cache the
+    /// computation per sampled success. An asynchronous source is awaited
+    /// before the sampled call returns (within the layer's bounds): with
+    /// one in the chain, the sampled calls take that much longer. With a last-good cache the
     /// comparison is against the previous good answer for the key, before
     /// the new one replaces it: how different a stale answer would have
     /// been.
@@ -323,7 +349,10 @@ impl<Req, Res: 'static, K> FallbackLayer<Req, Res, K> {
     /// call the inner service; answer with the fallback (cause
     /// [`Cause::Exercise`], marked and counted as such). If the fallback
     /// gives nothing, the call goes to the inner service as usual and
-    /// [`unanswered`](super::FallbackSnapshot::unanswered) counts it.
+    /// [`unanswered`](super::FallbackSnapshot::unanswered) counts it (or
+    /// [`cold`](super::FallbackSnapshot::cold), when only a last-good cache
+    /// had nothing for the key yet). An asynchronous source is awaited
+    /// first; the dependency is called only once it gave nothing.
     ///
     /// Callers really receive fallback answers: use it where they are
     /// acceptable, with a small share, as a permanent game day. Exercised
@@ -396,6 +425,25 @@ impl<Req, Res: 'static, K> FallbackLayer<Req, Res, K> {
     /// [`SeededRandom`](tower_resilience_base::random::SeededRandom).
     pub fn random(self, random: impl RandomSource) -> Self {
         self.with(|core| core.random = Arc::new(random))
+    }
+
+    /// The longest wait for one asynchronous source (default
+    /// [`DEFAULT_ASYNC_TIMEOUT`], 1 s). The wait also ends at the call's
+    /// deadline when that is sooner: the deadline of the request being
+    /// served ([`Deadline::current`]) or one a layer above set in the call
+    /// context. A source still waiting then gives nothing, and the next
+    /// one is tried. A zero timeout skips asynchronous sources.
+    pub fn async_timeout(self, timeout: Duration) -> Self {
+        self.with(|core| core.async_timeout = timeout)
+    }
+
+    /// How many asynchronous sources this layer (its clones included)
+    /// awaits at once (default [`DEFAULT_ASYNC_LIMIT`], 32): past it, a
+    /// source gives nothing and the next one is tried, so an outage of the
+    /// primary never turns into unbounded load on the secondary. Zero
+    /// skips asynchronous sources.
+    pub fn async_limit(self, limit: usize) -> Self {
+        self.with(|core| core.async_limit = limit)
     }
 
     /// The counters since the layer was built (shared by its clones and
@@ -486,13 +534,13 @@ impl<S, L> FallbackService<S, L> {
 
 impl<S, Req, Res, K> Service<Req> for FallbackService<S, FallbackLayer<Req, Res, K>>
 where
-    S: Service<Req, Response = Res>,
+    S: Service<Req, Response = Res> + Clone,
     S::Error: Into<BoxError>,
     Res: 'static,
 {
     type Response = Res;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, Res, K>;
+    type Future = ResponseFuture<S, Req, Res, K>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -504,13 +552,28 @@ where
         let core = &shard.core;
         let sample = core.sample();
         let key = (self.layer.key)(&request);
+        let deadline = if core.has_async() {
+            CallContext::current(CallContext::effective_deadline)
+        } else {
+            None
+        };
         if sample == Sample::Exercise {
-            if let Some(response) = core.answer(&key, Reason::new(Cause::Exercise, None, None)) {
-                return ResponseFuture::served(response);
+            match core.exercise_walk(&key, deadline) {
+                Exercised::Served(response) => return ResponseFuture::served(response),
+                Exercised::Call => {}
+                Exercised::Await(run) => {
+                    // The ready service waits in the future with the
+                    // request, called only if the fallback gives nothing.
+                    let clone = self.inner.clone();
+                    let ready = std::mem::replace(&mut self.inner, clone);
+                    let shard = shard.clone();
+                    return ResponseFuture::exercising(ready, request, shard, key, deadline, run);
+                }
             }
         }
         let future = self.inner.call(request);
-        ResponseFuture::called(future, shard.clone(), key, sample == Sample::Shadow)
+        let shadow = sample == Sample::Shadow;
+        ResponseFuture::called(future, shard.clone(), key, shadow, deadline)
     }
 }
 
@@ -553,130 +616,243 @@ impl<Res: 'static, K> Core<Res, K> {
     }
 
     /// What the caller gets for the inner service's `result`, for a call
-    /// with `key` (`shadow` if sampled for the shadow mode).
+    /// with `key` (`shadow` if sampled for the shadow mode): at once, or
+    /// after an asynchronous source of the chain answers.
     pub(crate) fn finish(
         &self,
         key: K,
         shadow: bool,
+        deadline: Option<Deadline>,
         result: Result<Res, BoxError>,
-    ) -> Result<Res, BoxError> {
+    ) -> Finish<Res, K> {
         match result {
             Ok(response) => match (self.judge)(&*self.classifier, &response) {
-                Judged::Good => {
-                    if shadow {
-                        self.shadow_compare(&key, &response);
+                Judged::Good if shadow => {
+                    let mut trail = Trail::default();
+                    let reason = Reason::new(Cause::Exercise, None, None);
+                    match self.walk(0, &key, &reason, deadline, &mut trail) {
+                        Walk::Await(future, next, permit) => {
+                            let original = Original::Primary(response);
+                            let run =
+                                Run::new(future, next, permit, trail, Cause::Exercise, original);
+                            Finish::Run(Box::new(run), key)
+                        }
+                        found => {
+                            let found = match found {
+                                Walk::Answer(fallback, _) => Some(fallback),
+                                _ => None,
+                            };
+                            self.shadow_found(&response, found, &trail);
+                            Finish::Done(Ok(self.good(key, response)))
+                        }
                     }
-                    if let Some(cache) = &self.cache {
-                        cache.remember(key, &response, Instant::now());
-                    }
-                    Ok(response)
                 }
-                Judged::Neutral => Ok(response),
+                Judged::Good => Finish::Done(Ok(self.good(key, response))),
+                Judged::Neutral => Finish::Done(Ok(response)),
                 Judged::Failed(cause) if self.causes.contains(cause) => {
-                    let answer = self.answer(&key, Reason::new(cause, None, Some(&response)));
-                    Ok(answer.unwrap_or(response))
+                    let mut trail = Trail::default();
+                    let reason = Reason::new(cause, None, Some(&response));
+                    match self.walk(0, &key, &reason, deadline, &mut trail) {
+                        Walk::Answer(answer, age) => {
+                            Finish::Done(Ok(self.serve(cause, answer, age)))
+                        }
+                        Walk::Nothing => {
+                            self.unanswered(cause, &trail);
+                            Finish::Done(Ok(response))
+                        }
+                        Walk::Await(future, next, permit) => {
+                            let original = Original::Response(response);
+                            let run = Run::new(future, next, permit, trail, cause, original);
+                            Finish::Run(Box::new(run), key)
+                        }
+                    }
                 }
-                Judged::Failed(_) => Ok(response),
+                Judged::Failed(_) => Finish::Done(Ok(response)),
             },
             Err(error) => {
                 let is_failure = |e: &_| self.classifier.classify_error(e) == Outcome::Failure;
-                match Cause::of_error(&*error, is_failure) {
-                    Some(cause) if self.causes.contains(cause) => {
-                        match self.answer(&key, Reason::new(cause, Some(&*error), None)) {
-                            Some(response) => Ok(response),
-                            None => Err(error),
-                        }
+                let cause = match Cause::of_error(&*error, is_failure) {
+                    Some(cause) if self.causes.contains(cause) => cause,
+                    _ => return Finish::Done(Err(error)),
+                };
+                let mut trail = Trail::default();
+                let reason = Reason::new(cause, Some(&*error), None);
+                match self.walk(0, &key, &reason, deadline, &mut trail) {
+                    Walk::Answer(answer, age) => Finish::Done(Ok(self.serve(cause, answer, age))),
+                    Walk::Nothing => {
+                        self.unanswered(cause, &trail);
+                        Finish::Done(Err(error))
                     }
-                    _ => Err(error),
+                    Walk::Await(future, next, permit) => {
+                        let run =
+                            Run::new(future, next, permit, trail, cause, Original::Error(error));
+                        Finish::Run(Box::new(run), key)
+                    }
                 }
             }
         }
     }
 
-    /// Asks the fallback for `reason`: marks, counts and reports what it
-    /// serves, or counts and reports that it gave nothing.
-    pub(crate) fn answer(&self, key: &K, reason: Reason<'_, Res>) -> Option<Res> {
-        let cause = reason.cause();
-        match self.find(key, &reason) {
-            Found::Answer(mut response, stale_for) => {
-                let served = FallbackServed::new(cause, stale_for);
-                if let Some(mark) = self.http_mark {
-                    mark(&mut response, &served, self.header);
-                }
-                if let Some(mark) = &self.mark {
-                    mark(&mut response, &served);
-                }
-                let total = self.stats.served(cause, stale_for);
-                let stale_ms = stale_for.map(|d| d.as_millis() as u64);
-                if cause == Cause::Exercise {
-                    tracing::debug!(fallback = %self.name, stale_ms, "fallback_exercised");
-                } else if self.stats.served_gate.pass(self.event_interval) {
-                    tracing::warn!(
-                        fallback = %self.name,
-                        cause = cause.as_str(),
-                        stale_ms,
-                        served_total = total,
-                        "fallback_served"
-                    );
-                }
-                Some(response)
+    /// A good response: remembered by a last-good cache, then returned.
+    fn good(&self, key: K, response: Res) -> Res {
+        if let Some(cache) = &self.cache {
+            cache.remember(key, &response, Instant::now());
+        }
+        response
+    }
+
+    /// What the exercise mode does for a call in `call`: an answer to
+    /// serve at once, nothing (the call goes to the inner service), or an
+    /// asynchronous source to await first.
+    pub(crate) fn exercise_walk(&self, key: &K, deadline: Option<Deadline>) -> Exercised<Res> {
+        let mut trail = Trail::default();
+        let reason = Reason::new(Cause::Exercise, None, None);
+        match self.walk(0, key, &reason, deadline, &mut trail) {
+            Walk::Answer(answer, age) => {
+                Exercised::Served(self.serve(Cause::Exercise, answer, age))
             }
-            Found::Nothing(why) => {
-                let total = self.stats.unanswered(cause);
-                if self.stats.failed_gate.pass(self.event_interval) {
-                    tracing::warn!(
-                        fallback = %self.name,
-                        cause = cause.as_str(),
-                        reason = why.as_deref().unwrap_or("no source"),
-                        unanswered_total = total,
-                        "fallback_failed"
-                    );
-                }
-                None
+            Walk::Nothing => {
+                self.unanswered(Cause::Exercise, &trail);
+                Exercised::Call
+            }
+            Walk::Await(future, next, permit) => {
+                let run = Run::new(
+                    future,
+                    next,
+                    permit,
+                    trail,
+                    Cause::Exercise,
+                    Original::Exercise,
+                );
+                Exercised::Await(Box::new(run))
             }
         }
     }
 
-    /// Tries each source in turn. Never panics: a panicking function
-    /// counts as a failed one.
-    fn find(&self, key: &K, reason: &Reason<'_, Res>) -> Found<Res> {
-        let mut why = None;
-        for step in self.steps.iter() {
+    /// Marks, counts and reports an answer served for `cause`.
+    pub(crate) fn serve(
+        &self,
+        cause: Cause,
+        mut response: Res,
+        stale_for: Option<Duration>,
+    ) -> Res {
+        let served = FallbackServed::new(cause, stale_for);
+        if let Some(mark) = self.http_mark {
+            mark(&mut response, &served, self.header);
+        }
+        if let Some(mark) = &self.mark {
+            mark(&mut response, &served);
+        }
+        let total = self.stats.served(cause, stale_for);
+        let stale_ms = stale_for.map(|d| d.as_millis() as u64);
+        if cause == Cause::Exercise {
+            tracing::debug!(fallback = %self.name, stale_ms, "fallback_exercised");
+        } else if self.stats.served_gate.pass(self.event_interval) {
+            tracing::warn!(
+                fallback = %self.name,
+                cause = cause.as_str(),
+                stale_ms,
+                served_total = total,
+                "fallback_served"
+            );
+        }
+        response
+    }
+
+    /// Counts and reports a fallback that gave nothing for `cause`. In the
+    /// exercise mode, a chain that gave nothing only because its last-good
+    /// cache has no fresh entry for the key yet is a cold key, not a broken
+    /// fallback: counted apart, at debug level.
+    pub(crate) fn unanswered(&self, cause: Cause, trail: &Trail) {
+        if cause == Cause::Exercise && trail.is_cold() {
+            self.stats.cold();
+            tracing::debug!(fallback = %self.name, "fallback_cold_key");
+            return;
+        }
+        let total = self.stats.unanswered(cause);
+        if self.stats.failed_gate.pass(self.event_interval) {
+            tracing::warn!(
+                fallback = %self.name,
+                cause = cause.as_str(),
+                reason = trail.why.as_deref().unwrap_or("no source"),
+                unanswered_total = total,
+                "fallback_failed"
+            );
+        }
+    }
+
+    /// Walks the chain from source `from` on: the first answer, nothing,
+    /// or an asynchronous source to await (bounded by `deadline` and the
+    /// layer's `async_timeout`). Never panics: a panicking function counts
+    /// as a failed one.
+    pub(crate) fn walk(
+        &self,
+        from: usize,
+        key: &K,
+        reason: &Reason<'_, Res>,
+        deadline: Option<Deadline>,
+        trail: &mut Trail,
+    ) -> Walk<Res> {
+        for (i, step) in self.steps.iter().enumerate().skip(from) {
             match step {
                 Step::Function(f) => match catch_unwind(AssertUnwindSafe(|| f(key, reason))) {
-                    Ok(Ok(response)) => return Found::Answer(response, None),
-                    Ok(Err(error)) => why = Some(error.to_string()),
-                    Err(_) => why = Some(String::from("the fallback function panicked")),
+                    Ok(Ok(response)) => return Walk::Answer(response, None),
+                    Ok(Err(error)) => trail.failed(error.to_string()),
+                    Err(_) => trail.failed(String::from("the fallback function panicked")),
                 },
                 Step::LastGood(cache) => match cache.recall(key, Instant::now()) {
-                    Recall::Fresh(response, age) => return Found::Answer(response, Some(age)),
-                    Recall::TooStale(age) => {
-                        why = Some(format!(
-                            "the last good answer is {} ms old, beyond the maximum staleness",
-                            age.as_millis()
-                        ));
-                    }
-                    Recall::Missing => why = Some(String::from("no good answer for this key")),
+                    Recall::Fresh(response, age) => return Walk::Answer(response, Some(age)),
+                    Recall::TooStale(age) => trail.missed(format!(
+                        "the last good answer is {} ms old, beyond the maximum staleness",
+                        age.as_millis()
+                    )),
+                    Recall::Missing => trail.missed(String::from("no good answer for this key")),
                 },
+                Step::Async(f) => {
+                    let now = Instant::now();
+                    let mut until = now + self.async_timeout;
+                    if let Some(deadline) = deadline {
+                        until = until.min(deadline.instant());
+                    }
+                    if until <= now {
+                        trail.failed(String::from(
+                            "no time left for the asynchronous fallback before the call's deadline",
+                        ));
+                        continue;
+                    }
+                    let Some(permit) = self.stats.async_permit(self.async_limit) else {
+                        trail.failed(format!(
+                            "{} asynchronous fallbacks are already waiting (the async_limit)",
+                            self.async_limit
+                        ));
+                        continue;
+                    };
+                    match catch_unwind(AssertUnwindSafe(|| f(key, reason, until))) {
+                        Ok(future) => return Walk::Await(future, i + 1, permit),
+                        Err(_) => trail.failed(String::from("the fallback function panicked")),
+                    }
+                }
             }
         }
-        Found::Nothing(why)
+        Walk::Nothing
     }
 
-    /// The shadow mode's comparison for a healthy call that answered
-    /// `primary`.
-    fn shadow_compare(&self, key: &K, primary: &Res) {
-        let reason = Reason::new(Cause::Exercise, None, None);
-        let (agreed, why) = match self.find(key, &reason) {
-            Found::Answer(fallback, _) => {
-                let agreed = match &self.compare {
-                    Some(compare) => catch_unwind(AssertUnwindSafe(|| compare(primary, &fallback)))
-                        .unwrap_or(false),
-                    None => true,
-                };
-                (Some(agreed), None)
+    /// The shadow mode's finding for a healthy call that answered
+    /// `primary`: the fallback's answer, or nothing.
+    pub(crate) fn shadow_found(&self, primary: &Res, fallback: Option<Res>, trail: &Trail) {
+        let agreed = match fallback {
+            Some(fallback) => Some(match &self.compare {
+                Some(compare) => {
+                    catch_unwind(AssertUnwindSafe(|| compare(primary, &fallback))).unwrap_or(false)
+                }
+                None => true,
+            }),
+            None if trail.is_cold() => {
+                self.stats.cold();
+                tracing::debug!(fallback = %self.name, "fallback_cold_key");
+                return;
             }
-            Found::Nothing(why) => (None, why),
+            None => None,
         };
         self.stats.shadow(agreed);
         if agreed != Some(true) && self.stats.shadow_gate.pass(self.event_interval) {
@@ -684,11 +860,66 @@ impl<Res: 'static, K> Core<Res, K> {
             tracing::warn!(
                 fallback = %self.name,
                 answered = agreed.is_some(),
-                reason = why.as_deref().unwrap_or("the answers differ"),
+                reason = if agreed.is_some() { "the answers differ" } else { trail.why.as_deref().unwrap_or("no source") },
                 differed_total = counts.differed,
                 unanswered_total = counts.unanswered,
                 "fallback_shadow_differs"
             );
+        }
+    }
+
+    /// Whether the chain has an asynchronous source (then a call keeps
+    /// its deadline, to bound it).
+    pub(crate) fn has_async(&self) -> bool {
+        self.has_async
+    }
+
+    /// Settles an exercise's asynchronous run: the answer to serve, or
+    /// `None` when the fallback gave nothing (the call then goes to the
+    /// inner service).
+    pub(crate) fn settle_exercise(
+        &self,
+        run: Run<Res>,
+        found: Option<(Res, Option<Duration>)>,
+    ) -> Option<Res> {
+        match found {
+            Some((answer, age)) => Some(self.serve(Cause::Exercise, answer, age)),
+            None => {
+                self.unanswered(Cause::Exercise, &run.trail);
+                None
+            }
+        }
+    }
+
+    /// Settles a finished asynchronous run of the chain: what the caller
+    /// gets, or `None` for an exercise whose fallback gave nothing (the
+    /// call then goes to the inner service).
+    pub(crate) fn settle(
+        &self,
+        key: K,
+        run: Run<Res>,
+        found: Option<(Res, Option<Duration>)>,
+    ) -> Option<Result<Res, BoxError>> {
+        let Run {
+            trail,
+            cause,
+            original,
+            ..
+        } = run;
+        match (original, found) {
+            (Original::Primary(primary), found) => {
+                self.shadow_found(&primary, found.map(|(fallback, _)| fallback), &trail);
+                Some(Ok(self.good(key, primary)))
+            }
+            (_, Some((answer, age))) => Some(Ok(self.serve(cause, answer, age))),
+            (original, None) => {
+                self.unanswered(cause, &trail);
+                match original {
+                    Original::Error(error) => Some(Err(error)),
+                    Original::Response(response) => Some(Ok(response)),
+                    Original::Primary(_) | Original::Exercise => None,
+                }
+            }
         }
     }
 }
@@ -709,6 +940,8 @@ impl<Res, K> Core<Res, K> {
             .field("header", &self.header)
             .field("random", &self.random)
             .field("event_interval", &self.event_interval)
+            .field("async_timeout", &self.async_timeout)
+            .field("async_limit", &self.async_limit)
             .finish_non_exhaustive()
     }
 }
@@ -730,6 +963,9 @@ impl<Res, K> Clone for Core<Res, K> {
             random: self.random.clone(),
             name: self.name.clone(),
             event_interval: self.event_interval,
+            has_async: self.has_async,
+            async_timeout: self.async_timeout,
+            async_limit: self.async_limit,
             stats: self.stats.clone(),
         }
     }

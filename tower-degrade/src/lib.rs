@@ -10,7 +10,10 @@ mod snapshot;
 mod source;
 
 pub use cause::{Cause, Causes};
-pub use layer::{FallbackLayer, FallbackService, DEFAULT_EVENT_INTERVAL};
+pub use layer::{
+    FallbackLayer, FallbackService, DEFAULT_ASYNC_LIMIT, DEFAULT_ASYNC_TIMEOUT,
+    DEFAULT_EVENT_INTERVAL,
+};
 pub use mark::{FallbackServed, FALLBACK_AGE_HEADER, FALLBACK_HEADER};
 pub use snapshot::{FallbackSnapshot, PerCause, ShadowCounts, StaleServed};
 pub use source::{Fallback, Reason};

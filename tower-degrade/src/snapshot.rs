@@ -1,6 +1,10 @@
 //! What a fallback layer counts, and how its events are rate limited.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::fmt;
+use std::sync::atomic::{
+    AtomicU64, AtomicUsize,
+    Ordering::{AcqRel, Relaxed, Release},
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +57,19 @@ pub struct FallbackSnapshot {
     pub stale: StaleServed,
     /// What the shadow mode found.
     pub shadow: ShadowCounts,
+    /// Exercised or shadowed calls for a cold key: the chain gave nothing
+    /// only because its last-good cache has no fresh answer for the key yet
+    /// (its first calls, or a key not called within the maximum
+    /// staleness). Not a broken fallback, so not in
+    /// [`unanswered`](Self::unanswered) nor in
+    /// [`shadow.unanswered`](ShadowCounts::unanswered), and no warning; a
+    /// figure that grows while [`served`](Self::served) under
+    /// [`Cause::Exercise`] stays at zero says the cache never keeps
+    /// anything (a classifier that calls no response a success, a capacity
+    /// of zero).
+    pub cold: u64,
+    /// Asynchronous sources being awaited now.
+    pub async_waiting: usize,
     /// Entries in the last-good cache now (zero without one).
     pub cached: usize,
 }
@@ -126,6 +143,8 @@ pub(crate) struct Stats {
     shadow_agreed: AtomicU64,
     shadow_differed: AtomicU64,
     shadow_unanswered: AtomicU64,
+    cold: AtomicU64,
+    async_waiting: AtomicUsize,
     pub(crate) served_gate: Gate,
     pub(crate) failed_gate: Gate,
     pub(crate) shadow_gate: Gate,
@@ -194,6 +213,8 @@ impl Stats {
             shadow_agreed: AtomicU64::new(0),
             shadow_differed: AtomicU64::new(0),
             shadow_unanswered: AtomicU64::new(0),
+            cold: AtomicU64::new(0),
+            async_waiting: AtomicUsize::new(0),
             served_gate: Gate::new(epoch),
             failed_gate: Gate::new(epoch),
             shadow_gate: Gate::new(epoch),
@@ -229,6 +250,29 @@ impl Stats {
         counter.fetch_add(1, Relaxed);
     }
 
+    /// Counts an exercised or shadowed call for a cold key.
+    pub(crate) fn cold(&self) {
+        self.cold.fetch_add(1, Relaxed);
+    }
+
+    /// A permit to await an asynchronous source, if fewer than `limit` are
+    /// awaited.
+    pub(crate) fn async_permit(self: &Arc<Self>, limit: usize) -> Option<AsyncPermit> {
+        let mut waiting = self.async_waiting.load(Relaxed);
+        loop {
+            if waiting >= limit {
+                return None;
+            }
+            match self
+                .async_waiting
+                .compare_exchange_weak(waiting, waiting + 1, AcqRel, Relaxed)
+            {
+                Ok(_) => return Some(AsyncPermit(self.clone())),
+                Err(now) => waiting = now,
+            }
+        }
+    }
+
     pub(crate) fn snapshot(&self, name: Arc<str>, cached: usize) -> FallbackSnapshot {
         let load = |counters: &[AtomicU64; Cause::ALL.len()]| PerCause {
             counts: std::array::from_fn(|i| counters[i].load(Relaxed)),
@@ -247,8 +291,25 @@ impl Stats {
                 differed: self.shadow_differed.load(Relaxed),
                 unanswered: self.shadow_unanswered.load(Relaxed),
             },
+            cold: self.cold.load(Relaxed),
+            async_waiting: self.async_waiting.load(Relaxed),
             cached,
         }
+    }
+}
+
+/// One asynchronous source awaited; dropping it frees its place.
+pub(crate) struct AsyncPermit(Arc<Stats>);
+
+impl Drop for AsyncPermit {
+    fn drop(&mut self) {
+        self.0.async_waiting.fetch_sub(1, Release);
+    }
+}
+
+impl fmt::Debug for AsyncPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AsyncPermit")
     }
 }
 

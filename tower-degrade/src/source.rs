@@ -3,13 +3,17 @@
 
 use std::error::Error;
 use std::fmt;
+use std::future::Future;
 use std::hash::Hash;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+use tower_resilience_base::BoxError;
+
 use crate::cache::{LastGood, Remember};
 use crate::cause::Cause;
-use tower_resilience_base::BoxError;
 
 /// Where a [`FallbackLayer`](super::FallbackLayer) finds its answer: a
 /// chain of one or more sources, tried in order until one answers, best
@@ -21,9 +25,10 @@ use tower_resilience_base::BoxError;
 /// | [`Fallback::from_fn`] | what a function of the [`Reason`] returns | none |
 /// | [`Fallback::keyed`] | what a function of the key and the [`Reason`] returns | `key_fn(&request)` |
 /// | [`Fallback::last_good`] | the last good response for the request's key, if not older than `max_staleness` | `key_fn(&request)` |
+/// | [`Fallback::from_async`] / [`Fallback::keyed_async`] | what a future returns (a secondary region, a remote cache), within a time bound | `key_fn(&request)` for `keyed_async` |
 ///
-/// and [`or_value`](Fallback::or_value) / [`or_else`](Fallback::or_else)
-/// add a worse source after the others:
+/// and [`or_value`](Fallback::or_value) / [`or_else`](Fallback::or_else) /
+/// [`or_async`](Fallback::or_async) add a worse source after the others:
 /// `Fallback::last_good(key, 10_000, ten_minutes).or_value(default)`
 /// serves the stale answer when there is one, the default otherwise.
 ///
@@ -36,8 +41,17 @@ use tower_resilience_base::BoxError;
 ///
 /// A source that fails (a function returning `Err` or panicking, a cache
 /// with nothing fresh enough) passes to the next; when none answers, the
-/// caller gets the original error or response, unchanged. Every source is
-/// synchronous: a fallback never waits.
+/// caller gets the original error or response, unchanged.
+///
+/// Synchronous sources run inside the response future's `poll` and never
+/// wait. An asynchronous source is awaited, bounded by the earliest of
+/// the layer's [`async_timeout`](crate::FallbackLayer::async_timeout)
+/// (1 s by default) and the deadline of the call the layer is serving
+/// (the request's deadline, from `tower-deadline` or
+/// [`Deadline::scope`](tower_resilience_base::Deadline::scope)), and at
+/// most [`async_limit`](crate::FallbackLayer::async_limit) of them wait
+/// at once: past either bound it counts as giving nothing and the next
+/// source is tried.
 ///
 /// # Clone
 ///
@@ -106,18 +120,19 @@ pub(crate) type Cache<K, Res> = Arc<dyn Remember<K, Res>>;
 /// A fallback function, shared.
 type StepFn<Res, K> = Arc<dyn Fn(&K, &Reason<'_, Res>) -> Result<Res, BoxError> + Send + Sync>;
 
+/// The future of an asynchronous source, bounded by its deadline.
+pub(crate) type SourceFuture<Res> = Pin<Box<dyn Future<Output = Result<Res, BoxError>> + Send>>;
+
+/// An asynchronous fallback function, shared: called with the key, the
+/// reason and the instant its future must answer by.
+type AsyncFn<Res, K> =
+    Arc<dyn Fn(&K, &Reason<'_, Res>, Instant) -> SourceFuture<Res> + Send + Sync>;
+
 /// One source of a chain.
 pub(crate) enum Step<Res, K> {
     Function(StepFn<Res, K>),
     LastGood(Arc<dyn Remember<K, Res>>),
-}
-
-/// What a fallback chain gave.
-pub(crate) enum Found<Res> {
-    /// An answer; for a cached one, its age.
-    Answer(Res, Option<Duration>),
-    /// No source answered; the last failure, for the logs.
-    Nothing(Option<String>),
+    Async(AsyncFn<Res, K>),
 }
 
 // === impl Fallback ===
@@ -155,6 +170,66 @@ impl<Req, Res> Fallback<Req, Res, ()> {
             cache: None,
         }
     }
+
+    /// Answers with what the future `f` returns for the [`Reason`]; see
+    /// [`keyed_async`](Fallback::keyed_async), of which this is the form
+    /// without a key.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, BoxError, Layer, ServiceExt};
+    /// use tower_degrade::{Fallback, FallbackLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// // The secondary region answers in 30 ms; the layer waits up to 200.
+    /// let secondary = Fallback::from_async(|_, why| {
+    ///     let cause = why.cause();
+    ///     async move {
+    ///         tokio::time::sleep(Duration::from_millis(30)).await;
+    ///         Ok::<_, BoxError>(format!("from the secondary region ({cause})"))
+    ///     }
+    /// });
+    /// let layer = FallbackLayer::plain(secondary).async_timeout(Duration::from_millis(200));
+    /// let primary = service_fn(|_req: ()| async { Err::<String, BoxError>("refused".into()) });
+    /// let answer = layer.layer(primary).oneshot(()).await.unwrap();
+    /// assert_eq!(answer, "from the secondary region (failure)");
+    /// # }
+    /// ```
+    pub fn from_async<F, Fut>(f: F) -> Self
+    where
+        F: Fn(&(), &Reason<'_, Res>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Res, BoxError>> + Send + 'static,
+        Res: Send + 'static,
+    {
+        Self {
+            key: Arc::new(|_: &Req| ()),
+            steps: vec![Step::Async(bounded(f))],
+            cache: None,
+        }
+    }
+}
+
+/// `f` as a source whose future gives up at the instant it is handed.
+fn bounded<K, Res, F, Fut>(f: F) -> AsyncFn<Res, K>
+where
+    F: Fn(&K, &Reason<'_, Res>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Res, BoxError>> + Send + 'static,
+    Res: Send + 'static,
+{
+    Arc::new(move |key, reason, until| {
+        let future = f(key, reason);
+        Box::pin(async move {
+            match tokio::time::timeout_at(until, future).await {
+                Ok(result) => result,
+                Err(_) => Err(BoxError::from(
+                    "the asynchronous fallback did not answer in time",
+                )),
+            }
+        })
+    })
 }
 
 impl<Req, Res, K> Fallback<Req, Res, K> {
@@ -210,6 +285,46 @@ impl<Req, Res, K> Fallback<Req, Res, K> {
             steps: vec![Step::LastGood(cache.clone())],
             cache: Some(cache),
         }
+    }
+
+    /// Answers with what the future `f` returns for the request's key (from
+    /// `key_fn`, taken before the call) and the [`Reason`]: a secondary
+    /// region, a remote cache, a degraded service. `f` itself runs inside
+    /// `poll` with the borrowed reason: take from it what the future needs
+    /// and return the future, which is awaited within the layer's bounds
+    /// (see [`Fallback`]); `Err`, a panic or a passed bound mean "no
+    /// answer", as for [`keyed`](Fallback::keyed).
+    ///
+    /// Never make it call the dependency that just failed, nor a service
+    /// that shares its fate; give it its own timeouts if it calls out
+    /// (the layer's bound cuts the wait, not the work a spawned task
+    /// does).
+    pub fn keyed_async<KF, F, Fut>(key_fn: KF, f: F) -> Self
+    where
+        KF: Fn(&Req) -> K + Send + Sync + 'static,
+        F: Fn(&K, &Reason<'_, Res>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Res, BoxError>> + Send + 'static,
+        Res: Send + 'static,
+    {
+        Self {
+            key: Arc::new(key_fn),
+            steps: vec![Step::Async(bounded(f))],
+            cache: None,
+        }
+    }
+
+    /// This chain, then what the future `f` returns for the key and the
+    /// [`Reason`] when it gave nothing (see
+    /// [`keyed_async`](Fallback::keyed_async)).
+    #[must_use]
+    pub fn or_async<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(&K, &Reason<'_, Res>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Res, BoxError>> + Send + 'static,
+        Res: Send + 'static,
+    {
+        self.steps.push(Step::Async(bounded(f)));
+        self
     }
 
     /// This chain, then a clone of `value` when it gave nothing.
@@ -320,6 +435,7 @@ impl<Res, K> Clone for Step<Res, K> {
         match self {
             Step::Function(f) => Step::Function(f.clone()),
             Step::LastGood(c) => Step::LastGood(c.clone()),
+            Step::Async(f) => Step::Async(f.clone()),
         }
     }
 }
@@ -329,6 +445,7 @@ impl<Res, K> fmt::Debug for Step<Res, K> {
         f.write_str(match self {
             Step::Function(_) => "function",
             Step::LastGood(_) => "last_good",
+            Step::Async(_) => "async",
         })
     }
 }

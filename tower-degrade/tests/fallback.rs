@@ -848,9 +848,77 @@ async fn an_exercise_without_an_answer_calls_the_dependency() {
     assert_eq!(served(&r).unwrap().cause(), Cause::Exercise);
     assert_eq!(dependency.calls(), 1);
     let snapshot = layer.snapshot();
-    assert_eq!(snapshot.unanswered.get(Cause::Exercise), 1);
+    assert_eq!(
+        snapshot.unanswered.get(Cause::Exercise),
+        0,
+        "a cold key is not a broken fallback"
+    );
+    assert_eq!(snapshot.cold, 1);
     assert_eq!(snapshot.served.get(Cause::Exercise), 1);
     assert_eq!(snapshot.stale.served, 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn cold_keys_raise_no_alarm_in_the_exercise_and_shadow_modes_but_a_broken_source_does() {
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let last_good = || {
+        Fallback::last_good(
+            |req: &Req| req.uri().path().to_owned(),
+            64,
+            Duration::from_secs(60),
+        )
+    };
+    let dependency = Dependency::new();
+    for layer in [
+        FallbackLayer::new(last_good()).exercise(1.0),
+        FallbackLayer::new(last_good()).shadow(1.0),
+    ] {
+        let client = layer.layer(dependency.service());
+        for key in ["/a", "/b", "/c"] {
+            client.clone().oneshot(get(key)).await.unwrap();
+        }
+        let s = layer.snapshot();
+        assert_eq!(s.cold, 3, "three first calls of three keys");
+        assert_eq!(s.unanswered.total(), 0);
+        assert_eq!(s.shadow.unanswered, 0);
+    }
+    assert_eq!(events.count("fallback_failed"), 0);
+    assert_eq!(events.count("fallback_shadow_differs"), 0);
+
+    // Past the maximum staleness, a key that was not called is cold again.
+    let layer = FallbackLayer::new(last_good()).shadow(1.0);
+    let client = layer.layer(dependency.service());
+    client.clone().oneshot(get("/a")).await.unwrap();
+    tokio::time::advance(Duration::from_secs(61)).await;
+    client.clone().oneshot(get("/a")).await.unwrap();
+    assert_eq!(layer.snapshot().cold, 2);
+
+    // A source that fails after the cache missed is a broken fallback.
+    let broken =
+        FallbackLayer::new(last_good().or_else(|_, _| Err("no default".into()))).exercise(1.0);
+    broken
+        .layer(dependency.service())
+        .oneshot(get("/z"))
+        .await
+        .unwrap();
+    let s = broken.snapshot();
+    assert_eq!((s.cold, s.unanswered.get(Cause::Exercise)), (0, 1));
+    assert_eq!(events.count("fallback_failed"), 1);
+}
+
+#[tokio::test]
+async fn a_cold_key_is_unanswered_when_the_dependency_really_fails() {
+    let layer = FallbackLayer::new(Fallback::last_good(
+        |req: &Req| req.uri().path().to_owned(),
+        8,
+        Duration::from_secs(60),
+    ));
+    let failing = service_fn(|_req: Req| async { Err::<Res, BoxError>("refused".into()) });
+    let err = layer.layer(failing).oneshot(get("/a")).await.unwrap_err();
+    assert_eq!(err.to_string(), "refused");
+    let s = layer.snapshot();
+    assert_eq!((s.cold, s.unanswered.get(Cause::Failure)), (0, 1));
 }
 
 // --- shadow mode ---
@@ -937,13 +1005,17 @@ async fn shadow_with_a_last_good_cache_compares_with_the_previous_answer() {
         let f = client.call(get("/"));
         async move { f.await.unwrap() }
     };
-    call().await; // nothing remembered yet: unanswered
+    call().await; // nothing remembered yet: a cold key
     call().await; // v1 against v1: agreed
     version.store(2, Ordering::SeqCst);
     let r = call().await; // v2 against the remembered v1: differed
     assert_eq!(r.body(), "v2");
-    let s = layer.snapshot().shadow;
-    assert_eq!((s.agreed, s.differed, s.unanswered), (1, 1, 1));
+    let s = layer.snapshot();
+    assert_eq!(
+        (s.shadow.agreed, s.shadow.differed, s.shadow.unanswered),
+        (1, 1, 0)
+    );
+    assert_eq!(s.cold, 1);
 }
 
 #[tokio::test]
@@ -1064,4 +1136,251 @@ async fn services_and_futures_are_send_and_debug() {
     );
     assert!(format!("{:?}", FallbackLayer::new(by_cause())).starts_with("FallbackLayer {"));
     future.await.unwrap();
+}
+
+// --- asynchronous sources ---
+
+mod asynchronous {
+    use super::*;
+    use tokio::sync::Notify;
+    use tokio::time::Instant;
+    use tower_resilience_base::Deadline;
+
+    /// A dependency that always fails.
+    fn down() -> impl Service<Req, Response = Res, Error = BoxError> + Clone {
+        returning(|| Err(refused()))
+    }
+
+    /// A source that answers `body` after `delay`.
+    fn after(delay: Duration, body: &'static str) -> Fallback<Req, Res> {
+        Fallback::from_async(move |_, _| async move {
+            tokio::time::sleep(delay).await;
+            Ok::<_, BoxError>(ok(body))
+        })
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_async_source_answers_a_failure_marked_and_counted() {
+        let layer = FallbackLayer::new(after(Duration::from_millis(30), "secondary"));
+        let start = Instant::now();
+        let r = layer.layer(down()).oneshot(get("/")).await.unwrap();
+        assert_eq!(r.body(), "secondary");
+        assert_eq!(start.elapsed(), Duration::from_millis(30));
+        assert_eq!(served(&r).unwrap().cause(), Cause::Failure);
+        assert_eq!(r.headers()[FALLBACK_HEADER], "failure");
+        let s = layer.snapshot();
+        assert_eq!((s.served.get(Cause::Failure), s.async_waiting), (1, 0));
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_slow_async_source_is_cut_at_the_async_timeout_and_the_next_source_answers() {
+        let layer =
+            FallbackLayer::new(after(Duration::from_secs(5), "too late").or_value(ok("default")))
+                .async_timeout(Duration::from_millis(200));
+        let start = Instant::now();
+        let r = layer.layer(down()).oneshot(get("/")).await.unwrap();
+        assert_eq!(r.body(), "default");
+        assert_eq!(start.elapsed(), Duration::from_millis(200));
+        assert_eq!(layer.snapshot().async_waiting, 0);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_wait_ends_at_the_deadline_of_the_request_being_served() {
+        let layer = FallbackLayer::new(after(Duration::from_millis(200), "too late"));
+        let client = layer.layer(down());
+        let start = Instant::now();
+        let err = Deadline::after(Duration::from_millis(50))
+            .scope(client.oneshot(get("/")))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(50),
+            "not the 1 s default"
+        );
+        assert!(
+            err.to_string().contains("refused"),
+            "the original error: {err}"
+        );
+        assert_eq!(layer.snapshot().unanswered.get(Cause::Failure), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn with_the_deadline_passed_an_async_source_is_skipped_without_a_wait() {
+        let called = Arc::new(AtomicUsize::new(0));
+        let seen = called.clone();
+        let source = Fallback::from_async(move |_, _| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, BoxError>(ok("late")) }
+        })
+        .or_value(ok("default"));
+        let deadline = Deadline::after(Duration::from_millis(10));
+        let slow = service_fn(|_req: Req| async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Err::<Res, BoxError>(refused())
+        });
+        let client = FallbackLayer::new(source).layer(slow);
+        let start = Instant::now();
+        let r = deadline.scope(client.oneshot(get("/"))).await.unwrap();
+        assert_eq!(r.body(), "default");
+        assert_eq!(start.elapsed(), Duration::from_millis(20));
+        assert_eq!(called.load(Ordering::SeqCst), 0, "never started");
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_failing_or_panicking_async_source_passes_to_the_next() {
+        let failing: Fallback<Req, Res> =
+            Fallback::from_async(|_, _| async { Err::<Res, BoxError>("secondary down".into()) })
+                .or_value(ok("default"));
+        let r = FallbackLayer::new(failing)
+            .layer(down())
+            .oneshot(get("/"))
+            .await
+            .unwrap();
+        assert_eq!(r.body(), "default");
+
+        let panicking: Fallback<Req, Res> = Fallback::from_async(|_, _| async {
+            if true {
+                panic!("fallback bug");
+            }
+            Ok::<_, BoxError>(ok("never"))
+        })
+        .or_async(|_, _| async { Ok::<_, BoxError>(ok("second async")) });
+        let layer = FallbackLayer::new(panicking);
+        let r = layer.layer(down()).oneshot(get("/")).await.unwrap();
+        assert_eq!(r.body(), "second async");
+        assert_eq!(layer.snapshot().async_waiting, 0);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_async_limit_bounds_the_waits_and_dropped_calls_free_their_place() {
+        let release = Arc::new(Notify::new());
+        let gate = release.clone();
+        let source = Fallback::from_async(move |_, _| {
+            let gate = gate.clone();
+            async move {
+                gate.notified().await;
+                Ok::<_, BoxError>(ok("secondary"))
+            }
+        })
+        .or_value(ok("default"));
+        let layer = FallbackLayer::new(source).async_limit(2);
+        let client = layer.layer(down());
+        let mut waiting: Vec<_> = (0..2)
+            .map(|_| tokio_test::task::spawn(client.clone().oneshot(get("/"))))
+            .collect();
+        for call in &mut waiting {
+            assert_pending!(call.poll());
+        }
+        assert_eq!(layer.snapshot().async_waiting, 2);
+        // The third finds no place: the next source, at once.
+        let r = client.clone().oneshot(get("/")).await.unwrap();
+        assert_eq!(r.body(), "default");
+        // A dropped call frees its place.
+        drop(waiting.pop());
+        assert_eq!(layer.snapshot().async_waiting, 1);
+        let mut third = tokio_test::task::spawn(client.clone().oneshot(get("/")));
+        assert_pending!(third.poll());
+        assert_eq!(layer.snapshot().async_waiting, 2);
+        release.notify_waiters();
+        assert_eq!(assert_ready_ok!(waiting[0].poll()).body(), "secondary");
+        assert_eq!(assert_ready_ok!(third.poll()).body(), "secondary");
+        assert_eq!(layer.snapshot().async_waiting, 0);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_exercise_awaits_the_async_source_and_calls_the_dependency_only_if_it_fails() {
+        let dependency = Dependency::new();
+        let answers =
+            FallbackLayer::new(after(Duration::from_millis(5), "secondary")).exercise(1.0);
+        let r = answers
+            .layer(dependency.service())
+            .oneshot(get("/"))
+            .await
+            .unwrap();
+        assert_eq!(r.body(), "secondary");
+        assert_eq!(served(&r).unwrap().cause(), Cause::Exercise);
+        assert_eq!(dependency.calls(), 0);
+
+        let fails: Fallback<Req, Res> =
+            Fallback::from_async(|_, _| async { Err::<Res, BoxError>("secondary down".into()) });
+        let layer = FallbackLayer::new(fails).exercise(1.0);
+        let r = layer
+            .layer(dependency.service())
+            .oneshot(get("/a"))
+            .await
+            .unwrap();
+        assert_eq!(r.body(), "fresh /a");
+        assert_eq!(dependency.calls(), 1);
+        assert_eq!(layer.snapshot().unanswered.get(Cause::Exercise), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_shadow_mode_compares_with_the_async_source_and_serves_the_primary() {
+        let dependency = Dependency::new();
+        let layer = FallbackLayer::new(after(Duration::from_millis(5), "fresh /"))
+            .shadow(1.0)
+            .compare(|primary: &Res, fallback: &Res| primary.body() == fallback.body());
+        let client = layer.layer(dependency.service());
+        let r = client.clone().oneshot(get("/")).await.unwrap();
+        assert_eq!(r.body(), "fresh /");
+        assert!(served(&r).is_none());
+        let r = client.oneshot(get("/other")).await.unwrap();
+        assert_eq!(r.body(), "fresh /other");
+        let s = layer.snapshot().shadow;
+        assert_eq!((s.agreed, s.differed, s.unanswered), (1, 1, 0));
+    }
+
+    /// Many tasks on two threads: the limit is never exceeded and every
+    /// place is given back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_calls_never_hold_more_places_than_the_limit() {
+        const LIMIT: usize = 4;
+        let peak = Arc::new(AtomicUsize::new(0));
+        let now = Arc::new(AtomicUsize::new(0));
+        let (p, n) = (peak.clone(), now.clone());
+        let source = Fallback::from_async(move |_, _| {
+            let (p, n) = (p.clone(), n.clone());
+            async move {
+                let inside = n.fetch_add(1, Ordering::SeqCst) + 1;
+                p.fetch_max(inside, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                n.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(ok("secondary"))
+            }
+        })
+        .or_value(ok("default"));
+        let layer = FallbackLayer::new(source).async_limit(LIMIT);
+        let dependency = Dependency::new();
+        dependency.set_up(false);
+        let client = layer.layer(dependency.service());
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let mut bodies = Vec::new();
+                    for _ in 0..200 {
+                        let r = client.clone().oneshot(get("/")).await.unwrap();
+                        bodies.push(r.into_body());
+                    }
+                    bodies
+                })
+            })
+            .collect();
+        let mut answered = 0;
+        for task in tasks {
+            for body in task.await.unwrap() {
+                assert!(body == "secondary" || body == "default", "{body}");
+                answered += 1;
+            }
+        }
+        assert_eq!(answered, 16 * 200);
+        assert!(
+            peak.load(Ordering::SeqCst) <= LIMIT,
+            "peak {}",
+            peak.load(Ordering::SeqCst)
+        );
+        assert_eq!(layer.snapshot().async_waiting, 0);
+        assert_eq!(layer.snapshot().served.get(Cause::Failure), 16 * 200);
+    }
 }
