@@ -1,6 +1,6 @@
 //! The outage demo's fleet (`--redis`): the full stack runs in several
 //! caller processes, each with its own `Breaker`, sharing one circuit
-//! through tower-breaker's Redis store.
+//! through the tower-breaker-redis store.
 //!
 //! The parent (the demo) starts its own `redis-server` on a free port of
 //! 127.0.0.1 (or uses `--redis-url`), keeps the dependency and the bare

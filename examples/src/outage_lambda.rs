@@ -1,6 +1,6 @@
 //! The outage demo's DynamoDB fleet (`--dynamodb`): the full stack runs in
 //! short-lived caller processes, as AWS Lambda instances do, whose
-//! breakers share one circuit through tower-breaker's DynamoDB store.
+//! breakers share one circuit through the tower-breaker-dynamodb store.
 //!
 //! The parent (the demo) starts its own `moto_server` (a local
 //! DynamoDB-compatible server, see `moto.rs`) on a free port of 127.0.0.1,

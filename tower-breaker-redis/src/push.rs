@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_core::Stream;
@@ -39,6 +40,49 @@ struct State {
     sink: Option<PubSubSink>,
     /// The subscriber task runs.
     running: bool,
+    /// Calls of `watch` since the last sweep of dead watchers.
+    watches: usize,
+}
+
+/// The first and the longest wait between two connection attempts of the
+/// subscriber, doubling in between.
+const FIRST_DELAY: Duration = Duration::from_millis(50);
+const MAX_DELAY: Duration = Duration::from_secs(2);
+
+/// The longest wait for the pub/sub connection, its SUBSCRIBE and its
+/// liveness PING.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often a quiet pub/sub connection is checked with a PING.
+const PING_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Every this many calls of `watch`, the keys whose breakers are all gone
+/// are forgotten and unsubscribed (keyed breakers come and go).
+const SWEEP_EVERY: usize = 64;
+
+// === impl State ===
+
+impl State {
+    /// Every [`SWEEP_EVERY`] calls, forgets the keys whose watchers are all
+    /// gone; returns them, to unsubscribe.
+    fn sweep(&mut self) -> Vec<String> {
+        self.watches += 1;
+        if self.watches < SWEEP_EVERY {
+            return Vec::new();
+        }
+        self.watches = 0;
+        let mut gone = Vec::new();
+        self.watchers.retain(|key, list| {
+            list.retain(|w| w.strong_count() > 0);
+            if list.is_empty() {
+                gone.push(key.clone());
+                false
+            } else {
+                true
+            }
+        });
+        gone
+    }
 }
 
 // === impl Push ===
@@ -55,30 +99,45 @@ impl Push {
     /// (best effort: without a runtime, or while the connection is down,
     /// nothing is pushed and the breaker's reads do the work).
     pub(super) fn watch(self: &Arc<Self>, key: String, watcher: Weak<dyn Watcher>) {
-        let (first, sink, start) = {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to run a subscriber on: the reads do the work.
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.watchers.entry(key).or_default().push(watcher);
+            return;
+        };
+        let (first, sink, start, gone) = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let gone = state.sweep();
             let list = state.watchers.entry(key.clone()).or_default();
             list.retain(|w| w.strong_count() > 0);
             let first = list.is_empty();
             list.push(watcher);
-            let start = !state.running && tokio::runtime::Handle::try_current().is_ok();
-            if start {
-                state.running = true;
-            }
-            (first, state.sink.clone(), start)
+            let start = !state.running;
+            state.running = true;
+            (first, state.sink.clone(), start, gone)
         };
         if start {
             let this = Arc::downgrade(self);
-            tokio::spawn(run(this, Arc::clone(&self.dial)));
-        } else if first {
-            if let Some(mut sink) = sink {
-                // A new channel on the live connection; the task subscribes
-                // to every key again after a reconnection.
-                tokio::spawn(async move {
-                    let _ = sink.subscribe(&key).await;
-                });
-            }
+            runtime.spawn(run(this, Arc::clone(&self.dial)));
+        } else if let Some(mut sink) = sink.filter(|_| first || !gone.is_empty()) {
+            // A new channel on the live connection, channels nobody watches
+            // any more off it; after a reconnection the task subscribes to
+            // every watched key again.
+            runtime.spawn(async move {
+                if !gone.is_empty() {
+                    let _ = tokio::time::timeout(SUBSCRIBE_TIMEOUT, sink.unsubscribe(&gone)).await;
+                }
+                if first {
+                    let _ = tokio::time::timeout(SUBSCRIBE_TIMEOUT, sink.subscribe(&key)).await;
+                }
+            });
         }
+    }
+
+    /// The number of keys watched (for the tests of the sweep).
+    #[cfg(test)]
+    fn keys(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).watchers.len()
     }
 
     /// Hands a published message to the watchers of its channel.
@@ -114,9 +173,14 @@ impl Push {
 /// key, hands messages over, and starts again when the connection drops;
 /// ends when the store is gone.
 async fn run(push: Weak<Push>, dial: Dial) {
-    let mut delay = Duration::from_millis(50);
+    let mut delay = FIRST_DELAY;
+    // Whether this streak of failures was already reported at warn level.
+    let mut warned = false;
     loop {
-        let connected = dial().await;
+        let connected = match tokio::time::timeout(SUBSCRIBE_TIMEOUT, dial()).await {
+            Ok(connected) => connected.map_err(|e| e.to_string()),
+            Err(_) => Err(String::from("the pub/sub connection timed out")),
+        };
         let Some(this) = push.upgrade() else { return };
         let (mut sink, stream) = match connected {
             Ok(pubsub) => pubsub.split(),
@@ -124,7 +188,7 @@ async fn run(push: Weak<Push>, dial: Dial) {
                 tracing::debug!(error = %error, "circuit_store_push_unavailable");
                 drop(this);
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
+                delay = (delay * 2).min(MAX_DELAY);
                 continue;
             }
         };
@@ -134,14 +198,67 @@ async fn run(push: Weak<Push>, dial: Dial) {
             state.watchers.keys().cloned().collect()
         };
         drop(this);
-        if !keys.is_empty() && sink.subscribe(&keys).await.is_err() {
-            continue;
+        if !keys.is_empty() {
+            let refused = match tokio::time::timeout(SUBSCRIBE_TIMEOUT, sink.subscribe(&keys)).await {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(_) => Some(String::from("SUBSCRIBE timed out")),
+            };
+            if let Some(error) = refused {
+                // Refused (an ACL without channel rights, say): never a
+                // tight loop of reconnections against the shared server.
+                if let Some(this) = push.upgrade() {
+                    this.state.lock().unwrap_or_else(|e| e.into_inner()).sink = None;
+                }
+                if warned {
+                    tracing::debug!(error = %error, "circuit_store_push_refused");
+                } else {
+                    warned = true;
+                    let hint = if error.contains("NOPERM") {
+                        "the Redis user may not SUBSCRIBE to the store's channels: grant them \
+                         (`&<prefix>*` in its ACL); the breakers' periodic reads still work"
+                    } else {
+                        "the breakers' periodic reads still work; pushes resume when it is accepted"
+                    };
+                    tracing::warn!(error = %error, hint, "circuit_store_push_refused");
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_DELAY);
+                continue;
+            }
         }
-        delay = Duration::from_millis(50);
+        delay = FIRST_DELAY;
+        warned = false;
         let mut stream = Box::pin(stream);
-        while let Some(msg) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
-            let Some(this) = push.upgrade() else { return };
-            this.dispatch(&msg);
+        let mut tick = Box::pin(tokio::time::sleep(PING_INTERVAL));
+        loop {
+            // The next message, or `None` when it is time to check that
+            // the connection is alive: one that dies without a FIN or RST
+            // (a partition, a failover behind a load balancer) would
+            // otherwise be waited on until the kernel gives up.
+            let event = std::future::poll_fn(|cx| {
+                if let Poll::Ready(msg) = stream.as_mut().poll_next(cx) {
+                    return Poll::Ready(Some(msg));
+                }
+                tick.as_mut().poll(cx).map(|()| None)
+            })
+            .await;
+            match event {
+                Some(Some(msg)) => {
+                    let Some(this) = push.upgrade() else { return };
+                    this.dispatch(&msg);
+                }
+                Some(None) => break,
+                None => {
+                    tick.as_mut()
+                        .reset(tokio::time::Instant::now() + PING_INTERVAL);
+                    let ping = sink.ping::<redis::Value>();
+                    if !matches!(tokio::time::timeout(SUBSCRIBE_TIMEOUT, ping).await, Ok(Ok(_))) {
+                        tracing::debug!("circuit_store_push_silent");
+                        break;
+                    }
+                }
+            }
         }
         // Disconnected: messages published meanwhile are lost; the reads
         // cover them.
@@ -149,5 +266,54 @@ async fn run(push: Weak<Push>, dial: Dial) {
             this.state.lock().unwrap_or_else(|e| e.into_inner()).sink = None;
         }
         tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nobody;
+
+    impl Watcher for Nobody {
+        fn decided(self: Arc<Self>, _: Decision) {}
+    }
+
+    fn never_connects() -> Dial {
+        Arc::new(|| {
+            Box::pin(async {
+                Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no server in this test",
+                )))
+            })
+        })
+    }
+
+    #[test]
+    fn watching_without_a_runtime_neither_panics_nor_spawns() {
+        let push = Arc::new(Push::new(never_connects()));
+        let watcher: Arc<dyn Watcher> = Arc::new(Nobody);
+        push.watch("k".into(), Arc::downgrade(&watcher));
+        push.watch("k".into(), Arc::downgrade(&watcher));
+        assert_eq!(push.keys(), 1);
+        assert!(!push.state.lock().unwrap().running);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn keys_whose_breakers_are_gone_are_forgotten() {
+        let push = Arc::new(Push::new(never_connects()));
+        let kept: Arc<dyn Watcher> = Arc::new(Nobody);
+        push.watch("kept".into(), Arc::downgrade(&kept));
+        for i in 0..(4 * SWEEP_EVERY) {
+            let gone: Arc<dyn Watcher> = Arc::new(Nobody);
+            push.watch(format!("key-{i}"), Arc::downgrade(&gone));
+        }
+        assert!(
+            push.keys() <= SWEEP_EVERY + 1,
+            "{} keys kept for one live breaker",
+            push.keys()
+        );
+        assert!(push.state.lock().unwrap().watchers.contains_key("kept"));
     }
 }

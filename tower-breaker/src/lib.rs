@@ -199,6 +199,21 @@
 //! breakers on an axum router) and [`KeyedPlainCircuitBreaker`](keyed::KeyedPlainCircuitBreaker)
 //! ([`KeyedPlainBreakerLayer`](keyed::KeyedPlainBreakerLayer)).
 //!
+//! Why types, not a setting: what differs between the flavours is their
+//! `Service` impl, which a runtime mode cannot change. The client flavour's
+//! error is [`BoxError`] (it adds [`CircuitOpen`](error::CircuitOpen)); the
+//! server flavour keeps the inner error type, which is what lets it sit on
+//! an `axum::Router` (whose services must be `Infallible`), and needs a
+//! `B: Default` body to build its 503; the plain flavour accepts any
+//! request type, where the other two need `http::Request` to read the
+//! gRPC content type and offer the attempt hook. One generic type with a
+//! mode parameter would be these three under one name, with worse
+//! compiler errors. The keyed twins own a registry and a key function
+//! instead of one breaker, and pay a lookup per call that the plain types
+//! do not; tower and tower-http name their variants the same way
+//! (`ConcurrencyLimit` and `GlobalConcurrencyLimit`, `Timeout` and
+//! `RequestBodyTimeout`).
+//!
 //! # Readiness
 //!
 //! Every flavour forwards the inner service's `poll_ready` and decides

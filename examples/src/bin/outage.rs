@@ -36,7 +36,7 @@
 //!
 //! With `--redis`, the full stack runs as a fleet: several caller
 //! processes (this executable again, in a hidden child role), each with its
-//! own `Breaker`, share one circuit through tower-breaker's Redis store; the
+//! own `Breaker`, share one circuit through the tower-breaker-redis store; the
 //! demo starts its own `redis-server` on 127.0.0.1 (see `outage_fleet.rs`)
 //! and adds a fleet line: which process tripped, and how many failures the
 //! others saw before they were rejecting too.
@@ -44,7 +44,7 @@
 //! With `--dynamodb`, the full stack runs in short-lived caller processes,
 //! as AWS Lambda instances do: a few calling at any time, each making 5
 //! calls and exiting, new ones taking over; their breakers share one
-//! circuit through tower-breaker's DynamoDB store, on a `moto_server` the
+//! circuit through the tower-breaker-dynamodb store, on a `moto_server` the
 //! demo starts on 127.0.0.1 (see `outage_lambda.rs`). No process makes
 //! enough calls to open the circuit alone: the fleet's window in the table
 //! opens it. It adds the fleet's lines (each process's calls, the probes)
@@ -171,13 +171,13 @@ usage: outage [--rate N] [--timeout MS] [--duration SECS] [--outage-secs SECS]
                      period 500 ms, budget window 2 s, hang 3 s); flags
                      after it still apply
   --redis            run the full stack as a fleet of caller processes that
-                     share one circuit through Redis (tower-breaker's Redis
+                     share one circuit through Redis (the tower-breaker-redis
                      store); starts its own redis-server on 127.0.0.1
   --redis-url URL    use this Redis instead of starting one (implies --redis)
   --dynamodb         run the full stack as short-lived caller processes (as
                      Lambda instances: each makes 5 calls and exits, new
                      ones take over) that share one circuit through
-                     DynamoDB (tower-breaker's DynamoDB store); starts its
+                     DynamoDB (the tower-breaker-dynamodb store); starts its
                      own moto_server on 127.0.0.1; the rate defaults to
                      40/s (both callers), --rate still applies
   --processes N      caller processes in the fleet (default 4, 2 to 16);
