@@ -381,7 +381,8 @@ impl DynamoDbOptions {
     ///
     /// A [`StoreError`] saying what is wrong: a table name of 3 to 255
     /// letters, digits, `_`, `-` and `.`; a prefix of at most
-    /// [`MAX_PREFIX_LEN`] bytes.
+    /// [`MAX_PREFIX_LEN`] bytes, empty or ending with `:` (so that no two
+    /// prefixes' keys meet: `a:` + `b` and `a` + `:b` would).
     pub fn check(&self) -> Result<(), StoreError> {
         let table_ok = (3..=255).contains(&self.table.len())
             && self
@@ -397,6 +398,12 @@ impl DynamoDbOptions {
         if self.prefix.len() > MAX_PREFIX_LEN {
             return Err(StoreError::new(format!(
                 "invalid key prefix {:?} for the dynamodb circuit store: it is longer than {MAX_PREFIX_LEN} bytes",
+                self.prefix
+            )));
+        }
+        if !self.prefix.is_empty() && !self.prefix.ends_with(':') {
+            return Err(StoreError::new(format!(
+                "invalid key prefix {:?} for the dynamodb circuit store: it must end with ':', so that no other prefix's keys are also its own",
                 self.prefix
             )));
         }
@@ -450,7 +457,9 @@ impl DynamoDbStore {
     }
 
     /// The partition key of the breaker named `name`: the prefix followed
-    /// by the name.
+    /// by the name, its `%` and `:` written `%25` and `%3A`, so that the
+    /// prefix's last `:` is the only one after the prefix and no two
+    /// (prefix, name) pairs share a key.
     ///
     /// # Errors
     ///
@@ -462,7 +471,16 @@ impl DynamoDbStore {
                 "invalid breaker name {name:?} for the dynamodb circuit store: 1 to {MAX_NAME_LEN} bytes"
             )));
         }
-        Ok(format!("{}{name}", self.options.prefix))
+        let mut key = String::with_capacity(self.options.prefix.len() + name.len());
+        key.push_str(&self.options.prefix);
+        for c in name.chars() {
+            match c {
+                '%' => key.push_str("%25"),
+                ':' => key.push_str("%3A"),
+                c => key.push(c),
+            }
+        }
+        Ok(key)
     }
 
     /// The options the store was built with.

@@ -527,11 +527,19 @@ async fn names_tables_and_prefixes_are_checked_at_construction() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("longer than 64 bytes"), "{err}");
+    let err = DynamoDbStore::new(client.clone(), DynamoDbOptions::new().prefix("a")).unwrap_err();
+    assert!(err.to_string().contains("must end with ':'"), "{err}");
+    // No two (prefix, name) pairs share a key.
+    let a = DynamoDbStore::new(client.clone(), DynamoDbOptions::new().prefix("a:")).unwrap();
+    let ab = DynamoDbStore::new(client.clone(), DynamoDbOptions::new().prefix("a:b:")).unwrap();
+    assert_eq!(a.key(":b").unwrap(), "a:%3Ab");
+    assert_ne!(a.key("b:c").unwrap(), ab.key("c").unwrap());
+    assert_ne!(a.key("%3Ab").unwrap(), a.key(":b").unwrap());
     let store =
         Arc::new(DynamoDbStore::new(client, DynamoDbOptions::new().prefix("shop:")).unwrap());
     assert_eq!(
         store.key("routes:/users/{id} é").unwrap(),
-        "shop:routes:/users/{id} é"
+        "shop:routes%3A/users/{id} é"
     );
     assert!(store.key("").is_err());
     assert!(store.key(&"n".repeat(201)).is_err());

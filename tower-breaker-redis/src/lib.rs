@@ -350,10 +350,23 @@ impl RedisOptions {
     ///
     /// # Errors
     ///
-    /// [`InvalidName`] if the prefix is too long or holds a character that
-    /// is not allowed.
+    /// [`InvalidName`] if the prefix is too long, holds a character that
+    /// is not allowed, or does not end with `:` (an empty prefix is
+    /// allowed). With the `:`, and names whose `:` are written `%3A`, no
+    /// two (prefix, name) pairs share a key: `a:` + `b` is `a:b`, `a:` +
+    /// `:b` is `a:%3Ab`, and `a` is refused.
     pub fn check(&self) -> Result<(), InvalidName> {
-        check(&self.prefix, "key prefix", 0, MAX_PREFIX_LEN)
+        check(&self.prefix, "key prefix", 0, MAX_PREFIX_LEN)?;
+        if !self.prefix.is_empty() && !self.prefix.ends_with(':') {
+            return Err(InvalidName {
+                what: "key prefix",
+                name: self.prefix.clone(),
+                reason: String::from(
+                    "it must end with ':', so that no other prefix's keys are also its own",
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -404,9 +417,11 @@ impl RedisStore {
 
     /// The Redis key of the breaker named `name`: the prefix followed by
     /// the name, percent-encoded: ASCII letters, digits and
-    /// `- _ . : / @ + = ~ ,` stay as they are, every other byte (of the
-    /// name's UTF-8) becomes `%XX`. Distinct names give distinct keys, and
-    /// no key holds a space, a glob character or a Redis Cluster hash tag.
+    /// `- _ . / @ + = ~ ,` stay as they are, every other byte (of the
+    /// name's UTF-8, `:` included) becomes `%XX`. Distinct names give
+    /// distinct keys, the prefix's last `:` is the only one after the
+    /// prefix (so no two prefixes' keys meet), and no key holds a space, a
+    /// glob character or a Redis Cluster hash tag.
     ///
     /// # Errors
     ///
@@ -420,8 +435,8 @@ impl RedisStore {
     /// use tower_breaker_redis::{RedisOptions, RedisStore};
     ///
     /// let store = RedisStore::connect_lazy("redis://127.0.0.1:6379", RedisOptions::new())?;
-    /// assert_eq!(store.key("routes:/users/{id}")?, "tower-breaker:routes:/users/%7Bid%7D");
-    /// assert_eq!(store.key("hosts:[::1]:8080")?, "tower-breaker:hosts:%5B%3A%3A1%5D:8080");
+    /// assert_eq!(store.key("routes/users/{id}")?, "tower-breaker:routes/users/%7Bid%7D");
+    /// assert_eq!(store.key("[::1]:8080")?, "tower-breaker:%5B%3A%3A1%5D%3A8080");
     /// # Ok(())
     /// # }
     /// ```
@@ -441,7 +456,9 @@ impl RedisStore {
         key.push_str(&self.options.prefix);
         for byte in name.bytes() {
             let c = char::from(byte);
-            if byte.is_ascii() && allowed(c) {
+            // A `:` of a name is encoded: the prefix's last `:` is the only
+            // one between the prefix and the name (see `RedisOptions::check`).
+            if byte.is_ascii() && allowed(c) && c != ':' {
                 key.push(c);
             } else {
                 key.push('%');
@@ -698,6 +715,20 @@ fn unexpected(script: &str, reply: &[i64]) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn no_two_prefix_and_name_pairs_share_a_key() {
+        let store = |prefix: &str| {
+            RedisStore::connect_lazy("redis://127.0.0.1:1", RedisOptions::new().prefix(prefix))
+        };
+        assert!(store("a").is_err(), "a prefix ends with ':'");
+        assert!(store("").is_ok() && store("a:b:").is_ok());
+        let (a, ab) = (store("a:").unwrap(), store("a:b:").unwrap());
+        assert_eq!(a.key(":b").unwrap(), "a:%3Ab");
+        assert_ne!(a.key(":b").unwrap(), a.key("b").unwrap());
+        assert_ne!(a.key("b:c").unwrap(), ab.key("c").unwrap());
+        assert_eq!(ab.key("c").unwrap(), "a:b:c");
+    }
 
     #[test]
     fn names_are_checked() {

@@ -137,7 +137,11 @@ impl Push {
     /// The number of keys watched (for the tests of the sweep).
     #[cfg(test)]
     fn keys(&self) -> usize {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).watchers.len()
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .watchers
+            .len()
     }
 
     /// Hands a published message to the watchers of its channel.
@@ -199,7 +203,8 @@ async fn run(push: Weak<Push>, dial: Dial) {
         };
         drop(this);
         if !keys.is_empty() {
-            let refused = match tokio::time::timeout(SUBSCRIBE_TIMEOUT, sink.subscribe(&keys)).await {
+            let refused = match tokio::time::timeout(SUBSCRIBE_TIMEOUT, sink.subscribe(&keys)).await
+            {
                 Ok(Ok(())) => None,
                 Ok(Err(error)) => Some(error.to_string()),
                 Err(_) => Some(String::from("SUBSCRIBE timed out")),
@@ -253,7 +258,10 @@ async fn run(push: Weak<Push>, dial: Dial) {
                     tick.as_mut()
                         .reset(tokio::time::Instant::now() + PING_INTERVAL);
                     let ping = sink.ping::<redis::Value>();
-                    if !matches!(tokio::time::timeout(SUBSCRIBE_TIMEOUT, ping).await, Ok(Ok(_))) {
+                    if !matches!(
+                        tokio::time::timeout(SUBSCRIBE_TIMEOUT, ping).await,
+                        Ok(Ok(_))
+                    ) {
                         tracing::debug!("circuit_store_push_silent");
                         break;
                     }
