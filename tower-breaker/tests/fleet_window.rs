@@ -160,6 +160,7 @@ struct CountingStore {
     reports: std::sync::atomic::AtomicU64,
     reads: std::sync::atomic::AtomicU64,
     calls: std::sync::atomic::AtomicU64,
+    failures: std::sync::atomic::AtomicU64,
 }
 
 impl CountingStore {
@@ -209,6 +210,71 @@ impl Store for CountingStore {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.calls
             .fetch_add(report.calls, std::sync::atomic::Ordering::SeqCst);
+        self.failures
+            .fetch_add(report.failures, std::sync::atomic::Ordering::SeqCst);
         self.inner.report(name, report, rule)
     }
+}
+
+/// Many threads record outcomes while reports race (a flush for the
+/// failures and the periodic refresh, each from any thread): once the last
+/// report is in, the store has been told every call exactly once, never a
+/// share twice, and never failures without their calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_reports_tell_the_store_every_call_exactly_once() {
+    // One round in about a hundred raced before the fix: five rounds.
+    for _ in 0..5 {
+        race_reports().await;
+    }
+}
+
+async fn race_reports() {
+    const TASKS: usize = 8;
+    const CALLS: usize = 4_000;
+    let store = Arc::new(CountingStore::default());
+    let breaker = Breaker::with_config(
+        "payments",
+        BreakerConfig::new()
+            .count_window(1_000)
+            .minimum_calls(1_000)
+            .failure_rate(1.0)
+            .fleet(
+                FleetConfig::new(store.clone())
+                    .refresh_interval(Duration::from_millis(1))
+                    .flush_interval(Duration::from_millis(1)),
+            ),
+    );
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let b = breaker.clone();
+            tokio::spawn(async move {
+                for i in 0..CALLS {
+                    let outcome = if (i + t) % 10 == 0 {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    };
+                    b.try_acquire().expect("never opens").record(outcome);
+                    if i % 64 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // The last outcomes go with the next report.
+    let made = breaker.snapshot().totals.calls();
+    assert_eq!(made, (TASKS * CALLS) as u64);
+    let start = std::time::Instant::now();
+    while store.reported() < made && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        drop(breaker.try_acquire());
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.reported(), made, "every call reported exactly once");
+    let failures = store.failures.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(failures, breaker.snapshot().totals.failed);
 }

@@ -184,15 +184,21 @@ impl Core {
     /// what the store decided.
     fn sync(self: &Arc<Self>, link: &StoreLink, now: u64) {
         let report = link.fleet.and_then(|rule| {
+            // The totals are read under the lock, so racing syncs see them
+            // in order: each reports what the one before it did not, and
+            // `reported` never moves back (which would report a share
+            // twice).
+            let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
             let totals = self.totals();
             let now_totals = [totals.calls(), totals.failed, totals.slow];
-            let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
-            let delta = Report {
-                calls: now_totals[0].saturating_sub(reported[0]),
-                failures: now_totals[1].saturating_sub(reported[1]),
-                slow: now_totals[2].saturating_sub(reported[2]),
-            };
-            *reported = now_totals;
+            let delta = Report::new(
+                now_totals[0].saturating_sub(reported[0]),
+                now_totals[1].saturating_sub(reported[1]),
+                now_totals[2].saturating_sub(reported[2]),
+            );
+            for (seen, now) in reported.iter_mut().zip(now_totals) {
+                *seen = (*seen).max(now);
+            }
             (!delta.is_empty()).then_some((delta, rule))
         });
         if report.is_some() {
