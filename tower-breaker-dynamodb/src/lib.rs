@@ -189,6 +189,24 @@ pub const MAX_NAME_LEN: usize = 200;
 /// The longest key prefix: 64 bytes.
 pub const MAX_PREFIX_LEN: usize = 64;
 
+/// Whether DynamoDB refused a request with this error code before running
+/// it: throttling, a missing table, a permission, a bad request. Any other
+/// failure (a timeout, an internal error, no answer) may have been
+/// applied.
+fn refused_before_running(code: &str) -> bool {
+    matches!(
+        code,
+        "ProvisionedThroughputExceededException"
+            | "ThrottlingException"
+            | "RequestLimitExceeded"
+            | "ResourceNotFoundException"
+            | "AccessDeniedException"
+            | "UnrecognizedClientException"
+            | "ValidationException"
+            | "ConditionalCheckFailedException"
+    )
+}
+
 /// How often a store call reads and decides again after losing a race of
 /// conditional writes before it gives up with an error.
 const MAX_TRIES: usize = 8;
@@ -607,13 +625,19 @@ impl DynamoDbStore {
         } else {
             ""
         };
-        StoreError::with_source(
+        let not_applied = e.code().is_some_and(refused_before_running);
+        let error = StoreError::with_source(
             format!(
                 "dynamodb table {:?}: could not {what}: {detail}{hint}",
                 self.options.table
             ),
             e,
-        )
+        );
+        if not_applied {
+            error.not_applied()
+        } else {
+            error
+        }
     }
 
     /// Runs `op` bounded by the timeout.

@@ -1162,3 +1162,32 @@ async fn an_election_won_whose_answer_was_lost_is_still_won() {
     );
     assert!(store.close("lost", token).await.unwrap());
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_report_to_a_missing_table_is_known_not_applied() {
+    let Some(server) =
+        MotoServer::start_or_skip("a_report_to_a_missing_table_is_known_not_applied")
+    else {
+        return;
+    };
+    // No such table: the report never ran, so the breaker reports it again.
+    let missing = DynamoDbStore::new(
+        server.client(),
+        DynamoDbOptions::new()
+            .table("no-such-table")
+            .timeout(Duration::from_secs(10)),
+    )
+    .unwrap();
+    let rule = FleetRule::new(10, Duration::from_secs(1), Duration::from_secs(5));
+    let err = missing
+        .report("payments", Report::new(3, 3, 0), rule)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_applied(), "{err}");
+    // A table that exists: nothing refused.
+    let store = process(&server, 0).await;
+    assert!(store
+        .report("payments", Report::new(3, 0, 0), rule)
+        .await
+        .is_ok());
+}

@@ -495,7 +495,15 @@ impl RedisStore {
         let call = invocation.invoke_async::<Vec<i64>>(&mut conn);
         match tokio::time::timeout(self.options.timeout, call).await {
             Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(e)) => Err(StoreError::with_source("redis call failed", e)),
+            Ok(Err(e)) => {
+                let not_applied = never_ran(&e);
+                let error = StoreError::with_source("redis call failed", e);
+                Err(if not_applied {
+                    error.not_applied()
+                } else {
+                    error
+                })
+            }
             Err(elapsed) => Err(StoreError::with_source(
                 format!("no answer from redis within {:?}", self.options.timeout),
                 elapsed,
@@ -663,6 +671,30 @@ fn script(body: &str) -> Script {
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
+/// Whether a failed call certainly did not run its script: the
+/// connection was refused, or the server refused the command before
+/// running it (permissions, memory, a read-only replica, a node loading or
+/// busy, a cluster that cannot serve). A timeout or a connection lost
+/// mid-call may have run it.
+fn never_ran(error: &redis::RedisError) -> bool {
+    const REFUSED_BEFORE_RUNNING: [&str; 10] = [
+        "NOPERM",
+        "NOAUTH",
+        "WRONGPASS",
+        "OOM",
+        "READONLY",
+        "LOADING",
+        "BUSY",
+        "MASTERDOWN",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+    ];
+    error.is_connection_refusal()
+        || error
+            .code()
+            .is_some_and(|code| REFUSED_BEFORE_RUNNING.contains(&code))
+}
+
 fn allowed(c: char) -> bool {
     c.is_ascii_alphanumeric() || "-_.:/@+=~,".contains(c)
 }
@@ -715,6 +747,21 @@ fn unexpected(script: &str, reply: &[i64]) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_calls_that_never_ran_are_not_applied() {
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(never_ran(&refused));
+        let reset =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(
+            !never_ran(&reset),
+            "the script may have run before the reset"
+        );
+        let timed_out = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(!never_ran(&timed_out));
+    }
 
     #[tokio::test]
     async fn no_two_prefix_and_name_pairs_share_a_key() {

@@ -207,6 +207,12 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// before those never counts in the next closed period. Reports while
     /// the circuit is open are not evidence.
     ///
+    /// A report that fails with an error marked
+    /// [`not_applied`](StoreError::not_applied) is sent again, added to the
+    /// breaker's next one; mark only errors that certainly left the store
+    /// unchanged, or the fleet's window counts those outcomes twice. Any
+    /// other error drops the report's outcomes.
+    ///
     /// The default implementation ignores the report and reads: a store
     /// without it shares decisions, not evidence.
     fn report<'a>(
@@ -541,6 +547,7 @@ pub struct ProbeToken {
 pub struct StoreError {
     message: String,
     source: Option<BoxError>,
+    not_applied: bool,
 }
 
 /// The default time a store keeps a record after its T (the end of its
@@ -705,6 +712,7 @@ impl StoreError {
         Self {
             message: message.into(),
             source: None,
+            not_applied: false,
         }
     }
 
@@ -713,7 +721,38 @@ impl StoreError {
         Self {
             message: message.into(),
             source: Some(source.into()),
+            not_applied: false,
         }
+    }
+
+    /// This error, known to have left the store unchanged: the call never
+    /// reached it (a refused connection) or was refused before it ran
+    /// (throttling, a missing table, a permission). A breaker whose
+    /// [report](Store::report) fails this way reports the same outcomes
+    /// again with its next one; after any other error (a timeout, a
+    /// connection lost mid-call) the store may have counted them, and
+    /// they are not sent twice.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::store::StoreError;
+    ///
+    /// let refused = StoreError::new("connection refused").not_applied();
+    /// assert!(refused.is_not_applied());
+    /// assert!(!StoreError::new("timed out").is_not_applied());
+    /// ```
+    #[must_use]
+    pub fn not_applied(mut self) -> Self {
+        self.not_applied = true;
+        self
+    }
+
+    /// Whether the store is known to be unchanged by the call that failed
+    /// (see [`not_applied`](Self::not_applied)).
+    #[must_use]
+    pub fn is_not_applied(&self) -> bool {
+        self.not_applied
     }
 }
 

@@ -268,7 +268,7 @@ async fn race_reports() {
     // The last outcomes go with the next report.
     let made = breaker.snapshot().totals.calls();
     assert_eq!(made, (TASKS * CALLS) as u64);
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     while store.reported() < made && start.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(5)).await;
         drop(breaker.try_acquire());
@@ -277,4 +277,108 @@ async fn race_reports() {
     assert_eq!(store.reported(), made, "every call reported exactly once");
     let failures = store.failures.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(failures, breaker.snapshot().totals.failed);
+}
+
+/// A store whose reports fail the first `refusals` times, with an error
+/// known not to have been applied (`not_applied`) or not.
+#[derive(Debug)]
+struct Refusing {
+    inner: CountingStore,
+    refusals: std::sync::atomic::AtomicU32,
+    known_not_applied: bool,
+}
+
+impl Store for Refusing {
+    fn try_open<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+    ) -> tower_breaker::store::StoreFuture<'a, Duration> {
+        self.inner.try_open(name, open_for)
+    }
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+        lease: Duration,
+    ) -> tower_breaker::store::StoreFuture<'a, tower_breaker::store::Election> {
+        self.inner.try_acquire_probe(name, open_for, lease)
+    }
+    fn close<'a>(
+        &'a self,
+        name: &'a str,
+        token: tower_breaker::store::ProbeToken,
+    ) -> tower_breaker::store::StoreFuture<'a, bool> {
+        self.inner.close(name, token)
+    }
+    fn read<'a>(&'a self, name: &'a str) -> tower_breaker::store::StoreFuture<'a, Decision> {
+        self.inner.read(name)
+    }
+    fn report<'a>(
+        &'a self,
+        name: &'a str,
+        report: Report,
+        rule: FleetRule,
+    ) -> tower_breaker::store::StoreFuture<'a, Decision> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let refuse = self
+            .refusals
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refuse {
+            let error = tower_breaker::store::StoreError::new("refused");
+            let error = if self.known_not_applied {
+                error.not_applied()
+            } else {
+                error
+            };
+            return Box::pin(async move { Err(error) });
+        }
+        self.inner.report(name, report, rule)
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_report_known_not_applied_goes_again_and_an_uncertain_one_does_not() {
+    for known_not_applied in [true, false] {
+        let store = Arc::new(Refusing {
+            inner: CountingStore::default(),
+            refusals: std::sync::atomic::AtomicU32::new(3),
+            known_not_applied,
+        });
+        let b = Breaker::with_config(
+            "payments",
+            BreakerConfig::new()
+                .count_window(1_000)
+                .minimum_calls(1_000)
+                .fleet(FleetConfig::new(store.clone()).flush_interval(ms(100))),
+        );
+        // Five rounds of 10 calls (one failure each), a report after each.
+        for _ in 0..5 {
+            for i in 0..10 {
+                let outcome = if i == 0 {
+                    Outcome::Failure
+                } else {
+                    Outcome::Success
+                };
+                b.try_acquire().unwrap().record(outcome);
+            }
+            settle().await;
+            tokio::time::advance(ms(100)).await;
+        }
+        b.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        let told = store.inner.reported();
+        if known_not_applied {
+            assert_eq!(
+                told, 51,
+                "the refused reports went again with the next ones"
+            );
+        } else {
+            assert!(
+                told < 51,
+                "a report that may have been applied is not sent twice: {told}"
+            );
+        }
+    }
 }

@@ -215,7 +215,16 @@ impl Core {
                         open_for: Duration::from_nanos(core.open_period(0)),
                         ..rule
                     };
-                    link.store.report(&core.name, report, rule).await
+                    let result = link.store.report(&core.name, report, rule).await;
+                    if matches!(&result, Err(e) if e.is_not_applied()) {
+                        // Never counted: the next report carries them.
+                        let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
+                        let delta = [report.calls, report.failures, report.slow];
+                        for (seen, sent) in reported.iter_mut().zip(delta) {
+                            *seen = seen.saturating_sub(sent);
+                        }
+                    }
+                    result
                 }
                 None => link.store.read(&core.name).await,
             };
