@@ -12,43 +12,20 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use support::{config, Scripted, Step};
-use tower::{service_fn, BoxError, Layer, ServiceExt};
+use support::{config, counts, streaming, Scripted, Step};
+use tower::{service_fn, Layer, ServiceExt};
 use tower_breaker::config::CallEnd;
 use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Mode, State};
 
-/// A dependency whose every answer is `200` with `steps` as the body.
-fn answering(
-    steps: Vec<Step>,
-    calls: &Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Request<String>,
-    Response = Response<Scripted>,
-    Error = BoxError,
-    Future = impl Send,
-> + Clone {
-    let calls = calls.clone();
-    service_fn(move |_req: Request<String>| {
-        calls.fetch_add(1, Ordering::SeqCst);
-        let body = Scripted::new(steps.clone());
-        async move { Ok::<_, BoxError>(Response::new(body)) }
-    })
-}
-
 fn breaker(config: BreakerConfig) -> Breaker {
     Breaker::with_config("dependency", config)
-}
-
-fn counts(breaker: &Breaker) -> (u64, u64, u64) {
-    let t = breaker.snapshot().totals;
-    (t.successful, t.failed, t.ignored)
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_good_body_counts_one_success_when_it_ends_not_at_the_head() {
     let calls = Arc::new(AtomicUsize::new(0));
     let breaker = breaker(config());
-    let svc = BreakerLayer::new(breaker.clone()).layer(answering(
+    let svc = BreakerLayer::new(breaker.clone()).layer(streaming(
         vec![Step::Data("a"), Step::Wait(10), Step::Data("b")],
         &calls,
     ));
@@ -65,7 +42,7 @@ async fn a_body_that_fails_after_a_good_head_counts_as_a_failure() {
     let calls = Arc::new(AtomicUsize::new(0));
     let breaker = breaker(config());
     let svc = BreakerLayer::new(breaker.clone())
-        .layer(answering(vec![Step::Data("a"), Step::Fail], &calls));
+        .layer(streaming(vec![Step::Data("a"), Step::Fail], &calls));
     let response = svc.oneshot(Request::new(String::new())).await.unwrap();
     assert_eq!(response.status(), 200);
     let err = response.into_body().collect().await.unwrap_err();
@@ -78,7 +55,7 @@ async fn a_body_dropped_half_read_counts_as_its_head_said() {
     let calls = Arc::new(AtomicUsize::new(0));
     let breaker = breaker(config());
     let svc = BreakerLayer::new(breaker.clone())
-        .layer(answering(vec![Step::Data("a"), Step::Stall], &calls));
+        .layer(streaming(vec![Step::Data("a"), Step::Stall], &calls));
     let response = svc.oneshot(Request::new(String::new())).await.unwrap();
     let mut body = response.into_body();
     body.frame().await.unwrap().unwrap();
@@ -92,7 +69,7 @@ async fn a_grpc_status_in_the_trailers_counts_as_the_trailers_say() {
     let calls = Arc::new(AtomicUsize::new(0));
     let breaker = breaker(config());
     for (code, want) in [(14, (0, 1, 0)), (0, (1, 1, 0)), (5, (2, 1, 0))] {
-        let svc = BreakerLayer::new(breaker.clone()).layer(answering(
+        let svc = BreakerLayer::new(breaker.clone()).layer(streaming(
             vec![Step::Data("message"), Step::GrpcStatus(code)],
             &calls,
         ));
@@ -120,7 +97,7 @@ async fn a_probe_lasts_until_its_body_ends() {
             .minimum_calls(2)
             .open_period(Duration::from_secs(1)),
     );
-    let svc = BreakerLayer::new(breaker.clone()).layer(answering(
+    let svc = BreakerLayer::new(breaker.clone()).layer(streaming(
         vec![Step::Data("a"), Step::Wait(50), Step::Fail],
         &calls,
     ));
@@ -166,7 +143,7 @@ async fn slow_call_timing_ends_at_the_body_by_default_and_at_the_head_when_asked
             config = config.slow_call_end(end);
         }
         let breaker = breaker(config);
-        let svc = BreakerLayer::new(breaker.clone()).layer(answering(steps.clone(), &calls));
+        let svc = BreakerLayer::new(breaker.clone()).layer(streaming(steps.clone(), &calls));
         let response = svc.oneshot(Request::new(String::new())).await.unwrap();
         response.into_body().collect().await.unwrap();
         let s = breaker.snapshot();
@@ -208,7 +185,7 @@ async fn an_untracked_mode_leaves_nothing_to_settle() {
     let breaker = breaker(config());
     breaker.set_mode(Mode::Disabled);
     let svc = BreakerLayer::new(breaker.clone())
-        .layer(answering(vec![Step::Data("a"), Step::Fail], &calls));
+        .layer(streaming(vec![Step::Data("a"), Step::Fail], &calls));
     let response = svc.oneshot(Request::new(String::new())).await.unwrap();
     assert!(!response.body().is_pending());
     let _ = response.into_body().collect().await;

@@ -153,7 +153,8 @@ async fn the_closed_path_sends_at_most_one_report_per_flush_interval() {
     assert_eq!(store.reported(), 10_000, "every outcome reported once");
 }
 
-/// A MemoryStore that counts its calls and the outcomes reported to it.
+/// A MemoryStore that counts its calls and the outcomes reported to it,
+/// and can refuse its next reports.
 #[derive(Debug, Default)]
 struct CountingStore {
     inner: MemoryStore,
@@ -161,6 +162,10 @@ struct CountingStore {
     reads: std::sync::atomic::AtomicU64,
     calls: std::sync::atomic::AtomicU64,
     failures: std::sync::atomic::AtomicU64,
+    /// Reports still to refuse, and whether with an error known not to
+    /// have been applied.
+    refusals: std::sync::atomic::AtomicU32,
+    refused_not_applied: std::sync::atomic::AtomicBool,
 }
 
 impl CountingStore {
@@ -170,6 +175,11 @@ impl CountingStore {
     }
     fn reported(&self) -> u64 {
         self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn refuse_reports(&self, n: u32, not_applied: bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.refused_not_applied.store(not_applied, SeqCst);
+        self.refusals.store(n, SeqCst);
     }
 }
 
@@ -206,6 +216,20 @@ impl Store for CountingStore {
         report: Report,
         rule: FleetRule,
     ) -> tower_breaker::store::StoreFuture<'a, Decision> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self
+            .refusals
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            let error = tower_breaker::store::StoreError::new("refused");
+            let error = if self.refused_not_applied.load(SeqCst) {
+                error.not_applied()
+            } else {
+                error
+            };
+            return Box::pin(async move { Err(error) });
+        }
         self.reports
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.calls
@@ -279,73 +303,11 @@ async fn race_reports() {
     assert_eq!(failures, breaker.snapshot().totals.failed);
 }
 
-/// A store whose reports fail the first `refusals` times, with an error
-/// known not to have been applied (`not_applied`) or not.
-#[derive(Debug)]
-struct Refusing {
-    inner: CountingStore,
-    refusals: std::sync::atomic::AtomicU32,
-    known_not_applied: bool,
-}
-
-impl Store for Refusing {
-    fn try_open<'a>(
-        &'a self,
-        name: &'a str,
-        open_for: Duration,
-    ) -> tower_breaker::store::StoreFuture<'a, Duration> {
-        self.inner.try_open(name, open_for)
-    }
-    fn try_acquire_probe<'a>(
-        &'a self,
-        name: &'a str,
-        open_for: Duration,
-        lease: Duration,
-    ) -> tower_breaker::store::StoreFuture<'a, tower_breaker::store::Election> {
-        self.inner.try_acquire_probe(name, open_for, lease)
-    }
-    fn close<'a>(
-        &'a self,
-        name: &'a str,
-        token: tower_breaker::store::ProbeToken,
-    ) -> tower_breaker::store::StoreFuture<'a, bool> {
-        self.inner.close(name, token)
-    }
-    fn read<'a>(&'a self, name: &'a str) -> tower_breaker::store::StoreFuture<'a, Decision> {
-        self.inner.read(name)
-    }
-    fn report<'a>(
-        &'a self,
-        name: &'a str,
-        report: Report,
-        rule: FleetRule,
-    ) -> tower_breaker::store::StoreFuture<'a, Decision> {
-        use std::sync::atomic::Ordering::SeqCst;
-        let refuse = self
-            .refusals
-            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if refuse {
-            let error = tower_breaker::store::StoreError::new("refused");
-            let error = if self.known_not_applied {
-                error.not_applied()
-            } else {
-                error
-            };
-            return Box::pin(async move { Err(error) });
-        }
-        self.inner.report(name, report, rule)
-    }
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_report_known_not_applied_goes_again_and_an_uncertain_one_does_not() {
     for known_not_applied in [true, false] {
-        let store = Arc::new(Refusing {
-            inner: CountingStore::default(),
-            refusals: std::sync::atomic::AtomicU32::new(3),
-            known_not_applied,
-        });
+        let store = Arc::new(CountingStore::default());
+        store.refuse_reports(3, known_not_applied);
         let b = Breaker::with_config(
             "payments",
             BreakerConfig::new()
@@ -368,7 +330,7 @@ async fn a_report_known_not_applied_goes_again_and_an_uncertain_one_does_not() {
         }
         b.try_acquire().unwrap().record(Outcome::Failure);
         settle().await;
-        let told = store.inner.reported();
+        let told = store.reported();
         if known_not_applied {
             assert_eq!(
                 told, 51,

@@ -13,7 +13,7 @@ use support::*;
 use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::keyed::{KeyedHttpBreakerLayer, KeyedPlainBreakerLayer};
-use tower_breaker::{BreakerRegistry, Classify, KeyedBreakerLayer, Mode, Outcome, State};
+use tower_breaker::{BreakerRegistry, KeyedBreakerLayer, Mode, State};
 use tower_resilience_base::error::LocalRejection;
 
 fn by_host(req: &Request<String>) -> String {
@@ -31,35 +31,6 @@ where
     S: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone,
 {
     svc.clone().oneshot(to(host)).await
-}
-
-/// Judges 503 a success (the dependency sheds load on purpose) and every
-/// other status like the default classifier.
-#[derive(Debug, Clone, Copy)]
-struct Lenient503;
-
-impl<B> Classify<Response<B>> for Lenient503 {
-    fn classify_response(&self, response: &Response<B>) -> Outcome {
-        if response.status() == StatusCode::SERVICE_UNAVAILABLE {
-            Outcome::Success
-        } else {
-            tower_breaker::DefaultClassifier.classify_response(response)
-        }
-    }
-}
-
-/// A classifier with state (not zero-sized): only `status` fails.
-#[derive(Debug, Clone, Copy)]
-struct FailsOn(u16);
-
-impl<B> Classify<Response<B>> for FailsOn {
-    fn classify_response(&self, response: &Response<B>) -> Outcome {
-        if response.status().as_u16() == self.0 {
-            Outcome::Failure
-        } else {
-            Outcome::Success
-        }
-    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -16,33 +16,10 @@ mod body {
     use tower::{service_fn, BoxError, Layer, ServiceBuilder, ServiceExt};
     use tower_breaker::{Breaker, BreakerConfig, BreakerLayer};
 
-    use super::support::{self, config, Scripted, Step};
-
-    /// A dependency whose every answer is `200` with `steps` as the body.
-    fn answering(
-        steps: Vec<Step>,
-        calls: &Arc<AtomicUsize>,
-    ) -> impl tower::Service<
-        Request<String>,
-        Response = Response<Scripted>,
-        Error = BoxError,
-        Future = impl Send,
-    > + Clone {
-        let calls = calls.clone();
-        service_fn(move |_req: Request<String>| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            let body = Scripted::new(steps.clone());
-            async move { Ok::<_, BoxError>(Response::new(body)) }
-        })
-    }
+    use super::support::{self, config, counts, streaming, Scripted, Step};
 
     fn breaker(config: BreakerConfig) -> Breaker {
         Breaker::with_config("dependency", config)
-    }
-
-    fn counts(breaker: &Breaker) -> (u64, u64, u64) {
-        let t = breaker.snapshot().totals;
-        (t.successful, t.failed, t.ignored)
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -105,7 +82,7 @@ mod body {
         let svc = ServiceBuilder::new()
             .layer(BreakerLayer::new(breaker.clone()))
             .layer(support::retry())
-            .service(answering(vec![Step::Wait(5), Step::Data("ok")], &calls));
+            .service(streaming(vec![Step::Wait(5), Step::Data("ok")], &calls));
         let response = svc.oneshot(Request::new(String::new())).await.unwrap();
         assert_eq!(counts(&breaker), (0, 0, 0));
         response.into_body().collect().await.unwrap();
@@ -121,13 +98,13 @@ mod body {
         let calls = Arc::new(AtomicUsize::new(0));
         let breaker = breaker(config().count_window(1000).minimum_calls(1000));
         let read = BreakerLayer::new(breaker.clone())
-            .layer(answering(vec![Step::Data("a"), Step::Data("b")], &calls));
+            .layer(streaming(vec![Step::Data("a"), Step::Data("b")], &calls));
         let fail = BreakerLayer::new(breaker.clone())
-            .layer(answering(vec![Step::Data("a"), Step::Fail], &calls));
+            .layer(streaming(vec![Step::Data("a"), Step::Fail], &calls));
         let retried = ServiceBuilder::new()
             .layer(BreakerLayer::new(breaker.clone()))
             .layer(support::retry())
-            .service(answering(vec![Step::Data("a"), Step::Data("b")], &calls));
+            .service(streaming(vec![Step::Data("a"), Step::Data("b")], &calls));
         let mut tasks = Vec::new();
         for t in 0..TASKS {
             let (read, fail, retried) = (read.clone(), fail.clone(), retried.clone());
@@ -229,9 +206,9 @@ mod body {
 
 /// Keyed breakers over a retry layer: each key's hook.
 mod keyed {
-    use http::{Request, Response, StatusCode};
+    use http::{Request, Response};
     use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-    use tower_breaker::{BreakerRegistry, Classify, KeyedBreakerLayer, Outcome};
+    use tower_breaker::{BreakerRegistry, KeyedBreakerLayer};
 
     use super::support::*;
 
@@ -247,35 +224,6 @@ mod keyed {
             .body(String::new())
             .unwrap();
         svc.clone().oneshot(req).await
-    }
-
-    /// Judges 503 a success (the dependency sheds load on purpose) and every
-    /// other status like the default classifier.
-    #[derive(Debug, Clone, Copy)]
-    struct Lenient503;
-
-    impl<B> Classify<Response<B>> for Lenient503 {
-        fn classify_response(&self, response: &Response<B>) -> Outcome {
-            if response.status() == StatusCode::SERVICE_UNAVAILABLE {
-                Outcome::Success
-            } else {
-                tower_breaker::DefaultClassifier.classify_response(response)
-            }
-        }
-    }
-
-    /// A classifier with state (not zero-sized): only `status` fails.
-    #[derive(Debug, Clone, Copy)]
-    struct FailsOn(u16);
-
-    impl<B> Classify<Response<B>> for FailsOn {
-        fn classify_response(&self, response: &Response<B>) -> Outcome {
-            if response.status().as_u16() == self.0 {
-                Outcome::Failure
-            } else {
-                Outcome::Success
-            }
-        }
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -283,3 +283,56 @@ impl http_body::Body for Scripted {
         self.steps.is_empty() && self.sleep.is_none()
     }
 }
+
+/// A dependency whose every answer is `200` with `steps` as the body;
+/// counts its calls in `calls`.
+pub fn streaming(
+    steps: Vec<Step>,
+    calls: &Arc<AtomicUsize>,
+) -> impl Service<Request<String>, Response = Response<Scripted>, Error = BoxError, Future = impl Send>
+       + Clone {
+    let calls = calls.clone();
+    service_fn(move |_req: Request<String>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let body = Scripted::new(steps.clone());
+        async move { Ok::<_, BoxError>(Response::new(body)) }
+    })
+}
+
+/// A breaker's (successful, failed, ignored) totals.
+pub fn counts(breaker: &Breaker) -> (u64, u64, u64) {
+    let t = breaker.snapshot().totals;
+    (t.successful, t.failed, t.ignored)
+}
+
+/// Judges 503 a success (the dependency sheds load on purpose) and every
+/// other status like the default classifier.
+#[derive(Debug, Clone, Copy)]
+pub struct Lenient503;
+
+impl<B> tower_breaker::Classify<Response<B>> for Lenient503 {
+    fn classify_response(&self, response: &Response<B>) -> Outcome {
+        if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+            Outcome::Success
+        } else {
+            tower_breaker::Classify::<Response<B>>::classify_response(
+                &tower_breaker::DefaultClassifier,
+                response,
+            )
+        }
+    }
+}
+
+/// A classifier with state (not zero-sized): only `status` fails.
+#[derive(Debug, Clone, Copy)]
+pub struct FailsOn(pub u16);
+
+impl<B> tower_breaker::Classify<Response<B>> for FailsOn {
+    fn classify_response(&self, response: &Response<B>) -> Outcome {
+        if response.status().as_u16() == self.0 {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        }
+    }
+}
