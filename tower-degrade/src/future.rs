@@ -9,7 +9,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tower_resilience_base::{BoxError, Deadline};
+use tower_resilience_base::BoxError;
 use tower_service::Service;
 
 use crate::cause::Cause;
@@ -52,9 +52,10 @@ pin_project! {
             pending: Option<Pending<Res, K>>,
         },
         // An exercise awaits an asynchronous source; the inner service
-        // (the ready one) and the request wait for it to give nothing.
+        // (the ready one) and the request wait for it to give nothing,
+        // boxed: the other states' futures stay as small as they were.
         Exercising {
-            call: Option<(S, Req)>,
+            call: Option<Box<(S, Req)>>,
             pending: Option<Pending<Res, K>>,
             run: Option<Box<Run<Res>>>,
         },
@@ -74,9 +75,6 @@ pub(crate) struct Pending<Res, K> {
     shard: Arc<Shard<Res, K>>,
     key: K,
     shadow: bool,
-    /// The call's deadline, kept only when the chain has an asynchronous
-    /// source to bound.
-    deadline: Option<Deadline>,
 }
 
 /// An asynchronous source being awaited, and what to do after it.
@@ -149,17 +147,11 @@ impl<S: Service<Req>, Req, Res, K> ResponseFuture<S, Req, Res, K> {
         shard: Arc<Shard<Res, K>>,
         key: K,
         shadow: bool,
-        deadline: Option<Deadline>,
     ) -> Self {
         Self {
             kind: Kind::Called {
                 future,
-                pending: Some(Pending {
-                    shard,
-                    key,
-                    shadow,
-                    deadline,
-                }),
+                pending: Some(Pending { shard, key, shadow }),
             },
         }
     }
@@ -171,17 +163,15 @@ impl<S: Service<Req>, Req, Res, K> ResponseFuture<S, Req, Res, K> {
         request: Req,
         shard: Arc<Shard<Res, K>>,
         key: K,
-        deadline: Option<Deadline>,
         run: Box<Run<Res>>,
     ) -> Self {
         Self {
             kind: Kind::Exercising {
-                call: Some((service, request)),
+                call: Some(Box::new((service, request))),
                 pending: Some(Pending {
                     shard,
                     key,
                     shadow: false,
-                    deadline,
                 }),
                 run: Some(run),
             },
@@ -217,7 +207,7 @@ where
                     let running = run
                         .as_mut()
                         .expect("ResponseFuture polled after completion");
-                    let found = ready!(running.poll(&p.shard.core, &p.key, p.deadline, cx));
+                    let found = ready!(running.poll(&p.shard.core, &p.key, cx));
                     let exercise = run.take().expect("the run just polled");
                     if let Some(response) = p.shard.core.settle_exercise(*exercise, found) {
                         pending.take();
@@ -225,30 +215,20 @@ where
                     }
                     // The fallback gave nothing: the call goes to the
                     // inner service, ready since `poll_ready`.
-                    let (mut service, request) = call.take().expect("the deferred call");
+                    let (mut service, request) = *call.take().expect("the deferred call");
                     let future = service.call(request);
                     let pending = pending.take();
                     kind.set(Kind::Called { future, pending });
                 }
                 KindProj::Called { future, pending } => {
                     let result = ready!(future.poll(cx)).map_err(Into::into);
-                    let Pending {
-                        shard,
-                        key,
-                        shadow,
-                        deadline,
-                    } = pending
+                    let Pending { shard, key, shadow } = pending
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    match shard.core.finish(key, shadow, deadline, result) {
+                    match shard.core.finish(key, shadow, result) {
                         Finish::Done(result) => return Poll::Ready(result),
                         Finish::Run(run, key) => kind.set(Kind::Falling {
-                            pending: Some(Pending {
-                                shard,
-                                key,
-                                shadow,
-                                deadline,
-                            }),
+                            pending: Some(Pending { shard, key, shadow }),
                             run: Some(run),
                         }),
                     }
@@ -260,7 +240,7 @@ where
                     let running = run
                         .as_mut()
                         .expect("ResponseFuture polled after completion");
-                    let found = ready!(running.poll(&p.shard.core, &p.key, p.deadline, cx));
+                    let found = ready!(running.poll(&p.shard.core, &p.key, cx));
                     let run = *run.take().expect("a run to settle");
                     let Pending { shard, key, .. } = pending.take().expect("a pending call");
                     let settled = shard.core.settle(key, run, found);
@@ -317,7 +297,6 @@ impl<Res: 'static> Run<Res> {
         &mut self,
         core: &Core<Res, K>,
         key: &K,
-        deadline: Option<Deadline>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<(Res, Option<Duration>)>> {
         loop {
@@ -331,7 +310,7 @@ impl<Res: 'static> Run<Res> {
                 Err(error) => self.trail.failed(error.to_string()),
             }
             let reason = self.original.reason(self.cause);
-            match core.walk(self.next, key, &reason, deadline, &mut self.trail) {
+            match core.walk(self.next, key, &reason, &mut self.trail) {
                 Walk::Answer(answer, age) => return Poll::Ready(Some((answer, age))),
                 Walk::Nothing => return Poll::Ready(None),
                 Walk::Await(future, next, permit) => {

@@ -20,7 +20,7 @@ use crate::snapshot::{FallbackSnapshot, Stats};
 use crate::source::{Fallback, KeyFn, Reason, Step, Steps};
 use tower_resilience_base::outcome::{Classify, DefaultClassifier, ErrorsOnly, Outcome};
 use tower_resilience_base::stripe::thread_index;
-use tower_resilience_base::{BoxError, CallContext, Deadline};
+use tower_resilience_base::{BoxError, Deadline};
 
 /// The shards of the counters and the last-good cache: one per thread of
 /// a small runtime, fewer contended cache lines on a larger one.
@@ -176,8 +176,6 @@ pub(crate) struct Core<Res, K> {
     random: Arc<dyn RandomSource>,
     name: Arc<str>,
     event_interval: Duration,
-    /// Whether a source is asynchronous (then calls keep their deadline).
-    has_async: bool,
     async_timeout: Duration,
     async_limit: usize,
     stats: Arc<Stats>,
@@ -268,7 +266,6 @@ impl<Req, Res: 'static, K> FallbackLayer<Req, Res, K> {
     ) -> Self {
         let key = fallback.key_fn().clone();
         let (steps, cache) = fallback.into_parts();
-        let has_async = steps.iter().any(|step| matches!(step, Step::Async(_)));
         let core = Arc::new(Core {
             steps,
             cache,
@@ -284,7 +281,6 @@ impl<Req, Res: 'static, K> FallbackLayer<Req, Res, K> {
             random: Arc::new(ProcessRandom::new()),
             name: Arc::from("fallback"),
             event_interval: DEFAULT_EVENT_INTERVAL,
-            has_async,
             async_timeout: DEFAULT_ASYNC_TIMEOUT,
             async_limit: DEFAULT_ASYNC_LIMIT,
             stats: Arc::new(Stats::new()),
@@ -428,11 +424,12 @@ impl<Req, Res: 'static, K> FallbackLayer<Req, Res, K> {
     }
 
     /// The longest wait for one asynchronous source (default
-    /// [`DEFAULT_ASYNC_TIMEOUT`], 1 s). The wait also ends at the call's
-    /// deadline when that is sooner: the deadline of the request being
-    /// served ([`Deadline::current`]) or one a layer above set in the call
-    /// context. A source still waiting then gives nothing, and the next
-    /// one is tried. A zero timeout skips asynchronous sources.
+    /// [`DEFAULT_ASYNC_TIMEOUT`], 1 s). The wait also ends at the deadline
+    /// of the request being served when that is sooner
+    /// ([`Deadline::current`], read when the source starts: set by
+    /// `tower-deadline`'s server layer or [`Deadline::scope`]). A source
+    /// still waiting then gives nothing, and the next one is tried. A zero
+    /// timeout skips asynchronous sources.
     pub fn async_timeout(self, timeout: Duration) -> Self {
         self.with(|core| core.async_timeout = timeout)
     }
@@ -552,13 +549,8 @@ where
         let core = &shard.core;
         let sample = core.sample();
         let key = (self.layer.key)(&request);
-        let deadline = if core.has_async() {
-            CallContext::current(CallContext::effective_deadline)
-        } else {
-            None
-        };
         if sample == Sample::Exercise {
-            match core.exercise_walk(&key, deadline) {
+            match core.exercise_walk(&key) {
                 Exercised::Served(response) => return ResponseFuture::served(response),
                 Exercised::Call => {}
                 Exercised::Await(run) => {
@@ -567,13 +559,13 @@ where
                     let clone = self.inner.clone();
                     let ready = std::mem::replace(&mut self.inner, clone);
                     let shard = shard.clone();
-                    return ResponseFuture::exercising(ready, request, shard, key, deadline, run);
+                    return ResponseFuture::exercising(ready, request, shard, key, run);
                 }
             }
         }
         let future = self.inner.call(request);
         let shadow = sample == Sample::Shadow;
-        ResponseFuture::called(future, shard.clone(), key, shadow, deadline)
+        ResponseFuture::called(future, shard.clone(), key, shadow)
     }
 }
 
@@ -622,7 +614,6 @@ impl<Res: 'static, K> Core<Res, K> {
         &self,
         key: K,
         shadow: bool,
-        deadline: Option<Deadline>,
         result: Result<Res, BoxError>,
     ) -> Finish<Res, K> {
         match result {
@@ -630,7 +621,7 @@ impl<Res: 'static, K> Core<Res, K> {
                 Judged::Good if shadow => {
                     let mut trail = Trail::default();
                     let reason = Reason::new(Cause::Exercise, None, None);
-                    match self.walk(0, &key, &reason, deadline, &mut trail) {
+                    match self.walk(0, &key, &reason, &mut trail) {
                         Walk::Await(future, next, permit) => {
                             let original = Original::Primary(response);
                             let run =
@@ -652,7 +643,7 @@ impl<Res: 'static, K> Core<Res, K> {
                 Judged::Failed(cause) if self.causes.contains(cause) => {
                     let mut trail = Trail::default();
                     let reason = Reason::new(cause, None, Some(&response));
-                    match self.walk(0, &key, &reason, deadline, &mut trail) {
+                    match self.walk(0, &key, &reason, &mut trail) {
                         Walk::Answer(answer, age) => {
                             Finish::Done(Ok(self.serve(cause, answer, age)))
                         }
@@ -677,7 +668,7 @@ impl<Res: 'static, K> Core<Res, K> {
                 };
                 let mut trail = Trail::default();
                 let reason = Reason::new(cause, Some(&*error), None);
-                match self.walk(0, &key, &reason, deadline, &mut trail) {
+                match self.walk(0, &key, &reason, &mut trail) {
                     Walk::Answer(answer, age) => Finish::Done(Ok(self.serve(cause, answer, age))),
                     Walk::Nothing => {
                         self.unanswered(cause, &trail);
@@ -704,10 +695,10 @@ impl<Res: 'static, K> Core<Res, K> {
     /// What the exercise mode does for a call in `call`: an answer to
     /// serve at once, nothing (the call goes to the inner service), or an
     /// asynchronous source to await first.
-    pub(crate) fn exercise_walk(&self, key: &K, deadline: Option<Deadline>) -> Exercised<Res> {
+    pub(crate) fn exercise_walk(&self, key: &K) -> Exercised<Res> {
         let mut trail = Trail::default();
         let reason = Reason::new(Cause::Exercise, None, None);
-        match self.walk(0, key, &reason, deadline, &mut trail) {
+        match self.walk(0, key, &reason, &mut trail) {
             Walk::Answer(answer, age) => {
                 Exercised::Served(self.serve(Cause::Exercise, answer, age))
             }
@@ -790,7 +781,6 @@ impl<Res: 'static, K> Core<Res, K> {
         from: usize,
         key: &K,
         reason: &Reason<'_, Res>,
-        deadline: Option<Deadline>,
         trail: &mut Trail,
     ) -> Walk<Res> {
         for (i, step) in self.steps.iter().enumerate().skip(from) {
@@ -811,7 +801,7 @@ impl<Res: 'static, K> Core<Res, K> {
                 Step::Async(f) => {
                     let now = Instant::now();
                     let mut until = now + self.async_timeout;
-                    if let Some(deadline) = deadline {
+                    if let Some(deadline) = Deadline::current() {
                         until = until.min(deadline.instant());
                     }
                     if until <= now {
@@ -866,12 +856,6 @@ impl<Res: 'static, K> Core<Res, K> {
                 "fallback_shadow_differs"
             );
         }
-    }
-
-    /// Whether the chain has an asynchronous source (then a call keeps
-    /// its deadline, to bound it).
-    pub(crate) fn has_async(&self) -> bool {
-        self.has_async
     }
 
     /// Settles an exercise's asynchronous run: the answer to serve, or
@@ -963,7 +947,6 @@ impl<Res, K> Clone for Core<Res, K> {
             random: self.random.clone(),
             name: self.name.clone(),
             event_interval: self.event_interval,
-            has_async: self.has_async,
             async_timeout: self.async_timeout,
             async_limit: self.async_limit,
             stats: self.stats.clone(),
