@@ -73,7 +73,7 @@ impl tracing::Subscriber for Alarms {
 #[tokio::test(flavor = "current_thread")]
 async fn killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back() {
     let alarms = Alarms::default();
-    let _guard = tracing::subscriber::set_default(alarms.clone());
+    let _guard = resilience_testkit::set_default(alarms.clone());
     let Some(mut server) = RedisServer::start_or_skip(
         "killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back",
     ) else {

@@ -27,7 +27,7 @@ fn event(message: &str, fields: &[(&str, &str)]) -> Event {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn every_transition_is_an_event_with_its_figures() {
     let events = Events::default();
-    let _guard = tracing::subscriber::set_default(events.clone());
+    let _guard = resilience_testkit::set_default(events.clone());
     let b = Breaker::with_config(
         "deps",
         config().count_window(4).minimum_calls(4).failure_rate(0.5),
@@ -99,7 +99,7 @@ async fn every_transition_is_an_event_with_its_figures() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn rejections_are_told_at_most_once_per_interval_with_their_total() {
     let events = Events::default();
-    let _guard = tracing::subscriber::set_default(events.clone());
+    let _guard = resilience_testkit::set_default(events.clone());
     let b = Breaker::with_config(
         "deps",
         config()

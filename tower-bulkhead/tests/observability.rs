@@ -14,7 +14,7 @@ use tower_layer::Layer;
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_flood_of_rejections_logs_once_per_second_with_the_suppressed_count() {
     let events = Events::default();
-    let _guard = tracing::subscriber::set_default(events.clone());
+    let _guard = resilience_testkit::set_default(events.clone());
 
     let gate = Gate::new();
     let layer = BulkheadLayer::new("payments", 1);
@@ -44,7 +44,7 @@ async fn a_flood_of_rejections_logs_once_per_second_with_the_suppressed_count() 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn each_compartment_has_its_own_log_budget() {
     let events = Events::default();
-    let _guard = tracing::subscriber::set_default(events.clone());
+    let _guard = resilience_testkit::set_default(events.clone());
 
     let gate = Gate::new();
     let layer = BulkheadLayer::new("upstream", 0)

@@ -861,7 +861,7 @@ async fn an_exercise_without_an_answer_calls_the_dependency() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn cold_keys_raise_no_alarm_in_the_exercise_and_shadow_modes_but_a_broken_source_does() {
     let events = Events::default();
-    let _guard = tracing::subscriber::set_default(events.clone());
+    let _guard = resilience_testkit::set_default(events.clone());
     let last_good = || {
         Fallback::last_good(
             |req: &Req| req.uri().path().to_owned(),
@@ -926,7 +926,7 @@ async fn a_cold_key_is_unanswered_when_the_dependency_really_fails() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn shadow_serves_the_primary_and_reports_differences() {
     let events = Events::default();
-    let _guard = tracing::subscriber::set_default(events.clone());
+    let _guard = resilience_testkit::set_default(events.clone());
 
     let dependency = Dependency::new();
     let agrees = FallbackLayer::new(Fallback::value(ok("default"))).shadow(1.0);
@@ -1070,7 +1070,7 @@ async fn exercise_and_shadow_never_overlap() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn served_and_failed_events_are_rate_limited() {
     let events = Events::default();
-    let _guard = tracing::subscriber::set_default(events.clone());
+    let _guard = resilience_testkit::set_default(events.clone());
 
     let layer =
         FallbackLayer::new(Fallback::value(ok("default"))).event_interval(Duration::from_secs(10));

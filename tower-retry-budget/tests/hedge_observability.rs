@@ -63,7 +63,7 @@ impl Capture {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn each_hedge_sent_won_and_refused_is_an_event() {
     let capture = Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = resilience_testkit::set_default(capture.clone());
 
     // Room for one hedge (the floor: 1 per second over a 1 s window).
     let budget = Arc::new(
@@ -106,7 +106,7 @@ async fn each_hedge_sent_won_and_refused_is_an_event() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_pause_on_pushback_is_an_event() {
     let capture = Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = resilience_testkit::set_default(capture.clone());
     let replicas = Replicas::new(|n| match n {
         0 => (50 * MS, Reply::Status(200)),
         _ => (5 * MS, Reply::With(503, "grpc-retry-pushback-ms", "1500")),

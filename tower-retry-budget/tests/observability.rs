@@ -62,7 +62,7 @@ impl Capture {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn each_retry_and_each_refusal_is_an_event() {
     let capture = Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = resilience_testkit::set_default(capture.clone());
 
     let log = Log::new();
     let budget = Arc::new(

@@ -37,7 +37,7 @@ where
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_map_response_between_breaker_and_retry_still_counts_every_attempt() {
     let warnings = Events::default();
-    let _guard = tracing::subscriber::set_default(warnings.clone());
+    let _guard = resilience_testkit::set_default(warnings.clone());
     let breaker = counted(4);
     let calls = CallCounter::default();
     let client = ServiceBuilder::new()
@@ -78,7 +78,7 @@ async fn a_map_response_between_breaker_and_retry_still_counts_every_attempt() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_classifier_of_the_mapped_type_falls_back_to_the_default_rules_and_warns_once() {
     let warnings = Events::default();
-    let _guard = tracing::subscriber::set_default(warnings.clone());
+    let _guard = resilience_testkit::set_default(warnings.clone());
     // Only judges `Response<usize>`, the breaker's own response type; the
     // retry layer below reports `Response<String>`.
     let judged = Arc::new(AtomicUsize::new(0));
