@@ -42,6 +42,12 @@ pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// The default least interval between two reports of outcomes to a shared
 /// store while failures arrive: 100 ms.
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+/// The default bound on a probe election: 500 ms (see
+/// [`FleetConfig::election_timeout`]).
+pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(500);
+/// The default probe lease on a store that renews leases: 2 s (see
+/// [`FleetConfig::probe_lease`]).
+pub const DEFAULT_PROBE_LEASE: Duration = Duration::from_secs(2);
 /// The default fleet-wide window of a breaker whose own window counts calls:
 /// the last 10 s, in 10 buckets of 1 s.
 pub const DEFAULT_FLEET_WINDOW: Duration = Duration::from_secs(10);
@@ -181,6 +187,8 @@ pub struct FleetConfig {
     pub(crate) store_failure: StoreFailureMode,
     pub(crate) fleet_window: bool,
     pub(crate) flush_interval: Duration,
+    pub(crate) election_timeout: Duration,
+    pub(crate) probe_lease: Duration,
 }
 
 // === impl FleetConfig ===
@@ -196,6 +204,8 @@ impl FleetConfig {
             store_failure: StoreFailureMode::FailOpen,
             fleet_window: true,
             flush_interval: DEFAULT_FLUSH_INTERVAL,
+            election_timeout: DEFAULT_ELECTION_TIMEOUT,
+            probe_lease: DEFAULT_PROBE_LEASE,
         }
     }
 
@@ -241,6 +251,44 @@ impl FleetConfig {
         self
     }
 
+    /// How long the election of the fleet's prober may take (default
+    /// [`DEFAULT_ELECTION_TIMEOUT`], 500 ms; at least 1 ms, at most the
+    /// breaker's [`max_half_open_wait`](BreakerConfig::max_half_open_wait)).
+    ///
+    /// The call that finds the open period over starts the election and,
+    /// through a service's `poll_ready` or [`Breaker::acquire`](crate::Breaker::acquire),
+    /// waits for it: won, that call is the probe. Calls refused meanwhile
+    /// are told to retry when the election ends, at the latest after this
+    /// long. An election that has not answered by then counts as a store
+    /// failure: the breaker stays open one more
+    /// [`refresh_interval`](Self::refresh_interval) and asks again. Keep
+    /// it above the store's own timeout (a Redis store's is 50 ms, a
+    /// DynamoDB store's 200 ms), so that the store's answer, not this
+    /// bound, ends an election.
+    #[must_use]
+    pub fn election_timeout(mut self, timeout: Duration) -> Self {
+        self.election_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The elected prober's lease on a store that
+    /// [renews leases](Store::renews_leases) (default
+    /// [`DEFAULT_PROBE_LEASE`], 2 s; at least 3 ms, at most the breaker's
+    /// [`max_half_open_wait`](BreakerConfig::max_half_open_wait)).
+    ///
+    /// While its probe runs the prober renews the lease every third of it,
+    /// so a slow probe keeps it (up to `max_half_open_wait`, when the
+    /// probe times out and re-opens) and no second prober is elected;
+    /// a prober that dies, freezes or loses the store stops renewing, and
+    /// another process can be elected one lease later (once the fleet's
+    /// T has passed too). On a store that cannot renew, the lease is the
+    /// whole `max_half_open_wait`.
+    #[must_use]
+    pub fn probe_lease(mut self, lease: Duration) -> Self {
+        self.probe_lease = lease.max(Duration::from_millis(3));
+        self
+    }
+
     /// What to do while the store fails (default
     /// [`StoreFailureMode::FailOpen`]: keep the local decision and call
     /// the dependency). See [`StoreFailureMode`].
@@ -258,6 +306,8 @@ impl fmt::Debug for FleetConfig {
             .field("refresh_interval", &self.refresh_interval)
             .field("fleet_window", &self.fleet_window)
             .field("flush_interval", &self.flush_interval)
+            .field("election_timeout", &self.election_timeout)
+            .field("probe_lease", &self.probe_lease)
             .field("store_failure", &self.store_failure)
             .finish()
     }

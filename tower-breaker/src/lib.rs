@@ -371,7 +371,15 @@
 //! - **Half-open is an election**: when T has passed, exactly one caller
 //!   fleet-wide wins by moving T forward one (longer) open period; the
 //!   others keep failing fast until then, and past it while the winner's
-//!   lease (its whole probe, `max_half_open_wait`) runs. Its success marks
+//!   lease (its whole probe, `max_half_open_wait`) runs. The call that
+//!   finds T passed waits for the election it starts (in the services'
+//!   `poll_ready`, or [`Breaker::acquire`]; one store round trip, at most
+//!   the [`election_timeout`](FleetConfig::election_timeout), 500 ms) and,
+//!   won, is the probe itself: a quiet process does not hold the fleet
+//!   until its next call. Calls refused during the election are told to
+//!   retry when it ends; the losers, the fleet's new T. (A keyed breaker,
+//!   whose `poll_ready` cannot know the key, and [`Breaker::try_acquire`]
+//!   do not wait: there the winner's next call probes.) Its success marks
 //!   the record closed, only if the record still holds its token; a record
 //!   that vanished (a restart, a failover) is never taken for a close:
 //!   processes that know the circuit open keep it open and write it again.

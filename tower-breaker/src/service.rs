@@ -1,6 +1,6 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use http::{Request, Response};
 use tower_resilience_base::grpc::is_grpc;
@@ -9,7 +9,7 @@ use tower_resilience_base::{Answer, CallContext};
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::breaker::{Breaker, Kind, Raw};
+use crate::breaker::{Breaker, ElectionWait, Kind, Raw};
 use crate::classify::{Classify, DefaultClassifier, ErrorsOnly};
 use crate::error::CircuitOpen;
 use crate::future::{AnswerFuture, PlainResponseFuture, ResponseFuture, Tracker};
@@ -77,6 +77,9 @@ pub struct CircuitBreaker<S, C = DefaultClassifier> {
     /// layer below took them), kept for the next call: no `Arc` clone and
     /// drop of the hook per call. Not shared with clones.
     spare: Option<Attempts>,
+    /// The wait of this service's call that ended an open period, for the
+    /// fleet's election (see [`Breaker::acquire`]).
+    election: ElectionWait,
 }
 
 /// Middleware for HTTP servers that answers `503 Service Unavailable`
@@ -142,6 +145,7 @@ pub struct HttpCircuitBreaker<S, C = DefaultClassifier> {
     inner: S,
     breaker: Breaker,
     classifier: C,
+    election: ElectionWait,
 }
 
 /// Middleware for services of any request type that fails fast while its
@@ -185,6 +189,7 @@ pub struct PlainCircuitBreaker<S, C = ErrorsOnly> {
     inner: S,
     breaker: Breaker,
     classifier: C,
+    election: ElectionWait,
 }
 
 /// The accessors and the `Debug` every flavour shares: one definition for
@@ -261,6 +266,7 @@ impl<S, C> CircuitBreaker<S, C> {
             count_attempts,
             hook: Arc::new(OnceLock::new()),
             spare: None,
+            election: ElectionWait::default(),
         }
     }
 }
@@ -275,6 +281,7 @@ impl<S: Clone, C: Clone> Clone for CircuitBreaker<S, C> {
             // Shared, not reset: the hook holds no per-handle state.
             hook: Arc::clone(&self.hook),
             spare: None,
+            election: ElectionWait::default(),
         }
     }
 }
@@ -292,6 +299,7 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        ready!(self.breaker.poll_election(&mut self.election, cx));
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
@@ -337,6 +345,7 @@ impl<S, C> HttpCircuitBreaker<S, C> {
             inner,
             breaker,
             classifier,
+            election: ElectionWait::default(),
         }
     }
 }
@@ -354,6 +363,7 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        ready!(self.breaker.poll_election(&mut self.election, cx));
         self.inner.poll_ready(cx)
     }
 
@@ -384,6 +394,7 @@ impl<S, C> PlainCircuitBreaker<S, C> {
             inner,
             breaker,
             classifier,
+            election: ElectionWait::default(),
         }
     }
 }
@@ -400,6 +411,7 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        ready!(self.breaker.poll_election(&mut self.election, cx));
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 

@@ -197,6 +197,37 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         self.try_open(name, open_for)
     }
 
+    /// Renews the lease of the election `token` won, while its probe runs
+    /// (a heartbeat, as a lock client's): if the record still holds
+    /// `token`, the lease ends `lease` from now. Returns the token to use
+    /// from now on (the same one, or a fresh one for a store whose
+    /// contenders time the lease from the last change they saw), or `None`
+    /// when fenced (the lease had lapsed and the fleet re-elected, closed
+    /// or re-opened since).
+    ///
+    /// A store that implements it says so with
+    /// [`renews_leases`](Store::renews_leases); breakers then ask for
+    /// short leases ([`FleetConfig::probe_lease`](crate::FleetConfig::probe_lease),
+    /// 2 s) and renew them, so that a prober that dies or freezes frees the
+    /// fleet within one lease while a slow live probe keeps it. The default
+    /// fails: a store without it gets leases as long as the whole probe
+    /// ([`max_half_open_wait`](crate::BreakerConfig::max_half_open_wait)).
+    fn renew_probe<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        lease: Duration,
+    ) -> StoreFuture<'a, Option<ProbeToken>> {
+        let _ = (name, token, lease);
+        Box::pin(async { Err(StoreError::new("this store does not renew probe leases")) })
+    }
+
+    /// Whether [`renew_probe`](Store::renew_probe) works (false by
+    /// default).
+    fn renews_leases(&self) -> bool {
+        false
+    }
+
     /// Adds this process's outcomes since its last report to the fleet's
     /// window of `name`, opens the circuit (as [`try_open`](Store::try_open)
     /// would, for `rule.open_for`) if the fleet's window now breaks `rule`,
@@ -995,6 +1026,26 @@ impl Store for MemoryStore {
             self.notify(name, Decision::Open { remaining: result });
         }
         Box::pin(async move { Ok(result) })
+    }
+
+    fn renew_probe<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        lease: Duration,
+    ) -> StoreFuture<'a, Option<ProbeToken>> {
+        let result = self.with(|records, now| match records.get_mut(name) {
+            Some(r) if r.open && r.token == token.get() => {
+                r.lease = r.lease.max(now + lease);
+                Some(token)
+            }
+            _ => None,
+        });
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn renews_leases(&self) -> bool {
+        true
     }
 
     fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {

@@ -7,13 +7,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use super::machine::Core;
-use super::{nanos, NANOS_PER_MS};
+use super::{nanos, ElectionWait, NANOS_PER_MS};
 use crate::config::{BreakerConfig, WindowKind, DEFAULT_FLEET_WINDOW};
 use crate::snapshot::Cause;
-use crate::state::{Word, CLOSED, ELECTING, OPEN};
+use crate::state::{Phase, Word, CLOSED, ELECTING, HALF_OPEN, OPEN};
 use crate::store::StoreFailureMode;
 use crate::store::{Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, Watcher};
+use crate::Mode;
 
 /// A breaker's link to its shared store.
 pub(super) struct StoreLink {
@@ -40,6 +45,10 @@ pub(super) struct StoreLink {
     next_flush_ns: AtomicU64,
     /// The totals (calls, failures, slow) already reported.
     reported: Mutex<[u64; 3]>,
+    /// The probe lease the elected prober asks for and renews, when the
+    /// store renews leases (0: it does not; the lease is the whole probe
+    /// wait).
+    lease_ns: u64,
 }
 
 /// The queue of a breaker's writes: one task at a time drains it, so the
@@ -102,6 +111,11 @@ impl StoreLink {
             next_flush_ns: AtomicU64::new(0),
             reported: Mutex::new([0; 3]),
             fail_closed: fleet.store_failure == StoreFailureMode::FailClosed,
+            lease_ns: if fleet.store.renews_leases() {
+                nanos(fleet.probe_lease).min(nanos(config.max_half_open_wait))
+            } else {
+                0
+            },
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {
@@ -141,6 +155,49 @@ impl Core {
         if let Some(link) = &self.store {
             let weak: std::sync::Weak<Core> = Arc::downgrade(self);
             link.store.watch(&self.name, weak);
+        }
+    }
+
+    /// The slow part of [`Breaker::poll_election`](super::Breaker::poll_election):
+    /// when the open period is over, starts the election and waits until
+    /// it ends (the task that runs it wakes this one, whatever the
+    /// outcome, also when it is dropped).
+    #[cold]
+    pub(super) fn poll_start_election(
+        self: &Arc<Self>,
+        wait: &mut ElectionWait,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let w = Word(self.word.load(Acquire));
+        let Phase::Open { until_ms } = w.phase() else {
+            return Poll::Ready(());
+        };
+        if w.mode() != Mode::Automatic || tokio::runtime::Handle::try_current().is_err() {
+            return Poll::Ready(());
+        }
+        let now = self.call_now_ns();
+        if now < until_ms.saturating_mul(NANOS_PER_MS) {
+            return Poll::Ready(());
+        }
+        // Registered before the election can end: its end wakes us.
+        let core = Arc::clone(self);
+        let mut future: Pin<Box<dyn Future<Output = ()> + Send + Sync>> = Box::pin(async move {
+            let ended = core.elected.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            let Some(electing) = core.leave_open(w, now) else {
+                return;
+            };
+            if Word(core.word.load(Acquire)) == electing {
+                ended.await;
+            }
+        });
+        match future.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(()),
+            Poll::Pending => {
+                wait.0 = Some(future);
+                Poll::Pending
+            }
         }
     }
 
@@ -326,19 +383,32 @@ impl Core {
 
     /// open | electing -> closed: the store holds no opening any more (a
     /// prober elsewhere closed it); close here too, unless this process
-    /// opened since it asked.
+    /// opened since it asked. half-open -> closed as well when this process
+    /// is the fleet's elected prober: only another prober, elected after
+    /// this one's lease lapsed (a frozen process, a slow probe), can have
+    /// closed the record; probing on would be a second probe.
     pub(super) fn adopt_closed(self: &Arc<Self>, asked: u64) {
         let core = &**self;
         let Some(link) = &core.store else { return };
         let from = Word(core.word.load(Acquire));
-        if !link.shared_open.load(Relaxed)
-            || !matches!(from.state(), OPEN | ELECTING)
-            || !from.is_automatic()
-            || core.last_transition.load(Acquire) > asked
+        if !from.is_automatic() || core.last_transition.load(Acquire) > asked {
+            return;
+        }
+        let elected_prober = from.state() == HALF_OPEN
+            && link
+                .token
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some();
+        if !(elected_prober
+            || link.shared_open.load(Relaxed) && matches!(from.state(), OPEN | ELECTING))
         {
             return;
         }
-        self.close_with(from, Cause::Store);
+        if self.close_with(from, Cause::Store) && elected_prober {
+            // The lease is over: nothing of it to close or re-open.
+            link.take_token();
+        }
     }
 
     /// Writes a local opening through to the store (as the re-open of the
@@ -363,9 +433,14 @@ impl Core {
     pub(super) fn elect(self: &Arc<Self>, electing: Word) {
         let period =
             Duration::from_nanos(self.open_period(self.streak.load(Relaxed).saturating_add(1)));
-        // The prober's lease covers its whole probe: no second prober is
-        // elected while it may still answer.
-        let lease = Duration::from_nanos(self.s.half_open_ns);
+        // The prober's lease covers its whole probe, by renewals on a
+        // store that renews leases (short: a dead prober frees the fleet
+        // soon), else at once: no second prober is elected while it may
+        // still answer.
+        let lease = match &self.store {
+            Some(link) if link.lease_ns > 0 => Duration::from_nanos(link.lease_ns),
+            _ => Duration::from_nanos(self.s.half_open_ns),
+        };
         self.enqueue(Write::Elect {
             electing,
             period,
@@ -437,9 +512,29 @@ impl Core {
                     electing,
                     period,
                     lease,
-                } => self.run_election(link, electing, period, lease).await,
+                } => {
+                    // The call waiting for this election learns that it
+                    // ended, also when this task is dropped mid-way.
+                    struct Ended<'a>(&'a tokio::sync::Notify);
+                    impl Drop for Ended<'_> {
+                        fn drop(&mut self) {
+                            self.0.notify_waiters();
+                        }
+                    }
+                    let _ended = Ended(&self.elected);
+                    self.run_election(link, electing, period, lease).await;
+                }
                 Write::Close { token } => match link.store.close(&self.name, token).await {
-                    Ok(_) => self.store_ok(),
+                    Ok(true) => self.store_ok(),
+                    Ok(false) => {
+                        // Fenced: the fleet re-elected or re-opened after
+                        // this probe's lease lapsed. Follow it now rather
+                        // than at the next refresh.
+                        self.store_ok();
+                        let asked = self.now_ns();
+                        let read = link.store.read(&self.name).await;
+                        self.apply_read(&read, asked);
+                    }
                     Err(e) => self.store_failed("close", &e),
                 },
             }
@@ -492,10 +587,37 @@ impl Core {
         lease: Duration,
     ) {
         let core = &**self;
-        let result = link
-            .store
-            .try_acquire_probe(&core.name, period, lease)
-            .await;
+        if link
+            .token
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            // An earlier election of this process was won after its
+            // timeout: asking again would lose against this process's own
+            // lease.
+            self.probe_on_held_lease(core.now_ns());
+            return;
+        }
+        // Not cut at the election timeout: an answer that comes later is
+        // still used (a won election not used would hold the fleet for its
+        // lease). The call waiting for it is told at the timeout.
+        let deadline =
+            core.base + Duration::from_nanos(electing.deadline_ms().saturating_mul(NANOS_PER_MS));
+        let mut election = std::pin::pin!(link.store.try_acquire_probe(&core.name, period, lease));
+        let mut timeout = std::pin::pin!(tokio::time::sleep_until(deadline));
+        let mut told = false;
+        let result = std::future::poll_fn(|cx| {
+            if let Poll::Ready(result) = election.as_mut().poll(cx) {
+                return Poll::Ready(result);
+            }
+            if !told && timeout.as_mut().poll(cx).is_ready() {
+                told = true;
+                core.elected.notify_waiters();
+            }
+            Poll::Pending
+        })
+        .await;
         if result.is_ok() {
             self.store_ok();
         }
@@ -505,21 +627,161 @@ impl Core {
                 *link.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
                 // Grow from the fleet's re-opens, not only this process's.
                 core.streak.fetch_max(token.reopens(), Relaxed);
-                self.half_open(electing, now, Cause::OpenPeriodOver);
+                if self.half_open(electing, now, Cause::OpenPeriodOver) {
+                    self.start_heartbeat();
+                } else {
+                    // Won after the election timeout, when the breaker had
+                    // gone back to open for a refresh interval (or on to a
+                    // later election): the fleet's lease is this
+                    // process's, so probe now rather than hold every
+                    // process for the lease.
+                    self.probe_on_held_lease(now);
+                }
             }
             Ok(Election::Lost { remaining }) => {
                 let until = (now + nanos(remaining)) / NANOS_PER_MS;
-                if core.cas(electing, electing.next(OPEN, until)).is_ok() {
+                let current = Word(core.word.load(Acquire));
+                // Also after the timeout (open for a refresh interval):
+                // the fleet's time wins.
+                let from = if current.state() == OPEN {
+                    current
+                } else {
+                    electing
+                };
+                let to = if from == electing {
+                    electing.next(OPEN, until)
+                } else {
+                    from.with_deadline(until)
+                };
+                if from.is_automatic() && core.cas(from, to).is_ok() {
                     link.shared_open.store(true, Relaxed);
                 }
             }
             Ok(Election::Closed) => {
-                self.close_with(electing, Cause::Store);
+                let current = Word(core.word.load(Acquire));
+                let from = if current.state() == OPEN {
+                    current
+                } else {
+                    electing
+                };
+                self.close_with(from, Cause::Store);
             }
             Err(e) => {
                 self.store_failed("try_acquire_probe", &e);
                 self.election_failed(electing, now);
             }
+        }
+    }
+
+    /// open | electing -> half-open: this process holds the fleet's probe
+    /// lease (a win that came after the election timeout).
+    fn probe_on_held_lease(self: &Arc<Self>, now: u64) {
+        let current = Word(self.word.load(Acquire));
+        if matches!(current.state(), OPEN | ELECTING)
+            && current.is_automatic()
+            && self.half_open(current, now, Cause::OpenPeriodOver)
+        {
+            self.start_heartbeat();
+        }
+    }
+
+    /// Renews the fleet's probe lease every third of it while this process
+    /// is half-open as the elected prober (this half-open state, with its
+    /// token), on a store that renews leases. Holds the breaker weakly: a
+    /// breaker that is dropped stops renewing, as a dead process does.
+    fn start_heartbeat(self: &Arc<Self>) {
+        let Some(link) = &self.store else { return };
+        let half_open = Word(self.word.load(Acquire));
+        if link.lease_ns == 0 || half_open.state() != HALF_OPEN {
+            return;
+        }
+        let lease = Duration::from_nanos(link.lease_ns);
+        let every = Duration::from_nanos((link.lease_ns / 3).max(NANOS_PER_MS));
+        let weak = Arc::downgrade(self);
+        let spawned = spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(core) = weak.upgrade() else { return };
+                if !core.heartbeat(half_open, lease).await {
+                    return;
+                }
+            }
+        });
+        if !spawned {
+            self.store_failed("renew_probe", &no_runtime());
+        }
+    }
+
+    /// One renewal of the lease of the half-open state `half_open`.
+    /// Returns whether to go on.
+    async fn heartbeat(self: &Arc<Self>, half_open: Word, lease: Duration) -> bool {
+        let Some(link) = &self.store else {
+            return false;
+        };
+        if Word(self.word.load(Acquire)) != half_open {
+            return false;
+        }
+        let Some(token) = *link.token.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return false;
+        };
+        match link.store.renew_probe(&self.name, token, lease).await {
+            Ok(Some(fresh)) => {
+                self.store_ok();
+                let mut held = link.token.lock().unwrap_or_else(|e| e.into_inner());
+                if *held == Some(token) {
+                    *held = Some(fresh);
+                }
+                true
+            }
+            Ok(None) => {
+                // Fenced: the lease lapsed (this process was frozen, or
+                // could not reach the store) and the fleet elected another
+                // prober since. Stop probing; follow the fleet.
+                self.store_ok();
+                {
+                    let mut held = link.token.lock().unwrap_or_else(|e| e.into_inner());
+                    if *held == Some(token) {
+                        *held = None;
+                    }
+                }
+                let read = link.store.read(&self.name).await;
+                self.leave_lost_lease(half_open, &read);
+                false
+            }
+            Err(e) => {
+                // The lease may lapse: then another process probes, and
+                // this one's close or re-open is fenced.
+                self.store_failed("renew_probe", &e);
+                true
+            }
+        }
+    }
+
+    /// half-open -> closed | open: this process's probe lease was taken
+    /// over; the store said `read`.
+    fn leave_lost_lease(self: &Arc<Self>, half_open: Word, read: &Result<Decision, StoreError>) {
+        let now = self.now_ns();
+        let remaining = match read {
+            Ok(Decision::Closed) => {
+                self.close_with(half_open, Cause::Store);
+                return;
+            }
+            Ok(Decision::Open { remaining }) => *remaining,
+            // Asks the fleet again at the next call.
+            _ => Duration::ZERO,
+        };
+        let to = half_open.next(OPEN, (now + nanos(remaining)) / NANOS_PER_MS);
+        if self.cas(half_open, to).is_ok() {
+            if let Some(link) = &self.store {
+                link.shared_open.store(!remaining.is_zero(), Relaxed);
+            }
+            self.after_transition(
+                half_open,
+                to,
+                Cause::Store,
+                Default::default(),
+                Some(remaining),
+            );
         }
     }
 

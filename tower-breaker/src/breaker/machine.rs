@@ -50,6 +50,8 @@ pub(crate) struct Core {
     pub(super) s: Settings,
     pub(super) config: BreakerConfig,
     pub(super) store: Option<StoreLink>,
+    /// Woken when a probe election ends (the call that started it waits).
+    pub(super) elected: tokio::sync::Notify,
     /// The `metrics` handles (nothing without the feature).
     pub(super) metrics: BreakerMetrics,
 }
@@ -74,6 +76,9 @@ pub(super) struct Settings {
     pub(super) probes: u64,
     pub(super) successes: u64,
     pub(super) half_open_ns: u64,
+    /// How long a probe election may take (with a store; at most
+    /// `half_open_ns`).
+    pub(super) election_ns: u64,
     /// 0 when off.
     pub(super) ramp_ns: u64,
     pub(super) rejection_event_ms: u64,
@@ -123,6 +128,9 @@ impl Core {
             probes: u64::from(config.permitted_probes),
             successes: u64::from(config.successes_to_close),
             half_open_ns: nanos(config.max_half_open_wait),
+            election_ns: config.fleet.as_ref().map_or(0, |fleet| {
+                nanos(fleet.election_timeout).min(nanos(config.max_half_open_wait))
+            }),
             ramp_ns: config.ramp_up.map_or(0, nanos),
             rejection_event_ms: config.rejection_event_interval.as_millis() as u64,
         };
@@ -155,6 +163,7 @@ impl Core {
             s,
             config,
             store,
+            elected: tokio::sync::Notify::new(),
             metrics,
         }
     }
@@ -244,7 +253,9 @@ impl Core {
                 // open -> half-open (or -> electing, with a store): the
                 // period is over; the first caller moves the circuit on,
                 // everyone then competes for a probe slot.
-                Phase::Open { .. } => self.leave_open(w, now),
+                Phase::Open { .. } => {
+                    let _ = self.leave_open(w, now);
+                }
                 Phase::HalfOpen { probe_deadline_ms } => {
                     let deadline_ns = ns(probe_deadline_ms);
                     if core.probes_held(w.gen()) >= core.s.probes {
@@ -537,17 +548,22 @@ impl Core {
     }
 
     /// open -> half-open, or open -> electing with a store: leaves an open
-    /// state whose period is over.
-    pub(super) fn leave_open(self: &Arc<Self>, from: Word, now: u64) {
+    /// state whose period is over. Returns the electing word when this call
+    /// started an election.
+    pub(super) fn leave_open(self: &Arc<Self>, from: Word, now: u64) -> Option<Word> {
         if self.store.is_some() {
-            let deadline = (now + self.s.half_open_ns).div_ceil(NANOS_PER_MS);
+            // Electing until the election answers, at the latest after the
+            // election timeout: what refused callers are told to wait.
+            let deadline = (now + self.s.election_ns).div_ceil(NANOS_PER_MS);
             let to = from.next(ELECTING, deadline);
             if self.cas(from, to).is_ok() {
                 self.elect(to);
+                return Some(to);
             }
         } else {
             self.half_open(from, now, Cause::OpenPeriodOver);
         }
+        None
     }
 
     /// open | electing -> half-open: probing starts (locally, or as the

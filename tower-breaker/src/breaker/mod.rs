@@ -9,8 +9,11 @@ pub(crate) use machine::Core;
 use machine::{probe_gen, probe_in_flight, window_counts};
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::classify::Outcome;
@@ -252,6 +255,73 @@ impl Breaker {
             Ok(raw) => Ok(self.permit(raw)),
             Err(rejection) => Err(self.open_error(rejection)),
         }
+    }
+
+    /// Asks to make one call, as [`try_acquire`](Self::try_acquire) does,
+    /// and, with a [store](crate::store), waits for the fleet's probe
+    /// election when this call is the one that ends the open period: won,
+    /// this call is the probe (rather than the next one, which may never
+    /// come); lost, it is refused with the time left. The wait is one
+    /// store round trip, at most the
+    /// [election timeout](crate::FleetConfig::election_timeout); every
+    /// other call answers at once, as `try_acquire` does.
+    ///
+    /// # Errors
+    ///
+    /// [`CircuitOpen`] when the call must not be made.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_breaker::store::MemoryStore;
+    /// use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let breaker = Breaker::with_config(
+    ///     "billing",
+    ///     BreakerConfig::new()
+    ///         .count_window(1)
+    ///         .minimum_calls(1)
+    ///         .open_period(Duration::from_secs(5))
+    ///         .jitter(0.0)
+    ///         .store(Arc::new(MemoryStore::new())),
+    /// );
+    /// breaker.acquire().await.unwrap().record(Outcome::Failure);
+    /// assert_eq!(breaker.snapshot().state, State::Open);
+    /// tokio::task::yield_now().await; // the opening is written through
+    /// tokio::time::advance(Duration::from_secs(5)).await;
+    /// // The call that ends the open period wins the election and probes.
+    /// let probe = breaker.acquire().await.expect("the probe");
+    /// assert_eq!(breaker.snapshot().state, State::HalfOpen);
+    /// probe.record(Outcome::Success);
+    /// assert_eq!(breaker.snapshot().state, State::Closed);
+    /// # }
+    /// ```
+    pub async fn acquire(&self) -> Result<Permit, CircuitOpen> {
+        let mut wait = ElectionWait::default();
+        std::future::poll_fn(|cx| self.poll_election(&mut wait, cx)).await;
+        self.try_acquire()
+    }
+
+    /// The part of a service's `poll_ready` that makes the call ending the
+    /// open period wait for the fleet's election it starts (with a store
+    /// only; ready at once otherwise, and for every other call).
+    #[inline]
+    pub(crate) fn poll_election(&self, wait: &mut ElectionWait, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(future) = &mut wait.0 {
+            if future.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            wait.0 = None;
+            return Poll::Ready(());
+        }
+        if self.core.store.is_none() {
+            return Poll::Ready(());
+        }
+        self.core.poll_start_election(wait, cx)
     }
 
     #[inline]
@@ -564,3 +634,25 @@ pub(crate) fn nanos(d: Duration) -> u64 {
 }
 
 pub(crate) use tower_resilience_base::stripe::thread_index;
+
+/// The wait of the call that started a probe election, kept by a service
+/// between its `poll_ready` calls. Empty (no allocation) unless this
+/// service's call ended an open period; a clone starts empty.
+#[derive(Default)]
+pub(crate) struct ElectionWait(Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>);
+
+impl Clone for ElectionWait {
+    fn clone(&self) -> Self {
+        Self(None)
+    }
+}
+
+impl fmt::Debug for ElectionWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ElectionWait(waiting)"
+        } else {
+            "ElectionWait(idle)"
+        })
+    }
+}

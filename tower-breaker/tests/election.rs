@@ -1,0 +1,449 @@
+//! The call that ends an open period waits for the fleet's probe election
+//! it starts and, if this process wins, is the probe; callers refused
+//! meanwhile are told when the election ends, never the probe's lease.
+
+mod support;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+use tokio::time::Instant;
+use tower::{service_fn, Layer, ServiceExt};
+use tower_breaker::error::CircuitOpen;
+use tower_breaker::store::{
+    Decision, Election, MemoryStore, ProbeToken, Store, StoreError, StoreFuture,
+};
+use tower_breaker::{Breaker, FleetConfig, Outcome, PlainBreakerLayer, State};
+
+/// A memory store (shared by the "processes" of a test) whose elections
+/// take `delay` (or never answer), and whose lease renewals can be made to
+/// fail, as a frozen or partitioned prober's do.
+#[derive(Debug, Default)]
+struct SlowElections {
+    inner: Arc<MemoryStore>,
+    delay: Duration,
+    mute: bool,
+    elections: AtomicUsize,
+    renewals: AtomicUsize,
+    renewals_fail: AtomicBool,
+}
+
+impl SlowElections {
+    fn new(delay: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            delay,
+            ..Self::default()
+        })
+    }
+
+    /// Another process's view of the same store.
+    fn on(inner: &Arc<MemoryStore>) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Arc::clone(inner),
+            ..Self::default()
+        })
+    }
+}
+
+impl Store for SlowElections {
+    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        self.inner.try_open(name, open_for)
+    }
+    fn try_acquire_probe<'a>(
+        &'a self,
+        name: &'a str,
+        open_for: Duration,
+        lease: Duration,
+    ) -> StoreFuture<'a, Election> {
+        self.elections.fetch_add(1, SeqCst);
+        Box::pin(async move {
+            if self.mute {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(self.delay).await;
+            self.inner.try_acquire_probe(name, open_for, lease).await
+        })
+    }
+    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        self.inner.close(name, token)
+    }
+    fn reopen<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        open_for: Duration,
+    ) -> StoreFuture<'a, Duration> {
+        self.inner.reopen(name, token, open_for)
+    }
+    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+        self.inner.read(name)
+    }
+    fn renew_probe<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        lease: Duration,
+    ) -> StoreFuture<'a, Option<ProbeToken>> {
+        self.renewals.fetch_add(1, SeqCst);
+        if self.renewals_fail.load(SeqCst) {
+            return Box::pin(async { Err(StoreError::new("unreachable")) });
+        }
+        self.inner.renew_probe(name, token, lease)
+    }
+    fn renews_leases(&self) -> bool {
+        true
+    }
+    fn watch(&self, name: &str, watcher: std::sync::Weak<dyn tower_breaker::store::Watcher>) {
+        self.inner.watch(name, watcher);
+    }
+}
+
+/// Lets spawned store tasks run.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn on(store: Arc<dyn Store>, fleet: impl FnOnce(FleetConfig) -> FleetConfig) -> Breaker {
+    Breaker::with_config(
+        "dep",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .open_period(secs(5))
+            .fleet(fleet(FleetConfig::new(store))),
+    )
+}
+
+/// Opens `breaker` and lets the opening reach the store, then waits the
+/// open period out.
+async fn opened_and_over(breaker: &Breaker) {
+    record(breaker, Outcome::Failure, 2);
+    settle().await;
+    assert_eq!(state(breaker), State::Open);
+    advance(secs(5)).await;
+}
+
+/// A dependency that counts its calls and answers `Ok`.
+fn dependency(
+    calls: &Arc<AtomicUsize>,
+) -> impl tower::Service<(), Response = (), Error = Infallible, Future: Send> + Clone {
+    let calls = Arc::clone(calls);
+    service_fn(move |()| {
+        calls.fetch_add(1, SeqCst);
+        async { Ok::<_, Infallible>(()) }
+    })
+}
+
+/// One process on a store, the open period over, one call: it waits one
+/// election (20 ms here), wins, reaches the dependency as the probe, and
+/// its success closes the circuit. Before, it was refused for the whole
+/// lease and the probe waited for a next call.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_call_that_ends_the_open_period_is_the_probe() {
+    let store = SlowElections::new(ms(20));
+    let breaker = on(store.clone(), |f| f);
+    opened_and_over(&breaker).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = PlainBreakerLayer::new(breaker.clone()).layer(dependency(&calls));
+
+    let started = Instant::now();
+    service.oneshot(()).await.expect("the probe");
+    assert_eq!(started.elapsed(), ms(20), "one election");
+    assert_eq!(calls.load(SeqCst), 1);
+    assert_eq!(store.elections.load(SeqCst), 1);
+    assert_eq!(state(&breaker), State::Closed);
+}
+
+/// The same through the breaker's own `acquire`, for code guarded by hand.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn acquire_waits_for_the_election_it_starts_and_probes() {
+    let breaker = on(SlowElections::new(ms(20)), |f| f);
+    opened_and_over(&breaker).await;
+    let probe = breaker.acquire().await.expect("won: the probe");
+    assert!(probe.is_probe());
+    probe.record(Outcome::Success);
+    assert_eq!(state(&breaker), State::Closed);
+}
+
+/// While the election runs, other callers are refused at once and told
+/// the election's bound (the default 500 ms: under 1 s), not the probe
+/// wait of 30 s; the waiting call then probes.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn callers_refused_during_an_election_are_told_when_it_ends() {
+    let breaker = on(SlowElections::new(ms(20)), |f| f);
+    opened_and_over(&breaker).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = PlainBreakerLayer::new(breaker.clone()).layer(dependency(&calls));
+    let first = tokio::spawn(service.clone().oneshot(()));
+    settle().await;
+    assert_eq!(state(&breaker), State::Open, "electing reads as open");
+
+    let refused = service.clone().oneshot(()).await.unwrap_err();
+    let refused = refused.downcast_ref::<CircuitOpen>().expect("refused");
+    assert_eq!(refused.retry_after(), ms(500));
+    assert!(refused.retry_after() < secs(1));
+    advance(ms(5)).await;
+    assert_eq!(
+        breaker.try_acquire().unwrap_err().retry_after(),
+        ms(495),
+        "counts down"
+    );
+
+    first.await.unwrap().expect("the waiting call probes");
+    assert_eq!(calls.load(SeqCst), 1, "only the probe reached it");
+    assert_eq!(state(&breaker), State::Closed);
+}
+
+/// Two processes on one store: the one whose call ended the open period
+/// first wins and probes; the other's waiting call loses and is refused
+/// with the fleet's new T (the doubled period the winner re-opens for if
+/// its probe fails; a close reaches it sooner), never the 30 s lease,
+/// without reaching the dependency.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_lost_election_refuses_the_waiting_call() {
+    let store: Arc<dyn Store> = SlowElections::new(ms(20));
+    let (a, b) = (on(store.clone(), |f| f), on(store.clone(), |f| f));
+    record(&a, Outcome::Failure, 2);
+    record(&b, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+
+    let probe = a.acquire().await.expect("a wins");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let lost = PlainBreakerLayer::new(b.clone())
+        .layer(dependency(&calls))
+        .oneshot(())
+        .await
+        .unwrap_err();
+    let lost = lost.downcast_ref::<CircuitOpen>().expect("b refused");
+    assert!(lost.retry_after() <= secs(10), "{:?}", lost.retry_after());
+    assert_eq!(calls.load(SeqCst), 0);
+    assert_eq!(state(&b), State::Open);
+    probe.record(Outcome::Success);
+}
+
+/// An election that never answers holds the waiting call for the
+/// election timeout only (300 ms here); the call is then refused, and the
+/// dependency is not called.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_wait_ends_at_the_election_timeout() {
+    let store = Arc::new(SlowElections {
+        mute: true,
+        ..SlowElections::default()
+    });
+    let breaker = on(store, |f| f.election_timeout(ms(300)));
+    opened_and_over(&breaker).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = PlainBreakerLayer::new(breaker.clone()).layer(dependency(&calls));
+
+    let started = Instant::now();
+    let refused = service.oneshot(()).await.unwrap_err();
+    assert_eq!(started.elapsed(), ms(300));
+    assert!(refused.downcast_ref::<CircuitOpen>().is_some());
+    assert_eq!(calls.load(SeqCst), 0);
+    assert_eq!(breaker.snapshot().totals.store_errors, 1);
+}
+
+/// A call that gives up while it waits (its future dropped) leaves the
+/// election to end on its own: the breaker is half-open with the probe
+/// slot free, and the next call probes.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_waiting_call_that_is_dropped_leaves_nothing_held() {
+    let breaker = on(SlowElections::new(ms(20)), |f| f);
+    opened_and_over(&breaker).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = PlainBreakerLayer::new(breaker.clone()).layer(dependency(&calls));
+    let gave_up = tokio::time::timeout(ms(10), service.clone().oneshot(())).await;
+    assert!(gave_up.is_err(), "still waiting at 10 ms");
+    advance(ms(10)).await;
+    settle().await;
+    assert_eq!(state(&breaker), State::HalfOpen);
+    service.oneshot(()).await.expect("the next call probes");
+    assert_eq!(calls.load(SeqCst), 1);
+    assert_eq!(state(&breaker), State::Closed);
+}
+
+/// Without a store nothing waits: the call that ends the open period
+/// probes at once, as before.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn without_a_store_nothing_waits() {
+    let breaker = Breaker::with_config("local", config().count_window(2).minimum_calls(2));
+    record(&breaker, Outcome::Failure, 2);
+    advance(secs(5)).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    PlainBreakerLayer::new(breaker.clone())
+        .layer(dependency(&calls))
+        .oneshot(())
+        .await
+        .expect("the probe");
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(state(&breaker), State::Closed);
+}
+
+/// An election that answers after the election timeout is still used: the
+/// waiting call was refused at the timeout, but the late win makes this
+/// process half-open at once (a win not used would hold the whole fleet
+/// for the lease), and its next call probes.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_win_that_comes_after_the_timeout_still_probes() {
+    let breaker = on(SlowElections::new(ms(400)), |f| f.election_timeout(ms(300)));
+    opened_and_over(&breaker).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = PlainBreakerLayer::new(breaker.clone()).layer(dependency(&calls));
+    let refused = service.clone().oneshot(()).await.unwrap_err();
+    assert!(refused.downcast_ref::<CircuitOpen>().is_some());
+    assert_eq!(state(&breaker), State::Open);
+    advance(ms(100)).await;
+    settle().await;
+    assert_eq!(state(&breaker), State::HalfOpen, "the late win");
+    service.oneshot(()).await.expect("the probe");
+    assert_eq!(calls.load(SeqCst), 1);
+    assert_eq!(state(&breaker), State::Closed);
+}
+
+/// A process half-open as the fleet's prober that freezes (its renewals
+/// stop reaching the store) past its lease: another process is elected
+/// once the fleet's T has passed, probes and closes the record. The
+/// frozen prober then follows the fleet's close (pushed here) instead of
+/// staying half-open, where its next calls would be a second probe.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_prober_past_its_lease_adopts_the_fleets_close() {
+    let shared = Arc::new(MemoryStore::new());
+    let (frozen_view, other_view) = (SlowElections::on(&shared), SlowElections::on(&shared));
+    let (frozen, other) = (on(frozen_view.clone(), |f| f), on(other_view, |f| f));
+    record(&frozen, Outcome::Failure, 2);
+    settle().await;
+    assert_eq!(state(&other), State::Open, "pushed");
+    advance(secs(5)).await;
+    let stuck = frozen.acquire().await.expect("the frozen process wins");
+    assert_eq!(state(&frozen), State::HalfOpen);
+    frozen_view.renewals_fail.store(true, SeqCst);
+
+    // Past the winner's new T (a doubled period) and its lease.
+    advance(secs(10)).await;
+    let probe = other.acquire().await.expect("elected after the lease");
+    probe.record(Outcome::Success);
+    settle().await;
+    assert_eq!(state(&other), State::Closed);
+    assert_eq!(state(&frozen), State::Closed, "followed the fleet's close");
+    drop(stuck);
+}
+
+/// The killed prober: its lease is 2 s and stops being renewed, so the
+/// next process is elected as soon as the fleet's T (the winner's doubled
+/// period, 10 s) has passed, not after the 30 s probe wait the lease used
+/// to be.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_dead_prober_frees_the_fleet_within_one_lease_after_t() {
+    let shared = Arc::new(MemoryStore::new());
+    let (dead_view, other_view) = (SlowElections::on(&shared), SlowElections::on(&shared));
+    let (dead, other) = (on(dead_view.clone(), |f| f), on(other_view, |f| f));
+    record(&dead, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    let _probe = dead.acquire().await.expect("wins");
+    dead_view.renewals_fail.store(true, SeqCst);
+    let won_at = Instant::now();
+
+    let elected = loop {
+        if let Ok(probe) = other.acquire().await {
+            break probe;
+        }
+        advance(ms(100)).await;
+    };
+    assert!(elected.is_probe());
+    let after = won_at.elapsed();
+    assert!(
+        after >= secs(10) && after <= secs(10) + secs(2),
+        "elected {after:?} after the dead prober's win"
+    );
+}
+
+/// A live probe slower than five leases (15 s against a 2 s lease) keeps
+/// its lease by renewing it: no other process is elected meanwhile, even
+/// past the fleet's T; its success then closes everyone.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_slow_live_probe_keeps_its_lease_and_stays_alone() {
+    let shared = Arc::new(MemoryStore::new());
+    let (slow_view, other_view) = (SlowElections::on(&shared), SlowElections::on(&shared));
+    let (slow, other) = (on(slow_view.clone(), |f| f), on(other_view, |f| f));
+    record(&slow, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    let probe = slow.acquire().await.expect("wins");
+    for _ in 0..150 {
+        advance(ms(100)).await;
+        assert!(other.acquire().await.is_err(), "a second probe");
+    }
+    let renewals = slow_view.renewals.load(SeqCst);
+    assert!(
+        renewals >= 8,
+        "renewed more than once per lease: {renewals}"
+    );
+    probe.record(Outcome::Success);
+    settle().await;
+    assert_eq!(state(&other), State::Closed);
+}
+
+/// A prober that was frozen past its lease wakes after the fleet elected
+/// another prober, whose probe failed and re-opened: its next renewal is
+/// fenced, and it leaves half-open for the fleet's opening (no second
+/// probe from it).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_fenced_renewal_leaves_half_open_for_the_fleets_decision() {
+    let shared = Arc::new(MemoryStore::new());
+    let (frozen_view, other_view) = (SlowElections::on(&shared), SlowElections::on(&shared));
+    let (frozen, other) = (on(frozen_view.clone(), |f| f), on(other_view, |f| f));
+    record(&frozen, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    let _stuck = frozen.acquire().await.expect("wins");
+    frozen_view.renewals_fail.store(true, SeqCst);
+    advance(secs(10)).await;
+    other
+        .acquire()
+        .await
+        .expect("elected")
+        .record(Outcome::Failure);
+    settle().await;
+    assert_eq!(state(&other), State::Open);
+
+    frozen_view.renewals_fail.store(false, SeqCst);
+    advance(secs(1)).await;
+    settle().await;
+    assert_eq!(state(&frozen), State::Open, "fenced: follows the re-open");
+}
+
+/// A store slower than the election timeout (seen: 2.7 s from a loaded
+/// local DynamoDB): the breaker times the first election out, goes back to
+/// open for a refresh interval and starts a second one, queued behind the
+/// first. The first's late win still makes it half-open, and the second
+/// never reaches the store (it would lose against this process's own
+/// lease and hold the fleet for it).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_late_win_ends_a_later_election_too() {
+    let store = SlowElections::new(secs(1));
+    let breaker = on(store.clone(), |f| {
+        f.election_timeout(ms(300)).refresh_interval(ms(100))
+    });
+    opened_and_over(&breaker).await;
+    assert!(breaker.acquire().await.is_err(), "timed out at 300 ms");
+    advance(ms(150)).await;
+    assert!(breaker.try_acquire().is_err(), "a second election starts");
+    advance(ms(600)).await;
+    settle().await;
+    assert_eq!(state(&breaker), State::HalfOpen, "the first one's late win");
+    settle().await;
+    assert_eq!(store.elections.load(SeqCst), 1);
+    breaker
+        .try_acquire()
+        .expect("the probe")
+        .record(Outcome::Success);
+    assert_eq!(state(&breaker), State::Closed);
+}
