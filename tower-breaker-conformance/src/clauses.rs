@@ -14,6 +14,10 @@
 //!   candidate loses with the time left; once T has passed exactly one
 //!   wins, with a token and a lease during which every other candidate
 //!   loses, even past T.
+//! - **Leases** ([`Store::renew_probe`], where
+//!   [`Store::renews_leases`]): the winner's renewals keep other
+//!   candidates off; a lease no longer renewed lapses and is taken over,
+//!   and its old holder's renewals are fenced.
 //! - **Fencing**: only the winner's token closes ([`Store::close`]) or
 //!   re-opens ([`Store::reopen`]); after a close, elections report
 //!   [`Election::Closed`] and a stale re-open writes nothing.
@@ -149,6 +153,62 @@ pub async fn the_winners_lease_holds_off_other_candidates_past_t(
         Ok(Election::Lost { remaining }) => assert!(remaining <= lease, "{remaining:?}"),
         other => panic!("the lease still runs: {other:?}"),
     }
+}
+
+/// On a store that [renews leases](Store::renews_leases): the winner's
+/// renewals keep its lease running well past its first end, and every
+/// other candidate loses meanwhile; a stranger's token renews nothing;
+/// once the renewals stop, the lease lapses, a candidate wins, and the old
+/// winner's next renewal is fenced. (A store that does not renew skips
+/// this clause: its leases cover the whole probe.)
+pub async fn a_renewed_lease_holds_off_candidates_and_a_lapsed_one_is_fenced(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    if !store.renews_leases() {
+        return;
+    }
+    open_and_wait(&**store, name).await;
+    let lease = PERIOD;
+    let mut token = win(&**store, name, Duration::from_millis(100), lease).await;
+    let stranger = ProbeToken::new(token.get() ^ 1);
+    assert_eq!(
+        store
+            .renew_probe(name, stranger, lease)
+            .await
+            .expect("renew"),
+        None,
+        "a stranger's token"
+    );
+    // Three renewals 250 ms apart: 750 ms, past the 400 ms lease.
+    for round in 0..3 {
+        sleep(Duration::from_millis(250)).await;
+        token = match store.renew_probe(name, token, lease).await {
+            Ok(Some(next)) => next,
+            other => panic!("renewal {round}: the winner renews, got {other:?}"),
+        };
+        match store.try_acquire_probe(name, PERIOD, lease).await {
+            Ok(Election::Lost { .. }) => {}
+            other => panic!("renewal {round}: the lease still runs, got {other:?}"),
+        }
+    }
+    sleep(lease + SLACK).await;
+    // A store that tolerates clock skew may add its margin once more.
+    let winner = loop {
+        match store.try_acquire_probe(name, PERIOD, lease).await {
+            Ok(Election::Won(next)) => break next,
+            Ok(Election::Lost { remaining }) if remaining <= Duration::from_secs(2) => {
+                sleep(remaining + Duration::from_millis(10)).await;
+            }
+            other => panic!("the lapsed lease is taken over, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        store.renew_probe(name, token, lease).await.expect("renew"),
+        None,
+        "the old winner is fenced"
+    );
+    assert!(store.close(name, winner).await.expect("close"));
 }
 
 /// Only the winner's token closes the circuit, once.

@@ -53,7 +53,13 @@
 //! - **elect** ([`Store::try_acquire_probe`]): exactly one winner per
 //!   version, whatever the clocks say, because the winner's write changes
 //!   the version every other contender is conditioned on. It moves T
-//!   forward one period and holds a lease for its probe.
+//!   forward one period and holds a short lease for its probe.
+//! - **renew** ([`Store::renew_probe`]): while its probe runs, the winner
+//!   renews its lease every third of it, fenced by its token; each
+//!   renewal writes a new version (handed back as the winner's new
+//!   token), so contenders that time the lease by what they saw start
+//!   counting again. A prober that dies or freezes stops renewing and is
+//!   taken over one lease (plus the tolerated skew) later.
 //! - **close** and **reopen** ([`Store::close`], [`Store::reopen`]):
 //!   fenced by the winner's token (the version its election wrote): a
 //!   stale prober cannot close or re-open a circuit the fleet re-opened or
@@ -1023,6 +1029,39 @@ impl Store for DynamoDbStore {
             })
             .await
         })
+    }
+
+    fn renew_probe<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        lease: Duration,
+    ) -> StoreFuture<'a, Option<ProbeToken>> {
+        Box::pin(async move {
+            let lease = millis(lease);
+            self.transact(name, |_, seen, now| {
+                Ok(match seen {
+                    Some(r) if r.phase == Phase::Open && r.version == Some(token.get()) => {
+                        // A fresh version: contenders time the lease from
+                        // the last change they saw (by their own clocks),
+                        // so each renewal restarts their count.
+                        let fresh = self.tokens.draw();
+                        let record =
+                            Record::open(now, r.until, r.period, r.reopens, Some(lease), fresh);
+                        Step::Write(
+                            record,
+                            Some(ProbeToken::new(fresh).with_reopens(token.reopens())),
+                        )
+                    }
+                    _ => Step::Done(None),
+                })
+            })
+            .await
+        })
+    }
+
+    fn renews_leases(&self) -> bool {
+        true
     }
 
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {

@@ -32,11 +32,13 @@
 //!   time left. T passed and no lease (or no record at all: a record lost
 //!   while processes knew the circuit open): this caller wins; T moves
 //!   forward by the longer of the caller's period and the last opening's,
-//!   its lease covers its whole probe (the breaker's
-//!   [`max_half_open_wait`](tower_breaker::BreakerConfig::max_half_open_wait)), a
-//!   fresh token is stored, the fleet's window starts empty, and the
-//!   winner learns the count of re-opens so far. So a slow prober is never joined by a second one, and a prober
-//!   that vanishes holds the fleet back at most its lease.
+//!   it holds a short lease ([`probe_lease`](tower_breaker::FleetConfig::probe_lease),
+//!   2 s), a fresh token is stored, the fleet's window starts empty, and
+//!   the winner learns the count of re-opens so far.
+//! - **renew** ([`Store::renew_probe`]): while its probe runs, the winner
+//!   extends its lease every third of it, if the record still holds its
+//!   token. So a slow live prober is never joined by a second one, and a
+//!   prober that dies or freezes holds the fleet back one lease past T.
 //! - **close** ([`Store::close`]): mark the circuit closed (with an empty
 //!   window) only if the record still holds the winner's token. The mark
 //!   stays for the
@@ -186,6 +188,10 @@ const REOPEN: &str = include_str!("lua/reopen.lua");
 /// ARGV: token, cleanup. Returns {1} if it closed the circuit.
 const CLOSE: &str = include_str!("lua/close.lua");
 
+/// ARGV: lease, the winner's token, cleanup. Returns {1} renewed, {0}
+/// fenced.
+const RENEW: &str = include_str!("lua/renew.lua");
+
 /// Returns {0} closed, {1, remaining} open, {2} expired, {3} missing.
 const READ: &str = include_str!("lua/read.lua");
 
@@ -291,6 +297,7 @@ struct Scripts {
     elect: Script,
     reopen: Script,
     close: Script,
+    renew: Script,
     read: Script,
     report: Script,
 }
@@ -400,6 +407,7 @@ impl RedisStore {
                 elect: script(ELECT),
                 reopen: script(REOPEN),
                 close: script(CLOSE),
+                renew: script(RENEW),
                 read: script(READ),
                 report: script(REPORT),
             },
@@ -575,6 +583,30 @@ impl Store for RedisStore {
                 ref other => Err(unexpected("close", other)),
             }
         })
+    }
+
+    fn renew_probe<'a>(
+        &'a self,
+        name: &'a str,
+        token: ProbeToken,
+        lease: Duration,
+    ) -> StoreFuture<'a, Option<ProbeToken>> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            let args = [
+                millis(lease),
+                token.get(),
+                millis(self.options.cleanup_after),
+            ];
+            match self.run(&self.scripts.renew, &key, &args).await?[..] {
+                [renewed] => Ok((renewed == 1).then_some(token)),
+                ref other => Err(unexpected("renew", other)),
+            }
+        })
+    }
+
+    fn renews_leases(&self) -> bool {
+        true
     }
 
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
@@ -800,11 +832,12 @@ mod tests {
     }
 
     /// The scripts as the store builds them, with their bodies.
-    const SCRIPTS: [(&str, &str); 6] = [
+    const SCRIPTS: [(&str, &str); 7] = [
         ("open", OPEN),
         ("elect", ELECT),
         ("reopen", REOPEN),
         ("close", CLOSE),
+        ("renew", RENEW),
         ("read", READ),
         ("report", REPORT),
     ];

@@ -1,6 +1,7 @@
 //! The fleet's one-probe guarantee when things go wrong: the record is
 //! flushed while the circuit is open, the probe outlasts the open period,
-//! the prober's process is killed with SIGKILL mid-probe. Real
+//! the prober's process is killed with SIGKILL mid-probe (its renewals
+//! stop, so its lease lapses). Real
 //! `redis-server`s on free ports; real time, with bounds taken from the
 //! configured periods plus generous slack for a busy machine.
 
@@ -47,6 +48,16 @@ fn fleet_config(store: Arc<RedisStore>, open: Duration, lease: Duration) -> Brea
         .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
 }
 
+/// [`fleet_config`] with the default probe wait (30 s) and probe lease
+/// (2 s, renewed while the probe runs).
+fn default_lease_config(store: Arc<RedisStore>, open: Duration) -> BreakerConfig {
+    config()
+        .count_window(2)
+        .minimum_calls(2)
+        .open_period(open)
+        .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
+}
+
 fn trip(b: &Breaker) {
     while state(b) != State::Open {
         b.try_acquire()
@@ -72,18 +83,18 @@ async fn until_all_reject(fleet: &[Breaker], limit: Duration) {
 /// Calls every breaker of `fleet` from `tasks` tasks every 3 ms until
 /// `stop`; every admitted call is kept (not completed) and returned.
 async fn hammer(fleet: &Arc<Vec<Breaker>>, tasks: usize, stop: Instant) -> Vec<Permit> {
-    hammer_after_first(fleet, tasks, stop, None).await
+    hammer_after_first(fleet, tasks, stop, None).await.0
 }
 
 /// [`hammer`], stopping `after` the first admission if it comes before
 /// `stop`: long enough to see a second prober, shorter than a probe's
-/// lease.
+/// lease. Also returns when the first admission came.
 async fn hammer_after_first(
     fleet: &Arc<Vec<Breaker>>,
     tasks: usize,
     stop: Instant,
     after: Option<Duration>,
-) -> Vec<Permit> {
+) -> (Vec<Permit>, Option<Instant>) {
     let held: Arc<Mutex<Vec<Permit>>> = Arc::default();
     let first: Arc<Mutex<Option<Instant>>> = Arc::default();
     let handles: Vec<_> = (0..tasks)
@@ -113,7 +124,8 @@ async fn hammer_after_first(
         h.await.unwrap();
     }
     let mut held = held.lock().unwrap();
-    std::mem::take(&mut *held)
+    let first = *first.lock().unwrap();
+    (std::mem::take(&mut *held), first)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +154,7 @@ async fn a_flushed_record_never_closes_the_fleet_without_a_probe() {
         "re-asserted"
     );
     // After it, exactly one probe (well before the next election's T).
-    let probes = hammer_after_first(&fleet, 20, tripped + open + secs(3), Some(ms(500))).await;
+    let (probes, _) = hammer_after_first(&fleet, 20, tripped + open + secs(3), Some(ms(500))).await;
     assert_eq!(probes.len(), 1, "one probe after the flush");
     assert!(probes[0].is_probe());
     println!(
@@ -169,7 +181,7 @@ async fn a_probe_slower_than_the_open_period_is_never_joined_by_a_second() {
     let fleet = Arc::new(fleet(&server.url(), "slow-probe", 5, open, lease).await);
     assert!(opened.elapsed() < secs(2), "the fleet was built in time");
     // Everyone calls until one probe is out...
-    let mut probes = hammer_after_first(&fleet, 20, opened + secs(5), Some(ms(500))).await;
+    let (mut probes, _) = hammer_after_first(&fleet, 20, opened + secs(5), Some(ms(500))).await;
     assert_eq!(probes.len(), 1, "one probe");
     let probe = probes.pop().unwrap();
     assert!(probe.is_probe());
@@ -218,7 +230,7 @@ fn prober_process_role() {
                 .await
                 .unwrap(),
         );
-        let b = Breaker::with_config("killed", fleet_config(store, ms(300), secs(2)));
+        let b = Breaker::with_config("killed", default_lease_config(store, ms(300)));
         b.refresh().await.unwrap();
         loop {
             if let Ok(permit) = b.try_acquire() {
@@ -232,14 +244,20 @@ fn prober_process_role() {
     });
 }
 
+/// The case, with the default settings (a 30 s probe wait, a 2 s
+/// lease renewed every third of it): the prober's process is SIGKILLed a
+/// second into its probe. Its last renewal holds the fleet off until about
+/// 2 s after it; then exactly one other process probes, within 2 s of the
+/// kill plus the open period (it was the whole 30 s wait before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_prober_killed_mid_probe_holds_the_fleet_for_its_lease_then_one_probes() {
-    let Some(server) = RedisServer::start_or_skip(
-        "the_prober_killed_mid_probe_holds_the_fleet_for_its_lease_then_one_probes",
-    ) else {
+async fn the_prober_killed_mid_probe_frees_the_fleet_within_its_lease() {
+    let Some(server) =
+        RedisServer::start_or_skip("the_prober_killed_mid_probe_frees_the_fleet_within_its_lease")
+    else {
         return;
     };
-    let (open, lease) = (ms(300), secs(2));
+    let open = ms(300);
+    let lease = tower_breaker::config::DEFAULT_PROBE_LEASE;
     // The circuit opens before the prober's process starts: it is the only
     // caller when the period ends, so it wins the election.
     let store = RedisStore::connect(&server.url(), RedisOptions::new())
@@ -268,21 +286,44 @@ async fn the_prober_killed_mid_probe_holds_the_fleet_for_its_lease_then_one_prob
     .await
     .unwrap();
     assert!(line.is_some(), "the child took the probe");
-    let elected = Instant::now();
-    child.kill().unwrap(); // SIGKILL: no close, no re-open, nothing
+    // The rest of the fleet, with the same defaults, built while the
+    // child probes (and renews its lease).
+    let mut fleet = Vec::new();
+    for _ in 0..5 {
+        let store = Arc::new(
+            RedisStore::connect(&server.url(), RedisOptions::new().timeout(ms(500)))
+                .await
+                .unwrap(),
+        );
+        let b = Breaker::with_config("killed", default_lease_config(store, open));
+        b.refresh().await.unwrap();
+        fleet.push(b);
+    }
+    let fleet = Arc::new(fleet);
+    let probing = hammer(&fleet, 20, Instant::now() + secs(1)).await;
+    assert!(
+        probing.is_empty(),
+        "{} calls joined the live probe",
+        probing.len()
+    );
+    child.kill().unwrap(); // SIGKILL: no close, no re-open, no renewal
     child.wait().unwrap();
+    let killed = Instant::now();
 
-    // The rest of the fleet: nobody probes while the dead prober's lease
-    // runs; then exactly one does.
-    let fleet = Arc::new(fleet(&server.url(), "killed", 5, open, lease).await);
-    let during = hammer(&fleet, 20, elected + lease - ms(300)).await;
+    // Its last renewal came at most a third of the lease before the kill.
+    let during = hammer(&fleet, 20, killed + lease - lease / 3 - ms(100)).await;
     assert!(during.is_empty(), "{} calls during the lease", during.len());
-    let after = hammer_after_first(&fleet, 20, elected + lease + secs(3), Some(ms(500))).await;
+    let (after, first) =
+        hammer_after_first(&fleet, 20, killed + lease + open + secs(3), Some(ms(500))).await;
     assert_eq!(after.len(), 1, "one probe once the lease is over");
     assert!(after[0].is_probe());
+    let freed = first.unwrap() - killed;
+    assert!(
+        freed <= lease + open + ms(700),
+        "the fleet waited {freed:?} after the kill"
+    );
     println!(
-        "sigkill: the prober died {:?} after its election; one new probe once its {lease:?} lease ended",
-        elected.elapsed()
+        "sigkill: the prober died a second into its probe; one new probe {freed:?} after the kill (lease {lease:?}, open period {open:?}; was the whole 30 s probe wait)"
     );
 }
 

@@ -718,7 +718,10 @@ impl Core {
         let Some(link) = &self.store else {
             return false;
         };
-        if Word(self.word.load(Acquire)) != half_open {
+        // The same half-open state (a probe's admission moves its
+        // deadline, not its generation).
+        let current = Word(self.word.load(Acquire));
+        if current.state() != HALF_OPEN || current.gen() != half_open.gen() {
             return false;
         }
         let Some(token) = *link.token.lock().unwrap_or_else(|e| e.into_inner()) else {
@@ -759,7 +762,11 @@ impl Core {
 
     /// half-open -> closed | open: this process's probe lease was taken
     /// over; the store said `read`.
-    fn leave_lost_lease(self: &Arc<Self>, half_open: Word, read: &Result<Decision, StoreError>) {
+    fn leave_lost_lease(self: &Arc<Self>, started: Word, read: &Result<Decision, StoreError>) {
+        let half_open = Word(self.word.load(Acquire));
+        if half_open.state() != HALF_OPEN || half_open.gen() != started.gen() {
+            return;
+        }
         let now = self.now_ns();
         let remaining = match read {
             Ok(Decision::Closed) => {
