@@ -768,7 +768,7 @@ impl DynamoDbStore {
     async fn open(&self, name: &str, open_for: Duration) -> Result<Duration, StoreError> {
         let period = millis(open_for);
         self.transact(name, |_, seen, now| {
-            let seen = seen.filter(|r| !r.ttl_passed(now));
+            let seen = seen.filter(|r| !r.gone(now, millis(self.options.cleanup_after)));
             if let Some(r) = seen.filter(|r| r.open_ahead(now)) {
                 return Ok(Step::Done(ms(r.remaining(now))));
             }
@@ -818,15 +818,20 @@ impl DynamoDbStore {
     /// the opening watched, so that a clock behind the writer's cannot
     /// stretch it.
     fn view(&self, key: &str, record: Option<&Record>, now: u64) -> Result<Decision, StoreError> {
-        Ok(match (decide(record, now)?, record) {
-            (Decision::Open { .. }, Some(r)) => match self.open_left(key, r, now) {
-                0 => Decision::Expired,
-                left => Decision::Open {
-                    remaining: ms(left),
+        Ok(
+            match (
+                decide(record, now, millis(self.options.cleanup_after))?,
+                record,
+            ) {
+                (Decision::Open { .. }, Some(r)) => match self.open_left(key, r, now) {
+                    0 => Decision::Expired,
+                    left => Decision::Open {
+                        remaining: ms(left),
+                    },
                 },
+                (decision, _) => decision,
             },
-            (decision, _) => decision,
-        })
+        )
     }
 
     /// How long the elected prober of `r` still holds its lease: until its
@@ -859,9 +864,22 @@ impl DynamoDbStore {
             .update_item()
             .table_name(&self.options.table)
             .key(record::PK, AttributeValue::S(key.to_owned()))
-            .condition_expression("attribute_not_exists(#st) OR #st <> :open OR #exp < :nows")
+            // Not open, or an opening gone (past the TTL, or past its own
+            // T and lease by the cleanup time: a report revived the item).
+            .condition_expression(
+                "attribute_not_exists(#st) OR #st <> :open OR #exp < :nows \
+                 OR (#until < :gone AND (attribute_not_exists(#lease) OR #lease < :gone))",
+            )
             .expression_attribute_names("#st", record::STATE)
             .expression_attribute_names("#exp", record::EXPIRES)
+            .expression_attribute_names("#until", record::UNTIL)
+            .expression_attribute_names("#lease", record::LEASE)
+            .expression_attribute_values(
+                ":gone",
+                n(now
+                    .saturating_sub(millis(self.options.cleanup_after))
+                    .to_string()),
+            )
             .expression_attribute_names("#w", bucket_attr(tick))
             .expression_attribute_values(":open", AttributeValue::S("open".to_owned()))
             .expression_attribute_values(":nows", n((now / 1000).to_string()))
@@ -984,7 +1002,7 @@ impl Store for DynamoDbStore {
         Box::pin(async move {
             let (period, lease) = (millis(open_for), millis(lease));
             self.transact(name, |key, seen, now| {
-                let seen = seen.filter(|r| !r.ttl_passed(now));
+                let seen = seen.filter(|r| !r.gone(now, millis(self.options.cleanup_after)));
                 let mut reopens = 0;
                 let mut last_period = 0;
                 if let Some(r) = seen.filter(|r| !r.unreadable) {
@@ -1101,7 +1119,10 @@ impl Store for DynamoDbStore {
                         );
                         Step::Write(record, ms(until - now))
                     }
-                    Some(r) if r.open_ahead(now) && !r.ttl_passed(now) => {
+                    Some(r)
+                        if r.open_ahead(now)
+                            && !r.gone(now, millis(self.options.cleanup_after)) =>
+                    {
                         Step::Done(ms(r.remaining(now)))
                     }
                     _ => Step::Done(Duration::ZERO),

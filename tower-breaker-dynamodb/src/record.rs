@@ -198,6 +198,19 @@ impl Record {
         self.expires_at != 0 && self.expires_at.saturating_mul(1000) <= now
     }
 
+    /// Whether the item is gone for the store's decisions: past its TTL
+    /// (DynamoDB deletes such items lazily, up to days later), or holding
+    /// an opening whose own time to live (its T or lease plus `cleanup_ms`)
+    /// has passed even though a later report moved the item's TTL (a
+    /// report `ADD`s to the window of an item whose TTL passed, which
+    /// revives it with its old state).
+    pub(super) fn gone(&self, now: u64, cleanup_ms: u64) -> bool {
+        self.ttl_passed(now)
+            || self.phase == Phase::Open
+                && !self.unreadable
+                && self.until.max(self.lease_until).saturating_add(cleanup_ms) < now
+    }
+
     /// Whether it holds an opening whose T is still ahead.
     pub(super) fn open_ahead(&self, now: u64) -> bool {
         self.phase == Phase::Open && !self.unreadable && self.until > now
@@ -280,8 +293,12 @@ impl Record {
 }
 
 /// The decision an item (or its absence) gives at `now`.
-pub(super) fn decide(record: Option<&Record>, now: u64) -> Result<Decision, StoreError> {
-    let Some(r) = record.filter(|r| !r.ttl_passed(now)) else {
+pub(super) fn decide(
+    record: Option<&Record>,
+    now: u64,
+    cleanup_ms: u64,
+) -> Result<Decision, StoreError> {
+    let Some(r) = record.filter(|r| !r.gone(now, cleanup_ms)) else {
         return Ok(Decision::Missing);
     };
     if r.unreadable {
@@ -352,15 +369,21 @@ mod tests {
         assert_eq!(back.expires_at, 631);
         assert!(!back.unreadable);
         assert_eq!(
-            decide(Some(&back), 2_000).unwrap(),
+            decide(Some(&back), 2_000, 600_000).unwrap(),
             Decision::Open {
                 remaining: Duration::from_secs(4)
             }
         );
-        assert_eq!(decide(Some(&back), 6_000).unwrap(), Decision::Expired);
+        assert_eq!(
+            decide(Some(&back), 6_000, 600_000).unwrap(),
+            Decision::Expired
+        );
         // Past the TTL the item is as good as deleted.
-        assert_eq!(decide(Some(&back), 631_000).unwrap(), Decision::Missing);
-        assert_eq!(decide(None, 0).unwrap(), Decision::Missing);
+        assert_eq!(
+            decide(Some(&back), 631_000, 600_000).unwrap(),
+            Decision::Missing
+        );
+        assert_eq!(decide(None, 0, 600_000).unwrap(), Decision::Missing);
     }
 
     #[test]
@@ -377,7 +400,7 @@ mod tests {
         item.insert(UNTIL.to_owned(), AttributeValue::S("soon".to_owned()));
         let r = Record::decode(&item);
         assert!(r.unreadable);
-        assert!(decide(Some(&r), 1).is_err());
+        assert!(decide(Some(&r), 1, 600_000).is_err());
         let mut item = Record::closed(1).encode("k", 0, 1000);
         item.insert(STATE.to_owned(), AttributeValue::S("ajar".to_owned()));
         assert!(Record::decode(&item).unreadable);

@@ -481,6 +481,62 @@ async fn items_past_their_ttl_read_as_missing_and_the_ttl_is_cleanup_only() {
     ));
 }
 
+/// The case: traffic stopped while the circuit was open, for
+/// longer than the cleanup time, so the item is past its TTL (still in the
+/// table: DynamoDB deletes lazily). A new process, a healthy dependency:
+/// its reports `ADD` to the old item's window, which gives the item a new
+/// TTL with its old opening. The store must not read that opening back as
+/// expired (which opened the breaker, elected it and rejected a call):
+/// every call succeeds, and nothing but reports is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_item_past_its_ttl_is_not_revived_by_reports() {
+    let Some(server) =
+        MotoServer::start_or_skip("an_open_item_past_its_ttl_is_not_revived_by_reports")
+    else {
+        return;
+    };
+    let short = |skew| options(skew).cleanup_after(secs(60));
+    let old = server.store(TABLE, short(0)).await;
+    old.try_open("revived", secs(5)).await.unwrap();
+    let key = old.key("revived").unwrap();
+    let before = item(&server, &key).await;
+
+    // 70 s later by the new process's clock: past T plus the cleanup time.
+    let store = Arc::new(server.store(TABLE, short(70_000)).await);
+    let b = Breaker::with_config(
+        "revived",
+        config().count_window(4).minimum_calls(4).fleet(
+            FleetConfig::new(store.clone())
+                .refresh_interval(ms(50))
+                .flush_interval(ms(10)),
+        ),
+    );
+    b.refresh().await.unwrap();
+    for _ in 0..10 {
+        b.try_acquire()
+            .expect("a healthy dependency: closed")
+            .record(Outcome::Success);
+        sleep(ms(60)).await;
+    }
+    // A failure makes a report at once, and is not enough to open.
+    b.try_acquire().expect("closed").record(Outcome::Failure);
+    sleep(ms(300)).await;
+    assert_eq!(state(&b), State::Closed);
+    assert_eq!(b.snapshot().totals.rejected, 0);
+    let after = item(&server, &key).await;
+    for field in ["state", "until_ms", "ver"] {
+        assert_eq!(
+            after.get(field),
+            before.get(field),
+            "{field}: no opening, no election"
+        );
+    }
+    assert!(
+        after.keys().any(|k| !before.contains_key(k)),
+        "the reports landed in the window: {after:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_the_item_is_an_error_and_an_open_repairs_it() {
     let Some(server) =

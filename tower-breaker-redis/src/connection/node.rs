@@ -32,6 +32,13 @@ const MAX_DELAY: Duration = Duration::from_secs(1);
 /// At most one check with the sentinels per this interval, when calls go
 /// unanswered.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
+/// Calls in a row left unanswered on a fixed node's connection (each cut
+/// by the store's timeout, which is much shorter than the connection's own
+/// response timeout) before the connection is taken for dead and replaced:
+/// a partition without FIN or RST, a failover that moved the address to
+/// another host, a frozen server. A slow but live server costs one
+/// reconnection per this many timeouts.
+const SILENT_BEFORE_REPLACE: u32 = 3;
 
 /// A connection to one node, cheap to clone (every clone shares it).
 #[derive(Clone)]
@@ -77,6 +84,8 @@ struct State {
     /// A check with the sentinels is running.
     checking: bool,
     last_check: Option<Instant>,
+    /// Calls in a row left unanswered on the current connection.
+    silent: u32,
 }
 
 /// The connection in use.
@@ -186,11 +195,32 @@ impl Node {
         }
     }
 
+    /// A call on connection `id` was answered: it is alive.
+    fn answered(&self, id: u64) {
+        let mut state = self.shared.lock();
+        if state.silent != 0 && state.current.as_ref().is_some_and(|c| c.id == id) {
+            state.silent = 0;
+        }
+    }
+
     /// A call on connection `id` went unanswered: through Sentinel, ask
     /// whether the primary has moved (a frozen or unreachable primary
     /// sends no error, only silence).
     fn abandoned(&self, id: u64) {
         if !self.is_sentinel() {
+            // A fixed node: after a few silent calls in a row, a new
+            // connection (the old one may never answer again, and the
+            // kernel may take many minutes to give up on it).
+            let mut state = self.shared.lock();
+            if state.current.as_ref().is_some_and(|c| c.id == id) {
+                state.silent += 1;
+                if state.silent >= SILENT_BEFORE_REPLACE {
+                    state.current = None;
+                    if matches!(state.attempt, Attempt::Idle) {
+                        self.shared.start(&mut state);
+                    }
+                }
+            }
             return;
         }
         let mut state = self.shared.lock();
@@ -294,6 +324,7 @@ impl Shared {
                     });
                     state.attempt = Attempt::Idle;
                     state.failures = 0;
+                    state.silent = 0;
                 }
                 Err(error) => {
                     state.failures = state.failures.saturating_add(1);
@@ -428,8 +459,9 @@ impl<'a> Watch<'a> {
 
     fn finish(&mut self, error: Option<&RedisError>) {
         self.done = true;
-        if let Some(error) = error {
-            self.node.failed(self.id, error);
+        match error {
+            Some(error) => self.node.failed(self.id, error),
+            None => self.node.answered(self.id),
         }
     }
 }

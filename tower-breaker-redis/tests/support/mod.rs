@@ -30,6 +30,7 @@ pub fn secs(n: u64) -> Duration {
 /// `TOWER_REQUIRE_SERVERS` (the conformance crate's helper, shared).
 pub use tower_breaker_conformance::server_found;
 
+pub mod proxy;
 pub mod redis_server;
 #[cfg(feature = "tls")]
 pub mod redis_tls;

@@ -1,0 +1,100 @@
+//! One process cut off from Redis by a partition that sends no FIN or RST
+//! (an in-test proxy that stops forwarding and closes nothing), beside a
+//! process that still reaches Redis. A real `redis-server` on a free port;
+//! real time.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::proxy::Proxy;
+use support::redis_server::RedisServer;
+use support::*;
+use tokio::time::{sleep, Instant};
+use tower_breaker::{Breaker, BreakerConfig, FleetConfig, Outcome, State};
+use tower_breaker_redis::{RedisOptions, RedisStore};
+
+const REFRESH: Duration = Duration::from_millis(100);
+
+fn on(store: Arc<RedisStore>) -> BreakerConfig {
+    config()
+        .count_window(2)
+        .minimum_calls(2)
+        .open_period(secs(30))
+        .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
+}
+
+/// While cut off, the process's calls never wait on the store (each is
+/// admitted at once: the breaker fails open) and its store alarm counts
+/// the timeouts; after three unanswered calls it gives up on the silent
+/// connection and dials again (before, it kept the dead connection until
+/// the kernel gave up on it, many minutes later). Once the partition
+/// heals it follows the opening the rest of the fleet made meanwhile,
+/// within about a refresh interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_process_replaces_its_dead_connection_and_follows_the_fleet_after_the_heal() {
+    let Some(server) = RedisServer::start_or_skip(
+        "a_partitioned_process_replaces_its_dead_connection_and_follows_the_fleet_after_the_heal",
+    ) else {
+        return;
+    };
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
+    let connect = |url: String| async move {
+        Arc::new(
+            RedisStore::connect(&url, RedisOptions::new())
+                .await
+                .expect("connect"),
+        )
+    };
+    let cut_off = Breaker::with_config("partition", on(connect(proxy.url()).await));
+    let other = Breaker::with_config("partition", on(connect(server.url()).await));
+    cut_off.refresh().await.unwrap();
+    other.refresh().await.unwrap();
+    sleep(ms(200)).await; // the push subscriber's connection too
+    let dialled = proxy.accepted();
+
+    proxy.partition();
+    let cut = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut replaced = None;
+    while cut.elapsed() < ms(1500) {
+        let call = Instant::now();
+        cut_off
+            .try_acquire()
+            .expect("fails open: every call admitted")
+            .record(Outcome::Success);
+        slowest = slowest.max(call.elapsed());
+        if replaced.is_none() && proxy.accepted() > dialled {
+            replaced = Some(cut.elapsed());
+        }
+        sleep(ms(10)).await;
+    }
+    let errors = cut_off.snapshot().totals.store_errors;
+    assert!(errors >= 3, "the store alarm: {errors} store errors");
+    let replaced = replaced.expect("the silent connection was replaced");
+    assert!(replaced <= secs(1), "replaced {replaced:?} after the cut");
+    assert!(slowest < ms(20), "a call waited {slowest:?}");
+
+    // The rest of the fleet opens the circuit; the cut-off process cannot
+    // know yet.
+    for _ in 0..2 {
+        other.try_acquire().unwrap().record(Outcome::Failure);
+    }
+    sleep(ms(100)).await;
+    assert_eq!(state(&other), State::Open);
+    assert_eq!(state(&cut_off), State::Closed);
+
+    proxy.heal();
+    let healed = Instant::now();
+    while let Ok(permit) = cut_off.try_acquire() {
+        permit.record(Outcome::Ignored);
+        assert!(healed.elapsed() < secs(5), "never followed the fleet");
+        sleep(ms(5)).await;
+    }
+    let followed = healed.elapsed();
+    assert!(followed <= secs(1), "followed {followed:?} after the heal");
+    println!(
+        "partition: calls never waited (slowest {slowest:?}), {errors} store errors, the dead connection replaced {replaced:?} after the cut, the fleet's opening followed {followed:?} after the heal (refresh interval {REFRESH:?})"
+    );
+}
