@@ -829,3 +829,41 @@ async fn keyed_names_with_route_templates_and_ipv6_hosts_share_their_circuits() 
         );
     }
 }
+
+/// A failover to a node whose clock is an hour behind the old one's: the
+/// record's T, written by the old node's clock, lies an hour ahead by the
+/// new node's. The time left is capped at the opening's period, so the
+/// fleet stays open at most one period more, not an hour, for reads,
+/// elections and openers alike (as the DynamoDB store caps it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_time_left_is_capped_by_the_openings_period_whatever_the_nodes_clock() {
+    let Some(server) = RedisServer::start_or_skip(
+        "the_time_left_is_capped_by_the_openings_period_whatever_the_nodes_clock",
+    ) else {
+        return;
+    };
+    let store = store(&server).await;
+    store.try_open("behind", secs(2)).await.unwrap();
+    let key = store.key("behind").unwrap();
+    let hour_ahead = server.now_ms() + 3_600_000;
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("until")
+        .arg(hour_ahead)
+        .query(&mut server.raw())
+        .unwrap();
+    match store.read("behind").await.unwrap() {
+        Decision::Open { remaining } => assert!(remaining <= secs(2), "read: {remaining:?}"),
+        other => panic!("open, got {other:?}"),
+    }
+    match store
+        .try_acquire_probe("behind", secs(2), secs(2))
+        .await
+        .unwrap()
+    {
+        Election::Lost { remaining } => assert!(remaining <= secs(2), "elect: {remaining:?}"),
+        other => panic!("lost, got {other:?}"),
+    }
+    let left = store.try_open("behind", secs(5)).await.unwrap();
+    assert!(left <= secs(2), "open: {left:?}");
+}

@@ -17,7 +17,7 @@ local now = now_ms()
 local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'period', 'state', 'lease')
 if rec[4] == 'closed' then return {0} end
 local t = tonumber(rec[1])
-if t and t > now then return {1, t - now} end
+if t and t > now then return {1, left(t, tonumber(rec[3]), now)} end
 local lease = tonumber(rec[5]) or 0
 if lease > now then return {1, lease - now} end
 local reopens = tonumber(rec[2]) or 0

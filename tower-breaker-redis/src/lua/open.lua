@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  the breaker's record
 -- ARGV     period (ms), token, cleanup (ms)
--- Reads    until, reopens, state
+-- Reads    until, reopens, state, period
 -- Writes   if the record is not open with time left: clears the window,
 --          writes an open record (until = now + period, lease 0, reopens
 --          kept unless the record was closed), sets its expiry, publishes
@@ -11,10 +11,10 @@
 
 local now = now_ms()
 local period = tonumber(ARGV[1])
-local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'state')
+local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'state', 'period')
 local closed = rec[3] == 'closed'
 local t = tonumber(rec[1])
-if not closed and t and t > now then return {0, t - now} end
+if not closed and t and t > now then return {0, left(t, tonumber(rec[4]), now)} end
 local reopens = 0
 if not closed then reopens = tonumber(rec[2]) or 0 end
 clear_window(KEYS[1])

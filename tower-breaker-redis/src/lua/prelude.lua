@@ -6,6 +6,11 @@
 --                   instant in a record is the server's, never a client's
 --   int(x)          a number as an integer string, for HSET and PEXPIRE
 --   clear_window(k) deletes the fleet window's fields (w0, w1, ...) of k
+--   left(t, period, now)
+--                   the time left until T, at most the opening's period:
+--                   after a failover to a node whose clock is behind, an
+--                   opening is stretched by at most that much, never by
+--                   the whole difference
 --   write(k, now, until, period, token, reopens, lease, cleanup)
 --                   writes a whole open record and its expiry:
 --                   max(until, lease) - now + cleanup milliseconds
@@ -28,6 +33,11 @@ local function clear_window(key)
   for _, field in ipairs(redis.call('HKEYS', key)) do
     if string.sub(field, 1, 1) == 'w' then redis.call('HDEL', key, field) end
   end
+end
+local function left(t, period, now)
+  local l = t - now
+  if period and period > 0 and l > period then l = period end
+  return l
 end
 local function write(key, now, until_ms, period, token, reopens, lease, cleanup)
   redis.call('HSET', key, 'state', 'open', 'until', int(until_ms), 'token', token,

@@ -5,7 +5,7 @@
 -- ARGV     calls, failures, slow, bucket (ms), buckets, minimum calls,
 --          failure rate (ppm), slow rate (ppm, 0: off), period (ms),
 --          token, cleanup (ms)
--- Reads    until, state, reopens, the window's buckets
+-- Reads    until, state, reopens, period, the window's buckets
 -- Writes   while open: nothing. Otherwise adds the counts to the bucket of
 --          the current tick (w<tick % buckets>, reset if it held an older
 --          tick); if the buckets of the last `buckets` ticks hold at least
@@ -17,10 +17,10 @@
 --          or already), {2} expired, {3} missing
 
 local now = now_ms()
-local rec = redis.call('HMGET', KEYS[1], 'until', 'state', 'reopens')
+local rec = redis.call('HMGET', KEYS[1], 'until', 'state', 'reopens', 'period')
 if rec[2] == 'open' then
   local t = tonumber(rec[1])
-  if t and t > now then return {1, t - now} end
+  if t and t > now then return {1, left(t, tonumber(rec[4]), now)} end
   return {2}
 end
 local bucket_ms = tonumber(ARGV[4])
