@@ -29,6 +29,10 @@ struct SlowElections {
     elections: AtomicUsize,
     renewals: AtomicUsize,
     renewals_fail: AtomicBool,
+    /// Write-throughs of openings fail (the store unreachable for them).
+    opens_fail: AtomicBool,
+    /// Pushes are not forwarded (the process hears only its own reads).
+    deaf: bool,
 }
 
 impl SlowElections {
@@ -50,6 +54,9 @@ impl SlowElections {
 
 impl Store for SlowElections {
     fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+        if self.opens_fail.load(SeqCst) {
+            return Box::pin(async { Err(StoreError::new("unreachable")) });
+        }
         self.inner.try_open(name, open_for)
     }
     fn try_acquire_probe<'a>(
@@ -97,7 +104,9 @@ impl Store for SlowElections {
         true
     }
     fn watch(&self, name: &str, watcher: std::sync::Weak<dyn tower_breaker::store::Watcher>) {
-        self.inner.watch(name, watcher);
+        if !self.deaf {
+            self.inner.watch(name, watcher);
+        }
     }
 }
 
@@ -446,4 +455,48 @@ async fn a_late_win_ends_a_later_election_too() {
         .expect("the probe")
         .record(Outcome::Success);
     assert_eq!(state(&breaker), State::Closed);
+}
+
+/// A process opened on its own while its write-through failed; later the
+/// rest of the fleet probed and closed the circuit. When that process
+/// reads the store again it finds the close, which is newer than its
+/// opening: it must not write its opening over it (before, it did, and the
+/// fleet re-opened against a dependency that had just recovered).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_close_is_never_overwritten_by_an_older_unshared_opening() {
+    let shared = Arc::new(MemoryStore::new());
+    let lonely_view = Arc::new(SlowElections {
+        inner: Arc::clone(&shared),
+        deaf: true,
+        ..SlowElections::default()
+    });
+    lonely_view.opens_fail.store(true, SeqCst);
+    let lonely = on(lonely_view.clone(), |f| f.refresh_interval(secs(3600)));
+    let fleet = on(SlowElections::on(&shared), |f| f);
+
+    record(&fleet, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(1)).await;
+    record(&lonely, Outcome::Failure, 2);
+    settle().await;
+    assert_eq!(state(&lonely), State::Open, "opened alone, not shared");
+
+    advance(secs(4)).await;
+    fleet
+        .acquire()
+        .await
+        .expect("the fleet's probe")
+        .record(Outcome::Success);
+    settle().await;
+    assert_eq!(shared.read("dep").await.unwrap(), Decision::Closed);
+
+    lonely_view.opens_fail.store(false, SeqCst);
+    lonely.refresh().await.unwrap();
+    settle().await;
+    assert_eq!(
+        shared.read("dep").await.unwrap(),
+        Decision::Closed,
+        "the close stands"
+    );
+    assert!(fleet.try_acquire().is_ok(), "the fleet stays closed");
 }

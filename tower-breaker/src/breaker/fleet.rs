@@ -301,8 +301,13 @@ impl Core {
             }
             Ok(Decision::Closed) => {
                 self.store_ok();
+                // Never a re-publication of an opening the store did not
+                // get: the close may be newer than it (a prober elsewhere
+                // succeeded since), and writing it would re-open a fleet
+                // that just recovered. An unshared local opening stays
+                // local (and the fleet's window judges the failures it
+                // reports); its election then finds the circuit closed.
                 self.adopt_closed(asked);
-                self.rewrite_open();
             }
             Ok(Decision::Missing) => {
                 self.store_ok();
@@ -327,7 +332,8 @@ impl Core {
 
     /// The store does not hold this process's opening (the write-through
     /// failed while the store was down, or the store lost its data): write
-    /// it again, so that sharing resumes by itself.
+    /// it again, so that sharing resumes by itself. Only on a read that
+    /// finds no record, or an expired one: never over a close.
     pub(super) fn rewrite_open(self: &Arc<Self>) {
         let core = &**self;
         let Some(link) = &core.store else { return };
