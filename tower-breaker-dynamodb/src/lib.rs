@@ -190,7 +190,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
 pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
 /// The default time an item is kept after its T: 10 minutes.
 pub const DEFAULT_CLEANUP_AFTER: Duration = tower_breaker::store::DEFAULT_CLEANUP_AFTER;
-/// The longest breaker name: 200 bytes.
+/// The longest breaker name kept as it is: 200 bytes. A longer one is
+/// kept as its first bytes and a hash of the whole
+/// ([`bounded_name`](tower_breaker::store::bounded_name)), never refused.
 pub const MAX_NAME_LEN: usize = 200;
 /// The longest key prefix: 64 bytes.
 pub const MAX_PREFIX_LEN: usize = 64;
@@ -487,14 +489,18 @@ impl DynamoDbStore {
     ///
     /// # Errors
     ///
-    /// A [`StoreError`] if the name is empty or longer than
-    /// [`MAX_NAME_LEN`] bytes.
+    /// A [`StoreError`] if the name is empty. A name longer than
+    /// [`MAX_NAME_LEN`] bytes is kept as
+    /// [`bounded_name`](tower_breaker::store::bounded_name) makes it.
     pub fn key(&self, name: &str) -> Result<String, StoreError> {
-        if name.is_empty() || name.len() > MAX_NAME_LEN {
-            return Err(StoreError::new(format!(
-                "invalid breaker name {name:?} for the dynamodb circuit store: 1 to {MAX_NAME_LEN} bytes"
-            )));
+        if name.is_empty() {
+            return Err(StoreError::new(
+                "invalid breaker name \"\" for the dynamodb circuit store: it is empty",
+            ));
         }
+        // A longer name is kept in a bounded form: its first bytes and a
+        // hash of the whole, the same in every process.
+        let name = tower_breaker::store::bounded_name(name, MAX_NAME_LEN);
         let mut key = String::with_capacity(self.options.prefix.len() + name.len());
         key.push_str(&self.options.prefix);
         for c in name.chars() {

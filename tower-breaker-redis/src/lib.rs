@@ -146,8 +146,8 @@ use push::Push;
 /// ```
 pub use redis;
 use tower_breaker::store::{
-    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
-    Watcher,
+    bounded_name, Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError,
+    StoreFuture, Tokens, Watcher,
 };
 
 /// The default key prefix: `"tower-breaker:"`.
@@ -159,7 +159,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default time a record is kept after its T: 10 minutes (the same as
 /// [`MemoryStore`](tower_breaker::store::MemoryStore)'s).
 pub const DEFAULT_CLEANUP_AFTER: Duration = tower_breaker::store::DEFAULT_CLEANUP_AFTER;
-/// The longest breaker name: 200 bytes.
+/// The longest breaker name kept as it is: 200 bytes. A longer one is
+/// kept as its first bytes and a hash of the whole
+/// ([`bounded_name`]), never refused.
 pub const MAX_NAME_LEN: usize = 200;
 /// The longest key prefix: 64 bytes.
 pub const MAX_PREFIX_LEN: usize = 64;
@@ -265,8 +267,9 @@ pub struct RedisOptions {
 
 /// A breaker name or key prefix the store refuses.
 ///
-/// A breaker name may be any text of 1 to [`MAX_NAME_LEN`] bytes: it is
-/// percent-encoded into the key (see [`RedisStore::key`]), so route
+/// A breaker name may be any non-empty text (longer than [`MAX_NAME_LEN`]
+/// bytes, it is kept in a bounded form): it is percent-encoded into the
+/// key (see [`RedisStore::key`]), so route
 /// templates (`/users/{id}`), IPv6 hosts (`[::1]:8080`) and any Unicode
 /// share their circuits like any other name. A prefix is written as it is:
 /// it may hold ASCII letters and digits and `- _ . : / @ + = ~ ,`, at most
@@ -433,8 +436,9 @@ impl RedisStore {
     ///
     /// # Errors
     ///
-    /// [`InvalidName`] if the name is empty or longer than
-    /// [`MAX_NAME_LEN`] bytes.
+    /// [`InvalidName`] if the name is empty. A name longer than
+    /// [`MAX_NAME_LEN`] bytes is kept as
+    /// [`bounded_name`] makes it.
     ///
     /// # Example
     ///
@@ -457,9 +461,9 @@ impl RedisStore {
         if name.is_empty() {
             return Err(refuse("it is empty".to_owned()));
         }
-        if name.len() > MAX_NAME_LEN {
-            return Err(refuse(format!("it is longer than {MAX_NAME_LEN} bytes")));
-        }
+        // A longer name is kept in a bounded form: its first bytes and a
+        // hash of the whole, the same in every process.
+        let name = bounded_name(name, MAX_NAME_LEN);
         let mut key = String::with_capacity(self.options.prefix.len() + name.len());
         key.push_str(&self.options.prefix);
         for byte in name.bytes() {
@@ -890,7 +894,7 @@ mod tests {
     fn every_script_is_built_with_the_prelude_once_and_calls_only_its_helpers() {
         let prelude = code_only(PRELUDE);
         let helpers = defined(&prelude);
-        assert_eq!(helpers, ["now_ms", "int", "clear_window", "write"]);
+        assert_eq!(helpers, ["now_ms", "int", "clear_window", "left", "write"]);
         let mut hashes = std::collections::HashSet::new();
         for (name, body) in SCRIPTS {
             // `script` is what the store loads: exactly the prelude, once,

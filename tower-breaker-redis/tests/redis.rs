@@ -767,10 +767,17 @@ async fn names_and_prefixes_are_checked_at_construction() {
     assert_ne!(store.key("a%20b").unwrap(), store.key("a b").unwrap());
     let err = store.key("").unwrap_err();
     assert_eq!(err.name(), "");
-    let err =
-        Breaker::try_with_config(&*"x".repeat(201), config().store(store.clone())).unwrap_err();
+    let err = Breaker::try_with_config("", config().store(store.clone())).unwrap_err();
     let source = std::error::Error::source(&err).unwrap();
     assert!(source.downcast_ref::<InvalidName>().is_some());
+    // A name past the limit (a keyed breaker's long route) is kept in a
+    // bounded form, the same for every process, never refused.
+    let long = format!("/search?q={}", "x".repeat(300));
+    assert!(Breaker::try_with_config(&*long, config().store(store.clone())).is_ok());
+    let key = store.key(&long).unwrap();
+    assert_eq!(key, store.key(&long).unwrap());
+    assert_ne!(key, store.key(&format!("{long}y")).unwrap());
+    assert!(key.len() <= "tower-breaker:".len() + 3 * 200, "{key}");
     assert!(Breaker::try_with_config("/users/{id}", config().store(store.clone())).is_ok());
     assert!(Breaker::try_with_config("hosts:api.example:443", config().store(store)).is_ok());
 }

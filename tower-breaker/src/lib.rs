@@ -371,7 +371,12 @@
 //! - **Half-open is an election**: when T has passed, exactly one caller
 //!   fleet-wide wins by moving T forward one (longer) open period; the
 //!   others keep failing fast until then, and past it while the winner's
-//!   lease (its whole probe, `max_half_open_wait`) runs. The call that
+//!   lease runs: a short one ([`probe_lease`](FleetConfig::probe_lease),
+//!   2 s) that the winner renews every third of it while its probe runs
+//!   ([`Store::renew_probe`](crate::store::Store::renew_probe)), so a
+//!   prober that dies or freezes frees the fleet one lease later and a
+//!   slow live one keeps it (up to `max_half_open_wait`; on a store that
+//!   cannot renew, the lease is that whole wait). The call that
 //!   finds T passed waits for the election it starts (in the services'
 //!   `poll_ready`, or [`Breaker::acquire`]; one store round trip, at most
 //!   the [`election_timeout`](FleetConfig::election_timeout), 500 ms) and,

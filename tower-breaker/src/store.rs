@@ -586,6 +586,46 @@ pub struct StoreError {
 /// with the clock, never by whether the record exists.
 pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
 
+/// `name` as a store with a length limit keeps it: unchanged up to
+/// `max_len` bytes; a longer name (a keyed breaker's route or URL, say)
+/// becomes its first bytes, cut on a character boundary, then `#` and the
+/// 16 hexadecimal digits of a 64-bit FNV-1a hash of the whole name, in
+/// `max_len` bytes at most. Every process computes the same form, so
+/// long names share their circuit like short ones instead of being
+/// refused (which, failing closed, refused their calls for good). Two
+/// long names share a circuit only if they share the kept bytes and the
+/// hash. (Below 17 bytes, `max_len` is too short for the hash: the form
+/// is then the 17 bytes of `#` and the hash.)
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::store::bounded_name;
+///
+/// assert_eq!(bounded_name("payments", 200), "payments");
+/// let long = format!("/search?q={}", "x".repeat(300));
+/// let kept = bounded_name(&long, 200);
+/// assert_eq!(kept.len(), 200);
+/// assert!(kept.starts_with("/search?q=xxx"));
+/// assert_eq!(kept, bounded_name(&long, 200), "the same in every process");
+/// assert_ne!(kept, bounded_name(&format!("{long}y"), 200));
+/// ```
+#[must_use]
+pub fn bounded_name(name: &str, max_len: usize) -> std::borrow::Cow<'_, str> {
+    if name.len() <= max_len {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    // FNV-1a, 64 bits: stable across processes, builds and platforms.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let mut keep = max_len.saturating_sub(17);
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}#{hash:016x}", &name[..keep]))
+}
+
 /// Tokens that no other call of any process is likely to draw: a random
 /// per-store seed hashed with a counter. The shared stores use them for
 /// their versions and probe tokens; a store of your own can too.

@@ -803,9 +803,14 @@ impl Core {
     /// has been failing for a while, electing -> half-open, probing
     /// locally.
     ///
-    /// A failed election may have been won (a timeout after the script
-    /// ran): the fleet then loses one open period of probing, never gains
-    /// a second prober. Only a store failing for
+    /// An election past the election timeout is still answered, and a
+    /// late win is used ([`probe_on_held_lease`](Self::probe_on_held_lease)).
+    /// One whose answer is lost (the store's own timeout cut it after the
+    /// script ran) may have been won: nobody then probes until the
+    /// fleet's new T has passed and that lease has lapsed unrenewed (the
+    /// probe lease, 2 s by default, on a store that renews leases; the
+    /// whole probe wait on one that does not), and the fleet never gains a
+    /// second prober. Only a store failing for
     /// [`DOWN_REFRESHES_BEFORE_LOCAL_PROBE`] refresh intervals lets each
     /// process probe on its own.
     pub(super) fn election_failed(self: &Arc<Self>, electing: Word, now: u64) {
