@@ -42,8 +42,9 @@ use tower_breaker::snapshot::Cause;
 use tower_breaker::{Breaker, FleetConfig, State as CircuitState, Transition};
 
 use super::{
-    breaker_config, breaker_store, full_stack, stack_call, stack_url, Args, FleetArgs,
-    Outcome as Call, Record, Recorder, FAILURES_TO_TRIP, FAILURE_RATE, WINDOW,
+    after_election, breaker_config, breaker_store, ends_open_period, full_stack, stack_call,
+    stack_url, Args, FleetArgs, Outcome as Call, Record, Recorder, FAILURES_TO_TRIP, FAILURE_RATE,
+    WINDOW,
 };
 
 /// Set on a child process: `index processes dependency-address url prefix`.
@@ -198,7 +199,9 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
                 rec.begin((now - start).as_secs() as usize);
                 tokio::spawn(async move {
                     let issued = Instant::now();
+                    let ended = ends_open_period(&breaker);
                     let (outcome, circuit_open, timing) = stack_call(&client, &url).await;
+                    let outcome = after_election(outcome, ended);
                     if let (true, Some(&before)) = (circuit_open, failed_before_hang.get()) {
                         if issued >= hang {
                             first_reject.get_or_init(|| {
@@ -240,6 +243,7 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
             Call::Ok => 'k',
             Call::Failed => 'f',
             Call::Rejected => 'r',
+            Call::Elected => 'e',
         };
         let _ = writeln!(
             out,
@@ -395,6 +399,7 @@ impl Heard {
                     Some("k") => Call::Ok,
                     Some("f") => Call::Failed,
                     Some("r") => Call::Rejected,
+                    Some("e") => Call::Elected,
                     _ => return false,
                 };
                 let (Some(issued), Some(latency), Some(core_wait)) = (float(1), num(2), num(4))

@@ -56,8 +56,8 @@ use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 use super::fleet::{FleetOutcome, FleetSecond};
 use super::moto::{self, MotoServer};
 use super::{
-    breaker_config, full_stack, stack_call, stack_url, Args, FleetArgs, Outcome as Call, Record,
-    Recorder,
+    after_election, breaker_config, ends_open_period, full_stack, stack_call, stack_url, Args,
+    FleetArgs, Outcome as Call, Record, Recorder,
 };
 
 /// Set on a child process: `index epoch-ms start-ms pace-us end-ms
@@ -324,12 +324,14 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
     let call = |issued: f64| {
         println!("iss {issued:.6}");
         let (client, url) = (client.clone(), url.clone());
+        let ended = ends_open_period(&breaker);
         tokio::spawn(async move {
             let (outcome, _, timing) = stack_call(&client, &url).await;
-            let o = match outcome {
+            let o = match after_election(outcome, ended) {
                 Call::Ok => 'k',
                 Call::Failed => 'f',
                 Call::Rejected => 'r',
+                Call::Elected => 'e',
             };
             println!(
                 "rec {issued:.6} {} {o} {}",
@@ -445,6 +447,7 @@ impl Life {
                     "k" => Call::Ok,
                     "f" => Call::Failed,
                     "r" => Call::Rejected,
+                    "e" => Call::Elected,
                     _ => return None,
                 };
                 self.records.push(Record {
@@ -501,6 +504,7 @@ impl Life {
                 Call::Ok => 'k',
                 Call::Failed => 'f',
                 Call::Rejected => 'r',
+                Call::Elected => 'e',
             })
             .collect()
     }
@@ -1182,7 +1186,10 @@ impl FleetOutcome for LambdaOutcome {
         for (i, l) in started_open {
             let mut calls: Vec<&Record> = l.records.iter().collect();
             calls.sort_by(|a, b| a.issued.total_cmp(&b.issued));
-            if calls.first().is_some_and(|r| r.outcome != Call::Rejected) && l.probes().is_empty() {
+            // A call refused after the election it started (lost) did not
+            // call the dependency either.
+            let called = |r: &&Record| !matches!(r.outcome, Call::Rejected | Call::Elected);
+            if calls.first().is_some_and(called) && l.probes().is_empty() {
                 failures.push(format!(
                     "process {} started with the circuit open but called the dependency",
                     i + 1
@@ -1212,7 +1219,7 @@ impl FleetOutcome for LambdaOutcome {
                 .filter(|r| {
                     r.issued >= from
                         && r.issued < self.out.1
-                        && r.outcome != Call::Rejected
+                        && !matches!(r.outcome, Call::Rejected | Call::Elected)
                         && r.latency > self.timeout / 10
                 })
                 .count();

@@ -545,6 +545,28 @@ enum Outcome {
     Failed,
     /// Refused locally in microseconds: circuit open or compartment full.
     Rejected,
+    /// Refused after waiting for the fleet's probe election: a call issued
+    /// once the open period was over, which starts the election and waits
+    /// for it (one store round trip) to learn whether it is the probe. Not
+    /// an answer "at once": counted apart, as the probes are.
+    Elected,
+}
+
+/// Whether a call issued now ends the open period of `breaker` (open, its
+/// period over): with a store, it waits for the election it starts.
+fn ends_open_period(breaker: &Breaker) -> bool {
+    let s = breaker.snapshot();
+    s.state == CircuitState::Open && s.retry_after == Some(Duration::ZERO)
+}
+
+/// `outcome`, as [`Outcome::Elected`] when the call was refused after
+/// ending the open period (`ended`).
+fn after_election(outcome: Outcome, ended: bool) -> Outcome {
+    if ended && outcome == Outcome::Rejected {
+        Outcome::Elected
+    } else {
+        outcome
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -1351,6 +1373,10 @@ struct Figures {
     /// The calls issued in that span that went to the dependency: the
     /// probes.
     through: usize,
+    /// The calls refused after waiting for the fleet's probe election (they
+    /// ended an open period), and the longest of them.
+    elected: usize,
+    elected_max: Duration,
     /// Peaks in the hang.
     peak_in_flight: i64,
     /// Most requests the dependency held hanging at once.
@@ -1488,11 +1514,17 @@ impl Report {
                 .filter(|r| caller == BARE || r.outcome == Outcome::Rejected)
                 .copied()
                 .collect();
+            let elected: Vec<&Record> = records
+                .iter()
+                .filter(|r| r.issued >= open_from && r.issued < out.1)
+                .filter(|r| r.outcome == Outcome::Elected)
+                .collect();
             let through = records
                 .iter()
                 .filter(|r| r.issued >= open_from && r.issued < out.1)
                 .count()
-                - answered.len();
+                - answered.len()
+                - elected.len();
             let open = sorted(&answered, 0.0, end, |r| r.latency);
             let own = sorted(&answered, 0.0, end, Record::own);
             let hang_secs = out.0 as usize..(out.1.ceil() as usize).min(rec.peak.len());
@@ -1540,13 +1572,17 @@ impl Report {
                     .max()
                     .unwrap_or_default(),
                 through,
+                elected: elected.len(),
+                elected_max: elected.iter().map(|r| r.latency).max().unwrap_or_default(),
                 peak_in_flight: rec.peak[hang_secs]
                     .iter()
                     .map(|p| p.load(Ordering::Relaxed))
                     .max()
                     .unwrap_or(0),
                 peak_hung: dep.hung_peak[caller].load(Ordering::Relaxed),
-                rejected: in_hang().filter(|r| r.outcome == Outcome::Rejected).count(),
+                rejected: in_hang()
+                    .filter(|r| matches!(r.outcome, Outcome::Rejected | Outcome::Elected))
+                    .count(),
                 failed: in_hang().filter(|r| r.outcome == Outcome::Failed).count(),
                 recovery: recovery(&records, out.1, end),
                 series,
@@ -1844,7 +1880,7 @@ impl Report {
              dependency, at most the timeout, and is not in the p99). p99 of the answered: {} as \
              measured, {} without waits for a CPU core: {} of them waited (at most {}) while the \
              OS ran another thread (on this {}-core machine: the bare caller's, the \
-             dependency's{}; from /proc/thread-self/schedstat).",
+             dependency's{}; from /proc/thread-self/schedstat).{}",
             self.open_from,
             s.open_calls,
             s.through,
@@ -1858,6 +1894,18 @@ impl Report {
                 ", the other caller processes'"
             } else {
                 ""
+            },
+            if s.elected > 0 {
+                format!(
+                    " Apart from those, {} call(s) ended an open period and were refused after \
+                     waiting for the fleet's probe election they started (one store round trip, \
+                     at most the election timeout; the longest {}): the winner's such call is \
+                     the probe.",
+                    s.elected,
+                    ms(s.elected_max)
+                )
+            } else {
+                String::new()
             }
         );
         println!("Recovery bound: {recovery_how}.");
@@ -1912,6 +1960,15 @@ impl Report {
                 ms(s.p99_open_own),
                 ms(s.p99_open),
                 ms(OPEN_P99)
+            ));
+        }
+        let election_bound =
+            tower_breaker::config::DEFAULT_ELECTION_TIMEOUT + Duration::from_millis(100);
+        if s.elected_max > election_bound {
+            failures.push(format!(
+                "a call that ended an open period waited {} for the fleet's election, more than {}",
+                ms(s.elected_max),
+                ms(election_bound)
             ));
         }
         if s.through > self.probes() {
