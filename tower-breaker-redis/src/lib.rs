@@ -174,7 +174,8 @@ const PRELUDE: &str = include_str!("lua/prelude.lua");
 const OPEN: &str = include_str!("lua/open.lua");
 
 /// ARGV: calls, failures, slow, bucket ms, buckets, minimum calls, failure
-/// ppm, slow ppm (0: off), period, token, cleanup. Returns what **read**
+/// ppm, slow ppm (0: off), period, token, cleanup, count window (0: the
+/// buckets), tail, tail span ms. Returns what **read**
 /// returns, after adding the report to the fleet's window and opening if
 /// the window breaks the rule.
 const REPORT: &str = include_str!("lua/report.lua");
@@ -661,6 +662,9 @@ impl Store for RedisStore {
                 millis(rule.open_for),
                 self.token(),
                 millis(self.options.cleanup_after),
+                rule.count_window,
+                report.tail,
+                millis(report.tail_span),
             ];
             decision(
                 &self.run(&self.scripts.report, &key, &args).await?,

@@ -33,12 +33,14 @@ fn fleet_member_role() {
     let Ok(spec) = std::env::var(MEMBER) else {
         return;
     };
-    let [url, start_ms, every_ms]: [&str; 3] = spec
+    let [url, start_ms, every_ms, healthy_ms]: [&str; 4] = spec
         .split(' ')
         .collect::<Vec<_>>()
         .try_into()
-        .expect("url start every");
+        .expect("url start every healthy");
     let (start_ms, every_ms): (u128, u64) = (start_ms.parse().unwrap(), every_ms.parse().unwrap());
+    // The dependency is healthy until then, and fails from then on.
+    let outage_ms: u128 = healthy_ms.parse().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -57,10 +59,11 @@ fn fleet_member_role() {
             sleep(ms(1)).await;
         }
         let mut calls = 0;
-        let deadline = start_ms + 20_000;
+        let deadline = outage_ms + 20_000;
         let rejected_at = loop {
             assert!(unix_ms() < deadline, "never opened");
             match b.try_acquire() {
+                Ok(permit) if unix_ms() < outage_ms => permit.record(Outcome::Success),
                 Ok(permit) => {
                     calls += 1;
                     // The dependency: counts calls fleet-wide, and fails.
@@ -90,7 +93,20 @@ fn fleet_member_role() {
 /// process, its first rejection and its own start (ms since the common
 /// start).
 async fn run_fleet(server: &RedisServer, n: usize, every_ms: u64) -> (i64, Vec<(i64, i64)>) {
-    let start_ms = unix_ms() + 1500;
+    run_fleet_after(server, n, every_ms, 0).await
+}
+
+/// [`run_fleet`], healthy for `healthy_ms` first: the times are then from
+/// the outage.
+async fn run_fleet_after(
+    server: &RedisServer,
+    n: usize,
+    every_ms: u64,
+    healthy_ms: u64,
+) -> (i64, Vec<(i64, i64)>) {
+    let common_ms = unix_ms() + 1500;
+    let outage_ms = common_ms + u128::from(healthy_ms);
+    let start_ms = common_ms;
     let exe = std::env::current_exe().unwrap();
     // Spread over the interval, as independent callers are.
     let children: Vec<_> = (0..n)
@@ -103,7 +119,10 @@ async fn run_fleet(server: &RedisServer, n: usize, every_ms: u64) -> (i64, Vec<(
                     "--nocapture",
                     "--test-threads=1",
                 ])
-                .env(MEMBER, format!("{} {start_ms} {every_ms}", server.url()))
+                .env(
+                    MEMBER,
+                    format!("{} {start_ms} {every_ms} {outage_ms}", server.url()),
+                )
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .spawn()
@@ -124,7 +143,7 @@ async fn run_fleet(server: &RedisServer, n: usize, every_ms: u64) -> (i64, Vec<(
             .find_map(|l| l.split_once("member-result ").map(|(_, r)| r.to_owned()))
             .unwrap_or_else(|| panic!("no result in {stdout:?}"));
         let at: u128 = line.split_once("rejected_at=").unwrap().1.parse().unwrap();
-        rejected.push((at as i64 - start_ms as i64, offset));
+        rejected.push((at as i64 - outage_ms as i64, offset));
     }
     let calls: i64 = redis::cmd("GET")
         .arg("dependency-calls")
@@ -181,4 +200,46 @@ async fn twenty_processes_at_fifty_calls_a_second_open_together() {
     );
     // Each process alone trips after 10 failures: 200 in all.
     assert!(calls <= 60, "{calls} calls");
+}
+
+/// After 3 s of healthy traffic at 50 calls/s per process, the dependency
+/// fails fast: the fleet's count window (its newest 20 calls, failures in a
+/// row placed after each process's healthy calls) opens the whole fleet
+/// after about 10 failures fleet-wide. Before it, 182 calls: the healthy
+/// history diluted the fleet's window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_healthy_traffic_twenty_processes_at_fifty_calls_a_second_open_within_thirty_calls() {
+    let Some(server) = RedisServer::start_or_skip(
+        "after_healthy_traffic_twenty_processes_at_fifty_calls_a_second_open_within_thirty_calls",
+    ) else {
+        return;
+    };
+    let (calls, rejected) = run_fleet_after(&server, 20, 20, 3_000).await;
+    let first = rejected[0].0;
+    let last = rejected.iter().map(|(at, _)| *at).max().unwrap();
+    println!(
+        "fleet processes: 20 x 50 calls/s after 3 s healthy: {calls} calls until every process \
+         rejects; first rejections between {first} and {last} ms after the outage (spread {} ms)",
+        last - first
+    );
+    assert!(calls <= 30, "{calls} calls");
+    assert!(last - first <= 20, "spread {} ms", last - first);
+}
+
+/// The same at 1 call/s per process: at most 2 x `minimum_calls`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_healthy_traffic_twenty_processes_at_one_call_a_second_open_within_twice_the_minimum()
+{
+    let Some(server) = RedisServer::start_or_skip(
+        "after_healthy_traffic_twenty_processes_at_one_call_a_second_open_within_twice_the_minimum",
+    ) else {
+        return;
+    };
+    let (calls, rejected) = run_fleet_after(&server, 20, 1000, 3_000).await;
+    let first = rejected[0].0;
+    println!(
+        "fleet processes: 20 x 1 call/s after 3 s healthy: {calls} calls until every process \
+         rejects (first rejection {first} ms after the outage)"
+    );
+    assert!(calls <= 2 * 10, "{calls} calls");
 }

@@ -238,6 +238,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// before those never counts in the next closed period. Reports while
     /// the circuit is open are not evidence.
     ///
+    /// When [`rule.count_window`](FleetRule::count_window) is set (the
+    /// breaker counts its own calls), the fleet's window is instead its
+    /// newest `count_window` calls, placed in time by
+    /// [`Report::segments`] (a report's failures in a row at its end after
+    /// the rest) and judged by [`FleetRule::judge_segments`]; parts placed
+    /// before the buckets' span, or beyond the newest calls, are dropped.
+    /// So a burst of failures after healthy traffic trips the fleet after
+    /// about `count_window` times the failure rate failures *fleet-wide*,
+    /// where the buckets would hold the whole fleet's healthy history.
+    ///
     /// A report that fails with an error marked
     /// [`not_applied`](StoreError::not_applied) is sent again, added to the
     /// breaker's next one; mark only errors that certainly left the store
@@ -401,18 +411,83 @@ pub struct Report {
     pub failures: u64,
     /// Of them, slow successes.
     pub slow: u64,
+    /// Of the failures, those in a row at the end: the calls after this
+    /// process's last success (0 when its last call succeeded).
+    pub tail: u64,
+    /// How long before the report the [`tail`](Self::tail) began (without
+    /// a tail: how long ago the newest call was): the other calls are at
+    /// least that old. A duration of the process's own clock, so that
+    /// skewed clocks do not matter.
+    pub tail_span: Duration,
 }
 
 impl Report {
     /// A report of `calls` counted calls, `failures` of them failed and
-    /// `slow` of them slow successes.
+    /// `slow` of them slow successes, with no failures in a row at its end
+    /// (see [`with_tail`](Self::with_tail)).
     #[must_use]
     pub const fn new(calls: u64, failures: u64, slow: u64) -> Self {
         Self {
             calls,
             failures,
             slow,
+            tail: 0,
+            tail_span: Duration::ZERO,
         }
+    }
+
+    /// The same report, whose last `tail` calls are failures in a row
+    /// that began `span` ago (capped at its failures); with a `tail` of 0,
+    /// whose newest call was `span` ago. A fleet's count
+    /// window places them after everything else this report holds, so
+    /// that the healthy calls a process made before an outage never count
+    /// as newer than the failures other processes reported meanwhile.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::store::{Report, Segment};
+    ///
+    /// // 49 successes, then one failure, the last 20 ms ago.
+    /// let report = Report::new(50, 1, 0).with_tail(1, Duration::from_millis(20));
+    /// let parts: Vec<Segment> = report.segments(1_000).collect();
+    /// assert_eq!(parts.len(), 2);
+    /// assert_eq!((parts[0].at_ms, parts[0].calls, parts[0].failures), (980, 49, 0));
+    /// assert_eq!((parts[1].at_ms, parts[1].calls, parts[1].failures), (1_000, 1, 1));
+    /// ```
+    #[must_use]
+    pub const fn with_tail(mut self, tail: u64, span: Duration) -> Self {
+        self.tail = if tail < self.failures {
+            tail
+        } else {
+            self.failures
+        };
+        self.tail_span = span;
+        self
+    }
+
+    /// The parts this report adds to a fleet's count window when it
+    /// arrives at `now_ms` of the store's clock: its
+    /// [`tail`](Self::tail) at `now_ms`, the rest at `now_ms` less the
+    /// [`tail_span`](Self::tail_span) (one part when either is empty).
+    /// `tail` is capped at the failures.
+    pub fn segments(&self, now_ms: u64) -> impl Iterator<Item = Segment> {
+        let tail = self.tail.min(self.failures).min(self.calls);
+        let span = u64::try_from(self.tail_span.as_millis()).unwrap_or(u64::MAX);
+        let rest = Segment {
+            at_ms: now_ms.saturating_sub(span),
+            calls: self.calls - tail,
+            failures: self.failures - tail,
+            slow: self.slow.min(self.calls - tail),
+        };
+        let tail = Segment {
+            at_ms: now_ms,
+            calls: tail,
+            failures: tail,
+            slow: 0,
+        };
+        [rest, tail].into_iter().filter(|s| s.calls > 0)
     }
 
     /// Whether there is nothing to report.
@@ -459,6 +534,43 @@ pub struct FleetRule {
     pub slow_rate_ppm: u64,
     /// How long the circuit opens for.
     pub open_for: Duration,
+    /// When not zero, the fleet judges its newest `count_window` calls
+    /// (ordered by [`Report::segments`]) within the buckets' span, instead
+    /// of every call in the buckets: the fleet's count window, for
+    /// breakers that count their own calls.
+    pub count_window: u64,
+}
+
+/// A part of a [`Report`] placed at a time of the store's clock, as a
+/// fleet's count window keeps it ([`Report::segments`],
+/// [`FleetRule::judge_segments`]).
+///
+/// Non-exhaustive: read its fields, build it with [`Segment::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Segment {
+    /// Where it is placed, in milliseconds of the store's clock.
+    pub at_ms: u64,
+    /// Its calls.
+    pub calls: u64,
+    /// Of them, failures.
+    pub failures: u64,
+    /// Of them, slow successes.
+    pub slow: u64,
+}
+
+impl Segment {
+    /// A part of `calls` calls (`failures` of them failed, `slow` of them
+    /// slow) placed at `at_ms`.
+    #[must_use]
+    pub const fn new(at_ms: u64, calls: u64, failures: u64, slow: u64) -> Self {
+        Self {
+            at_ms,
+            calls,
+            failures,
+            slow,
+        }
+    }
 }
 
 impl FleetRule {
@@ -476,7 +588,82 @@ impl FleetRule {
             failure_rate_ppm: 500_000,
             slow_rate_ppm: 0,
             open_for,
+            count_window: 0,
         }
+    }
+
+    /// Judge the fleet's newest `calls` calls (0: every call in the
+    /// buckets): see [`count_window`](Self::count_window).
+    #[must_use]
+    pub const fn with_count_window(mut self, calls: u64) -> Self {
+        self.count_window = calls;
+        self
+    }
+
+    /// The span of the buckets, in milliseconds: no evidence older than
+    /// this counts, also in a count window.
+    #[must_use]
+    pub fn span_ms(&self) -> u64 {
+        let bucket = u64::try_from(self.bucket.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        bucket.saturating_mul(u64::from(self.buckets.max(1)))
+    }
+
+    /// The fleet's count window over `segments` at `now_ms`: sorts them
+    /// newest first, sums the newest [`count_window`](Self::count_window)
+    /// calls (the oldest part counted in proportion, its failures rounded
+    /// down) among those placed within [`span_ms`](Self::span_ms) of
+    /// `now_ms`, and returns the sums with the number of segments that
+    /// count. The segments after that number (older, or beyond the
+    /// window) count no more: a store removes them.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::store::{FleetRule, Segment};
+    ///
+    /// let rule = FleetRule::new(10, Duration::from_secs(1), Duration::from_secs(5))
+    ///     .with_count_window(20)
+    ///     .with_minimum_calls(10);
+    /// // 3,000 healthy calls, then ten processes' first failures.
+    /// let mut segments = vec![Segment::new(1_000, 3_000, 0, 0)];
+    /// for i in 0..10 {
+    ///     segments.push(Segment::new(1_990, 5, 0, 0));
+    ///     segments.push(Segment::new(2_000 + i, 1, 1, 0));
+    /// }
+    /// let (sums, keep) = rule.judge_segments(&mut segments, 2_010);
+    /// assert_eq!((sums.calls, sums.failures), (20, 10));
+    /// assert!(rule.breaks(sums.calls, sums.failures, sums.slow));
+    /// assert_eq!(keep, 12, "ten failures, and the two newest healthy parts");
+    /// ```
+    pub fn judge_segments(&self, segments: &mut [Segment], now_ms: u64) -> (Segment, usize) {
+        segments.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then(b.failures.cmp(&a.failures)));
+        let oldest = now_ms.saturating_sub(self.span_ms());
+        let window = if self.count_window == 0 {
+            u64::MAX
+        } else {
+            self.count_window
+        };
+        let mut sums = Segment::new(now_ms, 0, 0, 0);
+        let mut keep = 0;
+        for s in segments.iter() {
+            if sums.calls >= window || s.at_ms < oldest {
+                break;
+            }
+            keep += 1;
+            let take = s.calls.min(window - sums.calls);
+            if take == s.calls {
+                sums.failures += s.failures;
+                sums.slow += s.slow;
+            } else if s.calls > 0 {
+                sums.failures += mul_div(s.failures, take, s.calls);
+                sums.slow += mul_div(s.slow, take, s.calls);
+            }
+            sums.calls += take;
+        }
+        (sums, keep)
     }
 
     /// The fleet's calls in the window before it is judged.
@@ -510,6 +697,11 @@ impl FleetRule {
             && (failures * 1_000_000 >= self.failure_rate_ppm * calls
                 || (self.slow_rate_ppm > 0 && slow * 1_000_000 >= self.slow_rate_ppm * calls))
     }
+}
+
+/// `a * b / c`, rounded down, without overflow (`b <= c`).
+fn mul_div(a: u64, b: u64, c: u64) -> u64 {
+    u64::try_from(u128::from(a) * u128::from(b) / u128::from(c.max(1))).unwrap_or(u64::MAX)
 }
 
 /// The result of [`Store::read`].
@@ -725,6 +917,9 @@ struct Records {
     /// The fleet's windows: per name, one slot per bucket, each holding
     /// the bucket's index and its calls, failures and slow calls.
     windows: HashMap<String, Vec<[u64; 4]>>,
+    /// The fleet's count windows: per name, the parts of the reports
+    /// that still count, newest first.
+    segments: HashMap<String, Vec<Segment>>,
     /// When the next sweep of records long past their T is due.
     next_sweep: Instant,
 }
@@ -851,6 +1046,7 @@ impl MemoryStore {
             records: Mutex::new(Records {
                 map: HashMap::new(),
                 windows: HashMap::new(),
+                segments: HashMap::new(),
                 next_sweep: now,
             }),
             tokens: AtomicU64::new(1),
@@ -940,6 +1136,11 @@ impl MemoryStore {
                     .iter()
                     .any(|s| s[0] != u64::MAX && s[0].saturating_add(keep_ms) > now_ms)
             });
+            records.segments.retain(|_, parts| {
+                parts
+                    .iter()
+                    .any(|p| p.at_ms.saturating_add(keep_ms) > now_ms)
+            });
             records.next_sweep = now + (keep / 4).max(Duration::from_secs(1));
         }
         f(&mut records, now)
@@ -993,6 +1194,7 @@ impl Store for MemoryStore {
             // The window starts again from empty for the next closed
             // period.
             records.windows.remove(name);
+            records.segments.remove(name);
             open_record(&mut records.map, name, now, open_for, token)
         });
         self.notify(name, Decision::Open { remaining: result });
@@ -1025,6 +1227,7 @@ impl Store for MemoryStore {
                 // evidence from before it (on a record that held only the
                 // window) is not evidence after the probe.
                 all.windows.remove(name);
+                all.segments.remove(name);
                 all.map.insert(
                     name.to_owned(),
                     Record {
@@ -1094,6 +1297,7 @@ impl Store for MemoryStore {
                 // The mark stays until the cleanup, like an opening; the
                 // next closed period's window starts empty.
                 all.windows.remove(name);
+                all.segments.remove(name);
                 *r = Record {
                     open: false,
                     until: now,
@@ -1138,6 +1342,19 @@ impl Store for MemoryStore {
             if records.map.get(name).is_some_and(|r| r.open) {
                 return Err(decision(&records.map, name, now));
             }
+            if rule.count_window > 0 {
+                let now_ms = self.ms(now);
+                let segments = records.segments.entry(name.to_owned()).or_default();
+                segments.extend(report.segments(now_ms));
+                let (sums, keep) = rule.judge_segments(segments, now_ms);
+                segments.truncate(keep);
+                if rule.breaks(sums.calls, sums.failures, sums.slow) {
+                    records.segments.remove(name);
+                    let remaining = open_record(&mut records.map, name, now, rule.open_for, token);
+                    return Ok((Decision::Open { remaining }, true));
+                }
+                return Ok((decision(&records.map, name, now), false));
+            }
             let buckets = rule.buckets.max(1) as usize;
             let bucket_ms = u64::try_from(rule.bucket.as_millis())
                 .unwrap_or(u64::MAX)
@@ -1164,6 +1381,7 @@ impl Store for MemoryStore {
                 .fold([0, 0, 0], |t, s| [t[0] + s[1], t[1] + s[2], t[2] + s[3]]);
             if rule.breaks(calls, failures, slow) {
                 records.windows.remove(name);
+                records.segments.remove(name);
                 let remaining = open_record(&mut records.map, name, now, rule.open_for, token);
                 return Ok((Decision::Open { remaining }, true));
             }

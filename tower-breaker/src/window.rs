@@ -60,6 +60,15 @@ impl Window {
             Window::Time(w) => w.counts(epoch, now_ns),
         }
     }
+
+    /// The failures in a row at the end of a count window (up to `max`);
+    /// 0 for a time window, which does not keep the order.
+    pub(crate) fn tail(&self, epoch: u32, max: u64) -> u64 {
+        match self {
+            Window::Count(w) => w.tail(epoch, max),
+            Window::Time(_) => 0,
+        }
+    }
 }
 
 /// The last `N` outcomes: a ring of slots, each holding an epoch and an
@@ -158,6 +167,23 @@ impl CountWindow {
                 Err(actual) => current = actual,
             }
         }
+    }
+
+    /// The failures of `epoch` in a row in the newest slots, up to `max`
+    /// (a read of the ring, racing records may blur its end by a slot).
+    pub(crate) fn tail(&self, epoch: u32, max: u64) -> u64 {
+        let n = self.slots.len() as u64;
+        let end = self.index.load(Acquire);
+        let fail = (epoch << 2) | FAIL;
+        let mut tail = 0;
+        while tail < max.min(n).min(end) {
+            let i = ((end - 1 - tail) % n) as usize;
+            if self.slots[i].load(Relaxed) != fail {
+                break;
+            }
+            tail += 1;
+        }
+        tail
     }
 
     pub(crate) fn counts(&self, epoch: u32) -> Counts {

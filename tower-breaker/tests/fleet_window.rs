@@ -344,3 +344,116 @@ async fn a_report_known_not_applied_goes_again_and_an_uncertain_one_does_not() {
         }
     }
 }
+
+/// 20 processes with the default settings (a count window of 20), each
+/// calling every `every_ms` (spread over the interval): healthy for 3 s,
+/// then failing. Returns the dependency's calls from the outage until
+/// every process rejects.
+async fn calls_after_healthy_traffic(every_ms: u64) -> usize {
+    let store = Arc::new(MemoryStore::new());
+    let fleet: Vec<Breaker> = (0..20).map(|_| process(&store, true)).collect();
+    let outage_ms = 3_000;
+    let mut failing_calls = 0;
+    for t in 0..outage_ms + 60_000 {
+        for (i, b) in fleet.iter().enumerate() {
+            if t % every_ms != (i as u64 * every_ms / 20) % every_ms {
+                continue;
+            }
+            if let Ok(permit) = b.try_acquire() {
+                if t >= outage_ms {
+                    failing_calls += 1;
+                    permit.record(Outcome::Failure);
+                } else {
+                    permit.record(Outcome::Success);
+                }
+            }
+        }
+        settle().await;
+        if t >= outage_ms && fleet.iter().all(|b| b.snapshot().state == State::Open) {
+            return failing_calls;
+        }
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+    panic!("the fleet never opened");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn healthy_history_does_not_dilute_the_fleets_evidence_at_fifty_calls_a_second() {
+    // Each process alone trips after 10 failures in its window of 20:
+    // 200 calls in all. The fleet's count window judges its newest 20
+    // calls, the failures after every process's healthy calls.
+    let calls = calls_after_healthy_traffic(20).await;
+    println!("fleet count window: 20 processes x 50 calls/s after 3 s healthy: {calls} calls until all reject");
+    assert!(calls <= 30, "{calls} calls");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn healthy_history_does_not_dilute_the_fleets_evidence_at_one_call_a_second() {
+    let calls = calls_after_healthy_traffic(1_000).await;
+    println!("fleet count window: 20 processes x 1 call/s after 3 s healthy: {calls} calls until all reject");
+    assert!(calls <= 2 * 10, "{calls} calls (2 x minimum_calls)");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_count_window_judges_the_newest_calls_and_healthy_calls_after_failures_count() {
+    let store = MemoryStore::new();
+    let rule = FleetRule::new(10, secs(1), secs(5))
+        .with_minimum_calls(10)
+        .with_count_window(20);
+    // Long healthy history: it does not outweigh ten failures that follow.
+    store
+        .report("x", Report::new(3_000, 0, 0), rule)
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_millis(30)).await;
+    for i in 0..10 {
+        let report = Report::new(6, 1, 0).with_tail(1, Duration::from_millis(20));
+        let decision = store.report("x", report, rule).await.unwrap();
+        if i < 9 {
+            assert_eq!(decision, Decision::Missing, "report {i}");
+        } else {
+            assert_eq!(decision, Decision::Open { remaining: secs(5) });
+        }
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+    // Failures followed by newer successes: the newest 20 are healthy.
+    let store = MemoryStore::new();
+    store
+        .report(
+            "y",
+            Report::new(9, 9, 0).with_tail(9, Duration::from_millis(5)),
+            rule,
+        )
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_millis(10)).await;
+    assert_eq!(
+        store
+            .report("y", Report::new(20, 0, 0), rule)
+            .await
+            .unwrap(),
+        Decision::Missing
+    );
+    assert_eq!(
+        store
+            .report("y", Report::new(1, 1, 0).with_tail(1, Duration::ZERO), rule)
+            .await
+            .unwrap(),
+        Decision::Missing,
+        "the older failures are out of the newest 20"
+    );
+    // Parts older than the buckets' span are gone.
+    let store = MemoryStore::new();
+    store
+        .report("z", Report::new(9, 9, 0).with_tail(9, Duration::ZERO), rule)
+        .await
+        .unwrap();
+    tokio::time::advance(secs(11)).await;
+    assert_eq!(
+        store
+            .report("z", Report::new(1, 1, 0).with_tail(1, Duration::ZERO), rule)
+            .await
+            .unwrap(),
+        Decision::Missing
+    );
+}

@@ -19,7 +19,9 @@
 -- until (ms, the end of the open period), token (the fencing token of the
 -- election's winner), reopens, period (ms), since (ms, the last state
 -- change), lease (ms, the end of the winner's probe lease), and the fleet
--- window's buckets w<slot> = '<tick>:<calls>:<failures>:<slow>'.
+-- window's buckets w<slot> = '<tick>:<calls>:<failures>:<slow>', or its
+-- count window's parts wg<seq> = '<at>:<calls>:<failures>:<slow>' and
+-- their sequence wseq (every window field starts with 'w').
 --
 -- Scripts replicate their effects, not themselves (they read TIME).
 

@@ -4,15 +4,23 @@
 -- KEYS[1]  the breaker's record
 -- ARGV     calls, failures, slow, bucket (ms), buckets, minimum calls,
 --          failure rate (ppm), slow rate (ppm, 0: off), period (ms),
---          token, cleanup (ms)
--- Reads    until, state, reopens, period, the window's buckets
--- Writes   while open: nothing. Otherwise adds the counts to the bucket of
+--          token, cleanup (ms), count window (calls, 0: buckets), tail
+--          (failures in a row at the report's end), tail span (ms)
+-- Reads    until, state, reopens, period, the window's buckets, or its
+--          parts (count window)
+-- Writes   while open: nothing. Buckets: adds the counts to the bucket of
 --          the current tick (w<tick % buckets>, reset if it held an older
---          tick); if the buckets of the last `buckets` ticks hold at least
---          `minimum` calls and the failure (or slow) rate reaches its
---          threshold: clears the window, writes an open record and
---          publishes 'o:<period>'; else extends the expiry to keep the
---          window (buckets * bucket + cleanup)
+--          tick). Count window: adds the report as at most two parts
+--          wg<seq> = '<at>:<calls>:<failures>:<slow>' (seq from wseq):
+--          the tail at now, the rest at now - tail span; then judges the
+--          newest `count window` calls of the parts placed within
+--          buckets * bucket of now (the oldest part counted in
+--          proportion) and deletes the parts that no longer count.
+--          Either way: if the window holds at least `minimum` calls and
+--          the failure (or slow) rate reaches its threshold: clears the
+--          window, writes an open record and publishes 'o:<period>'; else
+--          extends the expiry to keep the window (buckets * bucket +
+--          cleanup)
 -- Returns  what read returns: {0} closed, {1, remaining} open (just now,
 --          or already), {2} expired, {3} missing
 
@@ -25,28 +33,81 @@ if rec[2] == 'open' then
 end
 local bucket_ms = tonumber(ARGV[4])
 local buckets = tonumber(ARGV[5])
-local tick = math.floor(now / bucket_ms)
-local field = 'w' .. int(tick % buckets)
-local c, f, s = 0, 0, 0
-local cur = redis.call('HGET', KEYS[1], field)
-if cur then
-  local i, cc, ff, ss = string.match(cur, '^(%d+):(%d+):(%d+):(%d+)$')
-  if tonumber(i) == tick then c, f, s = tonumber(cc), tonumber(ff), tonumber(ss) end
-end
-c = c + tonumber(ARGV[1])
-f = f + tonumber(ARGV[2])
-s = s + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], field, int(tick) .. ':' .. int(c) .. ':' .. int(f) .. ':' .. int(s))
 local calls, failures, slow = 0, 0, 0
-for slot = 0, buckets - 1 do
-  local v = redis.call('HGET', KEYS[1], 'w' .. int(slot))
-  if v then
-    local i, cc, ff, ss = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
-    i = tonumber(i)
-    if i and i <= tick and i > tick - buckets then
-      calls = calls + tonumber(cc)
-      failures = failures + tonumber(ff)
-      slow = slow + tonumber(ss)
+local window = tonumber(ARGV[12]) or 0
+if window > 0 then
+  local c, f, s = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+  local tail = math.min(tonumber(ARGV[13]) or 0, f, c)
+  local parts = {}
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'wg' then
+      local at, cc, ff, ss = string.match(all[i + 1], '^(%d+):(%d+):(%d+):(%d+)$')
+      if at then
+        table.insert(parts, {all[i], tonumber(at), tonumber(cc), tonumber(ff), tonumber(ss)})
+      end
+    end
+  end
+  local rest_at = math.max(now - (tonumber(ARGV[14]) or 0), 0)
+  local new_parts = {{rest_at, c - tail, f - tail, math.min(s, c - tail)}, {now, tail, tail, 0}}
+  for _, p in ipairs(new_parts) do
+    if p[2] > 0 then
+      local field = 'wg' .. int(redis.call('HINCRBY', KEYS[1], 'wseq', 1))
+      redis.call('HSET', KEYS[1], field, int(p[1]) .. ':' .. int(p[2]) .. ':' .. int(p[3]) .. ':' .. int(p[4]))
+      table.insert(parts, {field, p[1], p[2], p[3], p[4]})
+    end
+  end
+  -- Newest first; at the same instant, failures first (as the breaker's
+  -- own judge does).
+  -- (An insertion sort: a few dozen parts, and stable.)
+  for i = 2, #parts do
+    local p = parts[i]
+    local j = i - 1
+    while j >= 1 and (parts[j][2] < p[2] or (parts[j][2] == p[2] and parts[j][4] < p[4])) do
+      parts[j + 1] = parts[j]
+      j = j - 1
+    end
+    parts[j + 1] = p
+  end
+  local oldest = now - bucket_ms * buckets
+  for _, p in ipairs(parts) do
+    if calls >= window or p[2] < oldest then
+      redis.call('HDEL', KEYS[1], p[1])
+    else
+      local take = math.min(p[3], window - calls)
+      if take == p[3] then
+        failures = failures + p[4]
+        slow = slow + p[5]
+      else
+        failures = failures + math.floor(p[4] * take / p[3])
+        slow = slow + math.floor(p[5] * take / p[3])
+      end
+      calls = calls + take
+    end
+  end
+else
+  local tick = math.floor(now / bucket_ms)
+  local field = 'w' .. int(tick % buckets)
+  local c, f, s = 0, 0, 0
+  local cur = redis.call('HGET', KEYS[1], field)
+  if cur then
+    local i, cc, ff, ss = string.match(cur, '^(%d+):(%d+):(%d+):(%d+)$')
+    if tonumber(i) == tick then c, f, s = tonumber(cc), tonumber(ff), tonumber(ss) end
+  end
+  c = c + tonumber(ARGV[1])
+  f = f + tonumber(ARGV[2])
+  s = s + tonumber(ARGV[3])
+  redis.call('HSET', KEYS[1], field, int(tick) .. ':' .. int(c) .. ':' .. int(f) .. ':' .. int(s))
+  for slot = 0, buckets - 1 do
+    local v = redis.call('HGET', KEYS[1], 'w' .. int(slot))
+    if v then
+      local i, cc, ff, ss = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
+      i = tonumber(i)
+      if i and i <= tick and i > tick - buckets then
+        calls = calls + tonumber(cc)
+        failures = failures + tonumber(ff)
+        slow = slow + tonumber(ss)
+      end
     end
   end
 end

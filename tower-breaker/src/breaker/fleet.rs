@@ -43,8 +43,9 @@ pub(super) struct StoreLink {
     fleet: Option<FleetRule>,
     flush_ns: u64,
     next_flush_ns: AtomicU64,
-    /// The totals (calls, failures, slow) already reported.
-    reported: Mutex<[u64; 3]>,
+    /// The totals (calls, failures, slow) already reported, and when (on
+    /// the breaker's clock; 0: never).
+    reported: Mutex<[u64; 4]>,
     /// The probe lease the elected prober asks for and renews, when the
     /// store renews leases (0: it does not; the lease is the whole probe
     /// wait).
@@ -109,7 +110,7 @@ impl StoreLink {
             fleet: fleet.fleet_window.then(|| fleet_rule(config)),
             flush_ns: nanos(fleet.flush_interval).max(NANOS_PER_MS),
             next_flush_ns: AtomicU64::new(0),
-            reported: Mutex::new([0; 3]),
+            reported: Mutex::new([0; 4]),
             fail_closed: fleet.store_failure == StoreFailureMode::FailClosed,
             lease_ns: if fleet.store.renews_leases() {
                 nanos(fleet.probe_lease).min(nanos(config.max_half_open_wait))
@@ -162,7 +163,7 @@ impl Core {
     /// when the open period is over, starts the election and waits until
     /// it ends (the task that runs it wakes this one, whatever the
     /// outcome, also when it is dropped).
-    #[cold]
+    #[inline]
     pub(super) fn poll_start_election(
         self: &Arc<Self>,
         wait: &mut ElectionWait,
@@ -248,17 +249,47 @@ impl Core {
             let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
             let totals = self.totals();
             let now_totals = [totals.calls(), totals.failed, totals.slow];
-            let delta = Report::new(
+            let mut delta = Report::new(
                 now_totals[0].saturating_sub(reported[0]),
                 now_totals[1].saturating_sub(reported[1]),
                 now_totals[2].saturating_sub(reported[2]),
             );
+            if rule.count_window > 0 && !delta.is_empty() {
+                // The failures in a row at the end began about their share
+                // of the time since the last report ago (and without them,
+                // the last call was about one call's share ago): the
+                // fleet's count window places the rest of the report
+                // there, before them.
+                let gen = Word(self.word.load(Acquire)).gen();
+                let tail = if delta.failures > 0 {
+                    self.window.tail(gen, delta.failures)
+                } else {
+                    0
+                };
+                let since = if reported[3] == 0 || reported[3] > now {
+                    link.refresh_ns
+                } else {
+                    now - reported[3]
+                };
+                let span =
+                    u128::from(since) * u128::from(tail.max(1)) / u128::from(delta.calls.max(1));
+                delta = delta.with_tail(
+                    tail,
+                    Duration::from_nanos(u64::try_from(span).unwrap_or(u64::MAX)),
+                );
+            }
             for (seen, now) in reported.iter_mut().zip(now_totals) {
                 *seen = (*seen).max(now);
             }
+            if !delta.is_empty() {
+                reported[3] = reported[3].max(now);
+            }
             (!delta.is_empty()).then_some((delta, rule))
         });
-        if report.is_some() {
+        if report.is_some_and(|(r, _)| r.failures > 0) {
+            // Only a report of failures holds the next one back: a healthy
+            // report (the periodic one) must not delay the first failure
+            // after it by a flush interval.
             link.next_flush_ns.fetch_max(now + link.flush_ns, Relaxed);
         }
         let this = Arc::clone(self);
@@ -277,7 +308,7 @@ impl Core {
                         // Never counted: the next report carries them.
                         let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
                         let delta = [report.calls, report.failures, report.slow];
-                        for (seen, sent) in reported.iter_mut().zip(delta) {
+                        for (seen, sent) in reported.iter_mut().take(3).zip(delta) {
                             *seen = seen.saturating_sub(sent);
                         }
                     }
@@ -915,11 +946,12 @@ where
 /// The fleet's rule from a breaker's configuration: its thresholds, over
 /// its time window (or the default fleet window).
 fn fleet_rule(config: &BreakerConfig) -> FleetRule {
-    let (buckets, bucket) = match config.window {
-        WindowKind::Time { buckets, bucket } => (buckets, bucket),
-        WindowKind::Count { .. } => (
+    let (buckets, bucket, count_window) = match config.window {
+        WindowKind::Time { buckets, bucket } => (buckets, bucket, 0),
+        WindowKind::Count { size } => (
             (DEFAULT_FLEET_WINDOW.as_secs() as usize).max(1),
             Duration::from_secs(1),
+            size as u64,
         ),
     };
     let ppm = |rate: f64| (rate * 1_000_000.0).round() as u64;
@@ -934,6 +966,7 @@ fn fleet_rule(config: &BreakerConfig) -> FleetRule {
             0
         },
         open_for: config.open_period,
+        count_window,
     }
 }
 

@@ -309,16 +309,24 @@ impl Breaker {
     /// The part of a service's `poll_ready` that makes the call ending the
     /// open period wait for the fleet's election it starts (with a store
     /// only; ready at once otherwise, and for every other call).
-    #[inline]
+    ///
+    /// Its fast path (no wait in flight, no store) is two loads and is
+    /// inlined into the service's `poll_ready`; the rest is out of line.
+    #[inline(always)]
     pub(crate) fn poll_election(&self, wait: &mut ElectionWait, cx: &mut Context<'_>) -> Poll<()> {
+        if wait.0.is_none() && self.core.store.is_none() {
+            return Poll::Ready(());
+        }
+        self.poll_election_slow(wait, cx)
+    }
+
+    #[inline(never)]
+    fn poll_election_slow(&self, wait: &mut ElectionWait, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(future) = &mut wait.0 {
             if future.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
             wait.0 = None;
-            return Poll::Ready(());
-        }
-        if self.core.store.is_none() {
             return Poll::Ready(());
         }
         self.core.poll_start_election(wait, cx)
