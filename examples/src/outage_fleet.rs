@@ -27,7 +27,9 @@
 //! and each trips on its own window within a few milliseconds of the
 //! others, so there is no fleet effect to see; with a busy process and
 //! quiet ones (as behind most load balancers), the busy one trips first,
-//! and the quiet ones stop at their next read of Redis (every
+//! or the fleet's shared window in Redis does (it counts the newest calls
+//! of all processes, so it fills twice as fast as the busy one's), and the
+//! others stop when Redis pushes the opening or at their next read (every
 //! [`REFRESH`]), after far fewer failures than their own window needs.
 
 use std::fmt::Write as _;
@@ -880,14 +882,14 @@ impl FleetOutcome for Outcome {
     fn print(&self, args: &Args) {
         let out_start = args.outage_start().as_secs_f64();
         let n = self.heard.len();
-        let Some((first, opened_at)) = self.tripper() else {
+        let Some((tripper, opened_at)) = self.first_opening() else {
             println!(
-                "\nFleet ({n} processes, one circuit in Redis): no process tripped on its own."
+                "\nFleet ({n} processes, one circuit in Redis): no process opened in the hang."
             );
             return;
         };
         let own = |h: &Heard| h.first_reject.map_or(0, |(_, f)| f);
-        let others: Vec<usize> = (0..n).filter(|&i| i != first).collect();
+        let others: Vec<usize> = (0..n).filter(|&i| Some(i) != tripper).collect();
         let last_reject = others
             .iter()
             .map(|&i| self.heard[i].first_reject.map(|(at, _)| at))
@@ -900,27 +902,36 @@ impl FleetOutcome for Outcome {
             Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
             _ => counts.join(""),
         };
-        let (all_others, their) = if others.len() == 1 {
-            ("the other process was".to_owned(), "its")
-        } else {
-            (format!("all {} others were", others.len()), "their")
+        let (all_others, their) = match (tripper, others.len()) {
+            (_, 1) => ("the other process was".to_owned(), "its"),
+            (Some(_), k) => (format!("all {k} others were"), "their"),
+            (None, k) => (format!("all {k} processes were"), "their"),
         };
         let rejecting = match last_reject {
             Some(at) => format!(
                 "{:.0} ms later {all_others} rejecting, after {counts} failures of {their} own",
                 (at - opened_at).max(0.0) * 1000.0
             ),
-            None => format!("not every other process rejected; failures seen: {counts}"),
+            None => format!("not every process rejected; failures seen: {counts}"),
+        };
+        let who = match tripper {
+            Some(first) => format!(
+                "process {} ({:.0}/s) tripped first, {:.2} s after the dependency started \
+                 hanging, on {} failures of its own",
+                first + 1,
+                self.rates[first],
+                opened_at - out_start,
+                own(&self.heard[first]),
+            ),
+            None => format!(
+                "the fleet's shared window tripped first (Redis opened the circuit on the \
+                 failures the processes reported), {:.2} s after the dependency started hanging",
+                opened_at - out_start,
+            ),
         };
         println!(
-            "\nFleet ({n} processes, one circuit in Redis): process {} ({:.0}/s) tripped first, \
-             {:.2} s after the dependency started hanging, on {} failures of its own; \
-             {rejecting} (alone, each needs {FAILURES_TO_TRIP}: {:.0}% of its last {WINDOW} \
-             calls).",
-            first + 1,
-            self.rates[first],
-            opened_at - out_start,
-            own(&self.heard[first]),
+            "\nFleet ({n} processes, one circuit in Redis): {who}; {rejecting} (alone, each \
+             needs {FAILURES_TO_TRIP}: {:.0}% of its last {WINDOW} calls).",
             FAILURE_RATE * 100.0,
         );
         let mut line = String::from("Failures seen before the first rejection, per process:");
@@ -948,14 +959,19 @@ impl FleetOutcome for Outcome {
     }
 
     /// What must be true of the fleet; empty when it all held.
+    ///
+    /// The circuit is one: it opens once, either on the window of one
+    /// process (the busy one, usually) or on the fleet's shared window in
+    /// Redis (the reports of all of them), and every other process follows
+    /// the store, after fewer failures than its own window needs.
     fn verdict(&self) -> Vec<String> {
         let mut failures = Vec::new();
-        let Some((first, _)) = self.tripper() else {
-            failures.push("no process of the fleet tripped on its own window".to_owned());
+        let Some((tripper, _)) = self.first_opening() else {
+            failures.push("no process of the fleet opened in the hang".to_owned());
             return failures;
         };
         for (i, h) in self.heard.iter().enumerate() {
-            if i == first {
+            if Some(i) == tripper {
                 continue;
             }
             match first_open(h, self.hang.0) {
@@ -980,22 +996,22 @@ impl FleetOutcome for Outcome {
     }
 
     fn held(&self) -> String {
-        "The fleet shared one circuit: one process tripped, and every other one stopped \
-         calling without waiting for failures of its own."
+        "The fleet shared one circuit: it opened once (on one process's window or on the \
+         fleet's shared window), and every other process stopped calling without waiting for \
+         failures of its own."
             .to_owned()
     }
 }
 
 impl Outcome {
-    /// The process whose own window opened the circuit first.
-    fn tripper(&self) -> Option<(usize, f64)> {
+    /// The fleet's first opening in the hang: (the process whose own
+    /// window opened it, or `None` when Redis opened it on the fleet's
+    /// shared window; when).
+    fn first_opening(&self) -> Option<(Option<usize>, f64)> {
         self.heard
             .iter()
             .enumerate()
-            .filter_map(|(i, h)| match first_open(h, self.hang.0) {
-                Some((at, true)) => Some((i, at)),
-                _ => None,
-            })
+            .filter_map(|(i, h)| first_open(h, self.hang.0).map(|(at, own)| (own.then_some(i), at)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
     }
 }
