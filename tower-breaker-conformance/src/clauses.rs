@@ -28,7 +28,11 @@
 //!   rule's buckets and open the circuit when the rule breaks; reports
 //!   while open are not evidence; an opening, an election and a close each
 //!   start the window empty, so evidence from before them never counts
-//!   after the circuit closes again.
+//!   after the circuit closes again. With a
+//!   [`count_window`](FleetRule::count_window), the window is the fleet's
+//!   newest calls, each report's failures in a row placed after its other
+//!   calls ([`Report::segments`]): healthy history never dilutes a burst
+//!   of failures.
 //! - **The clock** is the store's own (its server's, or the process's for
 //!   a store without one); every duration in and out is relative to it.
 
@@ -377,4 +381,58 @@ pub async fn evidence_from_before_an_election_never_counts_after_the_close(
         Decision::Closed,
         "the 8 failures from before the election do not count with these 2 calls"
     );
+}
+
+/// With a count window, the fleet judges its newest calls: a burst of
+/// failures after a long healthy history breaks the rule as soon as it
+/// fills half the window, and a report's failures in a row count as newer
+/// than its own healthy calls (and everything reported before them).
+pub async fn a_count_window_judges_the_newest_calls_whatever_came_before(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    // The fleet's newest 20 calls, judged from 10, open at 50%.
+    let rule = rule().with_count_window(20);
+    let decision = store
+        .report(name, Report::new(3_000, 0, 0), rule)
+        .await
+        .expect("report");
+    assert!(
+        matches!(decision, Decision::Missing | Decision::Closed),
+        "3,000 healthy calls: {decision:?}"
+    );
+    // Nine processes' first failures: 9 of the newest 20 (45%).
+    for i in 0..9 {
+        let decision = store
+            .report(
+                name,
+                Report::new(1, 1, 0).with_tail(1, Duration::ZERO),
+                rule,
+            )
+            .await
+            .expect("report");
+        assert!(
+            matches!(decision, Decision::Missing | Decision::Closed),
+            "failure {} of 9: 45% at most of the newest 20 calls, {decision:?}",
+            i + 1
+        );
+    }
+    // A tenth process: 20 healthy calls, then (the last 2 s, newer than
+    // everything else it reports) one failure. Placed by its tail, the
+    // newest 20 calls hold 10 failures; as one part at the report's time,
+    // they would hold at most one.
+    let decision = store
+        .report(
+            name,
+            Report::new(21, 1, 0).with_tail(1, Duration::from_secs(2)),
+            rule,
+        )
+        .await
+        .expect("report");
+    let left = open_left(decision);
+    assert!(left <= PERIOD, "{left:?}");
+    assert!(matches!(
+        store.read(name).await.expect("read"),
+        Decision::Open { .. }
+    ));
 }

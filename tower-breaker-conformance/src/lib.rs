@@ -137,6 +137,7 @@ macro_rules! tests {
             reports_add_up_and_open_the_circuit_when_the_rule_breaks,
             reports_while_open_are_not_evidence,
             evidence_from_before_an_election_never_counts_after_the_close,
+            a_count_window_judges_the_newest_calls_whatever_came_before,
         );
     };
 }

@@ -37,6 +37,7 @@
 //! | `since_ms` | when the item was last written, writer's clock |
 //! | `expires_at` | the TTL, seconds since the epoch: some time ([`DynamoDbOptions::cleanup_after`]) after T, the lease or the close |
 //! | `w{tick}` | a bucket of the fleet's window: calls + failures x 10^12 + slow calls x 10^24, for the bucket starting at tick x the bucket's length (since the epoch) |
+//! | `g{at}`, `g{at}f` | a part of the fleet's count window (for breakers that count their calls), packed the same way: a report's calls before its failures in a row, placed at `at` (writer's clock, ms since the epoch), and those failures (`f`) |
 //!
 //! # Writes
 //!
@@ -72,8 +73,14 @@
 //!   read; when they break the rule, an **open** follows. Buckets older
 //!   than the window are removed by the next report, and an **open**
 //!   rewrites the item without them. Windows longer than 20 buckets are
-//!   kept in 20 longer ones. The SDK's retries are off for this write: a
-//!   lost answer must not count a report twice.
+//!   kept in 20 longer ones. A breaker that counts its calls
+//!   ([`FleetRule::count_window`]) `ADD`s its report as at most two parts
+//!   of the fleet's count window instead (its failures in a row now, its
+//!   other calls when they were made, see [`Report::segments`]); the
+//!   fleet's newest calls are judged ([`FleetRule::judge_segments`]) and
+//!   the parts that no longer count are removed by the next report. The
+//!   SDK's retries are off for this write: a lost answer must not count a
+//!   report twice.
 //!
 //! # Clocks
 //!
@@ -176,9 +183,13 @@ mod record;
 /// ```
 pub use aws_sdk_dynamodb;
 
-use record::{bucket_attr, decide, expiry_secs, millis, pack, Item, Phase, Record, Window};
+use record::{
+    bucket_attr, decide, expiry_secs, millis, pack, segment_attr, segments, Item, Phase, Record,
+    Window,
+};
 use tower_breaker::store::{
-    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture, Tokens,
+    Decision, Election, FleetRule, ProbeToken, Report, Segment, Store, StoreError, StoreFuture,
+    Tokens,
 };
 
 /// The default table name: `"tower-breaker"`.
@@ -219,7 +230,8 @@ fn refused_before_running(code: &str) -> bool {
 /// conditional writes before it gives up with an error.
 const MAX_TRIES: usize = 8;
 
-/// The most stale buckets one report removes (more go with the next).
+/// The most stale buckets or parts of a count window one report removes
+/// (more go with the next).
 const MAX_REMOVED: usize = 16;
 
 /// A [`Store`] in a DynamoDB table: the breakers of every process that
@@ -257,7 +269,7 @@ pub struct DynamoDbStore {
     seen: Mutex<HashMap<String, (u64, u64)>>,
     /// Per key, the buckets older than the window that the last report
     /// found in the item: the next report removes them.
-    stale: Mutex<HashMap<String, Vec<u64>>>,
+    stale: Mutex<HashMap<String, Vec<String>>>,
     usage: Counters,
 }
 
@@ -852,19 +864,25 @@ impl DynamoDbStore {
         by_clock.min(r.lease_len.saturating_sub(self.watched(key, r, now)))
     }
 
-    /// Adds `report` to the bucket of `tick` (and removes the buckets
-    /// `stale`), unless the circuit is open: one `UpdateItem`. Returns the
+    /// `ADD`s each of `adds` (attribute, packed counts: a bucket, or the
+    /// parts of a count window) and removes the attributes `stale`, unless
+    /// the circuit is open: one `UpdateItem`. Returns the
     /// item after the write, or, when the circuit was open, the decision.
     async fn add(
         &self,
         key: &str,
-        report: Report,
-        (tick, expires): (u64, u64),
-        stale: &[u64],
+        adds: &[(String, String)],
+        expires: u64,
+        stale: &[String],
         now: u64,
     ) -> Result<Result<Item, Decision>, StoreError> {
         let n = |v: String| AttributeValue::N(v);
-        let mut update = "ADD #w :v SET #exp = :exp".to_owned();
+        let mut update = String::from("ADD ");
+        for i in 0..adds.len() {
+            let sep = if i == 0 { "" } else { ", " };
+            update.push_str(&format!("{sep}#w{i} :v{i}"));
+        }
+        update.push_str(" SET #exp = :exp");
         let mut request = self
             .client
             .update_item()
@@ -886,15 +904,21 @@ impl DynamoDbStore {
                     .saturating_sub(millis(self.options.cleanup_after))
                     .to_string()),
             )
-            .expression_attribute_names("#w", bucket_attr(tick))
             .expression_attribute_values(":open", AttributeValue::S("open".to_owned()))
             .expression_attribute_values(":nows", n((now / 1000).to_string()))
-            .expression_attribute_values(":exp", n(expires.to_string()))
-            .expression_attribute_values(":v", n(pack(report.calls, report.failures, report.slow)));
-        for (i, t) in stale.iter().enumerate() {
+            .expression_attribute_values(":exp", n(expires.to_string()));
+        for (i, (attr, value)) in adds.iter().enumerate() {
+            request = request
+                .expression_attribute_names(format!("#w{i}"), attr)
+                .expression_attribute_values(format!(":v{i}"), n(value.clone()));
+        }
+        // An attribute this write adds to is not also removed (DynamoDB
+        // refuses overlapping paths).
+        let stale = stale.iter().filter(|a| adds.iter().all(|(b, _)| b != *a));
+        for (i, attr) in stale.enumerate() {
             update.push_str(if i == 0 { " REMOVE " } else { ", " });
             update.push_str(&format!("#s{i}"));
-            request = request.expression_attribute_names(format!("#s{i}"), bucket_attr(*t));
+            request = request.expression_attribute_names(format!("#s{i}"), attr);
         }
         let out = request
             .update_expression(update)
@@ -946,37 +970,70 @@ impl DynamoDbStore {
         rule: FleetRule,
     ) -> Result<Decision, StoreError> {
         let key = self.key(name)?;
-        let window = Window::of(&rule);
         let now = self.options.now_ms();
-        let tick = window.tick(now);
-        let expires = expiry_secs(now + window.window_ms(), millis(self.options.cleanup_after));
+        let window = Window::of(&rule);
+        let counted = rule.count_window > 0;
+        // The parts to add: the report's segments (count window), or its
+        // counts in the current bucket.
+        let (adds, window_ms): (Vec<(String, String)>, u64) = if counted {
+            let adds = report
+                .segments(now)
+                .map(|s| (segment_attr(&s), pack(s.calls, s.failures, s.slow)))
+                .collect();
+            (adds, rule.span_ms())
+        } else {
+            let adds = vec![(
+                bucket_attr(window.tick(now)),
+                pack(report.calls, report.failures, report.slow),
+            )];
+            (adds, window.window_ms())
+        };
+        let expires = expiry_secs(now + window_ms, millis(self.options.cleanup_after));
         let stale = self
             .stale
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key)
             .unwrap_or_default();
-        let item = match self.add(&key, report, (tick, expires), &stale, now).await? {
+        let item = match self.add(&key, &adds, expires, &stale, now).await? {
             Ok(item) => item,
             Err(decision) => return Ok(decision),
         };
-        let mut counts = window.counts(&item, tick);
-        if !counts.stale.is_empty() {
-            counts.stale.truncate(MAX_REMOVED);
+        let (sums, mut stale, behind) = if counted {
+            let mut found = segments(&item);
+            // Newest first, as the judge orders them, so that the names
+            // stay beside their parts.
+            found.sort_by(|(_, a), (_, b)| b.at_ms.cmp(&a.at_ms).then(b.failures.cmp(&a.failures)));
+            let (names, mut parts): (Vec<String>, Vec<Segment>) = found.into_iter().unzip();
+            let newest = parts.first().map_or(0, |p| p.at_ms);
+            let (sums, keep) = rule.judge_segments(&mut parts, now);
+            let stale = names.into_iter().skip(keep).collect::<Vec<_>>();
+            (
+                (sums.calls, sums.failures, sums.slow),
+                stale,
+                newest > now + window_ms,
+            )
+        } else {
+            let tick = window.tick(now);
+            let counts = window.counts(&item, tick);
+            let stale = counts.stale.iter().map(|t| bucket_attr(*t)).collect();
+            (counts.sums, stale, counts.newest >= tick + window.buckets)
+        };
+        if !stale.is_empty() {
+            stale.truncate(MAX_REMOVED);
             self.stale
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), counts.stale);
+                .insert(key.clone(), stale);
         }
-        if counts.newest >= tick + window.buckets {
-            // Counted in a bucket the others have left behind (and will
-            // remove): nobody counts it.
+        if behind {
+            // Counted where the others have left it behind (and will
+            // remove it): nobody counts it.
             return Err(StoreError::new(format!(
-                "report refused: this process's clock is behind the fleet's window of {name:?} by more than the window ({} ms); check the clocks",
-                window.window_ms()
+                "report refused: this process's clock is behind the fleet's window of {name:?} by more than the window ({window_ms} ms); check the clocks"
             )));
         }
-        let (calls, failures, slow) = counts.sums;
+        let (calls, failures, slow) = sums;
         if rule.breaks(calls, failures, slow) {
             let remaining = self.open(name, rule.open_for).await?;
             return Ok(Decision::Open { remaining });

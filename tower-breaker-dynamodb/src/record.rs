@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use tower_breaker::store::{Decision, FleetRule, StoreError};
+use tower_breaker::store::{Decision, FleetRule, Segment, StoreError};
 
 /// An item as DynamoDB returns it.
 pub(super) type Item = HashMap<String, AttributeValue>;
@@ -126,16 +126,50 @@ impl Window {
             if t > tick {
                 continue; // from a clock ahead of this one
             }
-            let Some(packed) = value.as_n().ok().and_then(|n| n.parse::<u128>().ok()) else {
+            let Some((calls, failures, slow)) = value.as_n().ok().and_then(|n| unpack(n)) else {
                 continue;
             };
-            let part = |shift: u32| u64::try_from(packed / PACK.pow(shift) % PACK).unwrap_or(0);
-            counts.sums.0 += part(0);
-            counts.sums.1 += part(1);
-            counts.sums.2 += part(2);
+            counts.sums.0 += calls;
+            counts.sums.1 += failures;
+            counts.sums.2 += slow;
         }
         counts
     }
+}
+
+/// The attribute of a part of the fleet's count window placed at `at_ms`
+/// (writer's clock): `g{at_ms}` for a report's calls before its failures in
+/// a row, `g{at_ms}f` for those failures. Reports placed at the same
+/// millisecond `ADD` to the same attribute, as to a bucket.
+pub(super) fn segment_attr(segment: &Segment) -> String {
+    let tail = segment.failures == segment.calls && segment.calls > 0;
+    format!("g{}{}", segment.at_ms, if tail { "f" } else { "" })
+}
+
+/// The parts of the fleet's count window that `item` holds, each with its
+/// attribute.
+pub(super) fn segments(item: &Item) -> Vec<(String, Segment)> {
+    let mut parts = Vec::new();
+    for (name, value) in item {
+        let Some(at) = name.strip_prefix('g') else {
+            continue;
+        };
+        let Ok(at_ms) = at.strip_suffix('f').unwrap_or(at).parse::<u64>() else {
+            continue;
+        };
+        let Some((calls, failures, slow)) = value.as_n().ok().and_then(|n| unpack(n)) else {
+            continue;
+        };
+        parts.push((name.clone(), Segment::new(at_ms, calls, failures, slow)));
+    }
+    parts
+}
+
+/// A packed number's calls, failures and slow calls.
+fn unpack(n: &str) -> Option<(u64, u64, u64)> {
+    let packed = n.parse::<u128>().ok()?;
+    let part = |shift: u32| u64::try_from(packed / PACK.pow(shift) % PACK).unwrap_or(0);
+    Some((part(0), part(1), part(2)))
 }
 
 /// The attribute of the bucket of `tick`.
@@ -429,6 +463,30 @@ mod tests {
         assert_eq!(window.counts(&item, 12).sums, (11, 8, 10));
         assert_eq!(window.counts(&item, 8).sums, (0, 0, 0));
         assert_eq!(window.tick(10_500), 10);
+    }
+
+    #[test]
+    fn count_window_parts_round_trip_through_their_attributes() {
+        let rest = Segment::new(1_000, 20, 2, 1);
+        let tail = Segment::new(1_050, 3, 3, 0);
+        assert_eq!(segment_attr(&rest), "g1000");
+        assert_eq!(segment_attr(&tail), "g1050f");
+        let mut item = Item::new();
+        for s in [rest, tail] {
+            item.insert(
+                segment_attr(&s),
+                AttributeValue::N(pack(s.calls, s.failures, s.slow)),
+            );
+        }
+        item.insert(bucket_attr(3), AttributeValue::N(pack(9, 9, 9)));
+        item.insert("gx".to_owned(), AttributeValue::N("1".to_owned()));
+        item.insert("g12".to_owned(), AttributeValue::S("1".to_owned()));
+        let mut parts = segments(&item);
+        parts.sort_by_key(|(_, s)| s.at_ms);
+        assert_eq!(
+            parts,
+            vec![("g1000".to_owned(), rest), ("g1050f".to_owned(), tail)]
+        );
     }
 
     #[test]
