@@ -189,6 +189,7 @@ pub struct FleetConfig {
     pub(crate) flush_interval: Duration,
     pub(crate) election_timeout: Duration,
     pub(crate) probe_lease: Duration,
+    pub(crate) max_staleness: Option<Duration>,
 }
 
 // === impl FleetConfig ===
@@ -206,6 +207,7 @@ impl FleetConfig {
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
             probe_lease: DEFAULT_PROBE_LEASE,
+            max_staleness: None,
         }
     }
 
@@ -289,6 +291,56 @@ impl FleetConfig {
         self
     }
 
+    /// How old the shared decision may be when a call is admitted on it
+    /// (default twice the [`refresh_interval`](Self::refresh_interval); at
+    /// least the refresh interval; [`Duration::MAX`] turns the wait off).
+    ///
+    /// A call that finds the circuit closed on a decision older than this
+    /// (no read or report has answered for that long: a process quiet for
+    /// a while, a Lambda instance thawed after minutes, a new process)
+    /// waits, in a service's `poll_ready` or in
+    /// [`Breaker::acquire`](crate::Breaker::acquire), for one read of the
+    /// store (at most the [`election_timeout`](Self::election_timeout)),
+    /// and is refused if the fleet opened the circuit meanwhile. A process
+    /// that calls at least once per refresh interval keeps its decision
+    /// fresh by the read or report that the first call after each
+    /// interval starts, and never waits; one that calls less often waits
+    /// one store round trip per call (a Redis store's is well under a
+    /// millisecond on a local network; a DynamoDB store's a few). The
+    /// wait is skipped while the store is failing (the breaker then
+    /// decides alone, see [`on_store_failure`](Self::on_store_failure)),
+    /// and [`Breaker::try_acquire`](crate::Breaker::try_acquire), which
+    /// cannot wait, and keyed breakers, whose `poll_ready` does not know
+    /// the key, admit on the decision they have.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_breaker::store::MemoryStore;
+    /// use tower_breaker::{BreakerConfig, FleetConfig};
+    ///
+    /// // Processes that call about once a second read before each call.
+    /// let fleet = FleetConfig::new(Arc::new(MemoryStore::new()))
+    ///     .refresh_interval(Duration::from_millis(400))
+    ///     .max_staleness(Duration::from_millis(800));
+    /// let config = BreakerConfig::new().fleet(fleet);
+    /// # let _ = config;
+    /// ```
+    #[must_use]
+    pub fn max_staleness(mut self, staleness: Duration) -> Self {
+        self.max_staleness = Some(staleness);
+        self
+    }
+
+    /// The effective [`max_staleness`](Self::max_staleness).
+    pub(crate) fn staleness(&self) -> Duration {
+        self.max_staleness
+            .unwrap_or_else(|| self.refresh_interval.saturating_mul(2))
+            .max(self.refresh_interval)
+    }
+
     /// What to do while the store fails (default
     /// [`StoreFailureMode::FailOpen`]: keep the local decision and call
     /// the dependency). See [`StoreFailureMode`].
@@ -308,6 +360,7 @@ impl fmt::Debug for FleetConfig {
             .field("flush_interval", &self.flush_interval)
             .field("election_timeout", &self.election_timeout)
             .field("probe_lease", &self.probe_lease)
+            .field("max_staleness", &self.staleness())
             .field("store_failure", &self.store_failure)
             .finish()
     }

@@ -50,6 +50,14 @@ pub(super) struct StoreLink {
     /// store renews leases (0: it does not; the lease is the whole probe
     /// wait).
     lease_ns: u64,
+    /// How old the shared decision may be when a closed circuit admits a
+    /// call through `poll_ready` (`u64::MAX`: any age).
+    stale_ns: u64,
+    /// When the newest sync that answered (a read, a report or a push,
+    /// with or without an error) was asked, plus one; 0: never.
+    synced_ns: AtomicU64,
+    /// Woken when a sync answers.
+    synced: tokio::sync::Notify,
 }
 
 /// The queue of a breaker's writes: one task at a time drains it, so the
@@ -117,6 +125,9 @@ impl StoreLink {
             } else {
                 0
             },
+            stale_ns: nanos(fleet.staleness()),
+            synced_ns: AtomicU64::new(0),
+            synced: tokio::sync::Notify::new(),
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {
@@ -137,6 +148,19 @@ impl StoreLink {
 
     pub(super) fn take_token(&self) -> Option<ProbeToken> {
         self.token.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Whether a call at `now` must read before it is admitted: the
+    /// decision is older than the allowed staleness, and the store is not
+    /// known to be failing.
+    fn must_read_first(&self, now: u64) -> bool {
+        let synced = self.synced_ns.load(Acquire);
+        let age = if synced == 0 {
+            u64::MAX
+        } else {
+            now.saturating_sub(synced - 1)
+        };
+        age >= self.stale_ns && self.stale_ns != u64::MAX && self.down_since.load(Relaxed) == 0
     }
 }
 
@@ -170,8 +194,10 @@ impl Core {
         cx: &mut Context<'_>,
     ) -> Poll<()> {
         let w = Word(self.word.load(Acquire));
-        let Phase::Open { until_ms } = w.phase() else {
-            return Poll::Ready(());
+        let until_ms = match w.phase() {
+            Phase::Open { until_ms } => until_ms,
+            Phase::Closed { .. } => return self.poll_read_first(w, wait, cx),
+            _ => return Poll::Ready(()),
         };
         if w.mode() != Mode::Automatic || tokio::runtime::Handle::try_current().is_err() {
             return Poll::Ready(());
@@ -192,6 +218,51 @@ impl Core {
             if Word(core.word.load(Acquire)) == electing {
                 ended.await;
             }
+        });
+        match future.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(()),
+            Poll::Pending => {
+                wait.0 = Some(future);
+                Poll::Pending
+            }
+        }
+    }
+
+    /// A closed circuit whose shared decision is older than the allowed
+    /// staleness: waits until a read started now (or one in flight)
+    /// answers, at most the election timeout, so the call is decided on
+    /// what the fleet knows (see
+    /// [`FleetConfig::max_staleness`](crate::FleetConfig::max_staleness)).
+    fn poll_read_first(
+        self: &Arc<Self>,
+        w: Word,
+        wait: &mut ElectionWait,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let Some(link) = &self.store else {
+            return Poll::Ready(());
+        };
+        if link.stale_ns == u64::MAX || w.mode() != Mode::Automatic {
+            return Poll::Ready(());
+        }
+        let now = self.call_now_ns();
+        if !link.must_read_first(now) || tokio::runtime::Handle::try_current().is_err() {
+            return Poll::Ready(());
+        }
+        let core = Arc::clone(self);
+        let bound = Duration::from_nanos(self.s.election_ns.max(NANOS_PER_MS));
+        let mut future: Pin<Box<dyn Future<Output = ()> + Send + Sync>> = Box::pin(async move {
+            let Some(link) = &core.store else { return };
+            // Registered before the read can answer: its answer wakes us.
+            let answered = link.synced.notified();
+            let mut answered = std::pin::pin!(answered);
+            answered.as_mut().enable();
+            if !link.must_read_first(core.now_ns()) {
+                return;
+            }
+            // Starts the read, unless one is in flight (it then answers).
+            core.maybe_refresh(link, now);
+            let _ = tokio::time::timeout(bound, answered).await;
         });
         match future.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(()),
@@ -323,8 +394,17 @@ impl Core {
         }
     }
 
-    /// Adopts what a read of the store said.
+    /// Adopts what a read of the store said, and wakes the calls that
+    /// wait for a fresh decision.
     pub(super) fn apply_read(self: &Arc<Self>, result: &Result<Decision, StoreError>, asked: u64) {
+        self.adopt_read(result, asked);
+        if let Some(link) = &self.store {
+            link.synced_ns.fetch_max(asked.saturating_add(1), Release);
+            link.synced.notify_waiters();
+        }
+    }
+
+    fn adopt_read(self: &Arc<Self>, result: &Result<Decision, StoreError>, asked: u64) {
         match result {
             Ok(Decision::Open { remaining }) => {
                 self.store_ok();
