@@ -17,6 +17,9 @@ use tower_breaker_redis::{RedisOptions, RedisStore};
 
 const MEMBER: &str = "TOWER_BREAKER_REDIS_FLEET";
 
+/// Held while a fleet of processes runs.
+static FLEETS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn unix_ms() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -104,6 +107,10 @@ async fn run_fleet_after(
     every_ms: u64,
     healthy_ms: u64,
 ) -> (i64, Vec<(i64, i64)>) {
+    // One fleet at a time: 20 processes of one test share the machine's
+    // cores with nobody else's (two fleets at once on 2 cores spread the
+    // first rejections by the scheduler's delays, not the store's).
+    let _alone = FLEETS.lock().await;
     let common_ms = unix_ms() + 1500;
     let outage_ms = common_ms + u128::from(healthy_ms);
     let start_ms = common_ms;
