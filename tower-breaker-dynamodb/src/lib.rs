@@ -234,6 +234,22 @@ const MAX_TRIES: usize = 8;
 /// (more go with the next).
 const MAX_REMOVED: usize = 16;
 
+/// The most keys whose stale attributes a store remembers for their next
+/// report: keys that never report again (a keyed registry's evicted keys)
+/// must not grow the map without bound.
+const MAX_STALE_KEYS: usize = 1024;
+
+/// Remembers the attributes of `key` to remove with its next report. A map
+/// that holds [`MAX_STALE_KEYS`] keys starts again empty: a key forgotten
+/// that way finds its stale attributes again in the item its next report
+/// returns, and removes them one report later.
+fn remember_stale(map: &mut HashMap<String, Vec<String>>, key: String, stale: Vec<String>) {
+    if map.len() >= MAX_STALE_KEYS && !map.contains_key(&key) {
+        map.clear();
+    }
+    map.insert(key, stale);
+}
+
 /// A [`Store`] in a DynamoDB table: the breakers of every process that
 /// uses the same table, prefix and breaker name share one circuit.
 ///
@@ -1021,10 +1037,8 @@ impl DynamoDbStore {
         };
         if !stale.is_empty() {
             stale.truncate(MAX_REMOVED);
-            self.stale
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), stale);
+            let mut map = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+            remember_stale(&mut map, key.clone(), stale);
         }
         if behind {
             // Counted where the others have left it behind (and will
@@ -1224,3 +1238,21 @@ fn add_units(counter: &AtomicU64, consumed: Option<&ConsumedCapacity>) {
 #[doc = include_str!("../README.md")]
 #[derive(Debug)]
 pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: the map of attributes to remove kept an entry for every
+    /// key that reported once and never again.
+    #[test]
+    fn the_stale_map_stays_bounded_whatever_the_keys() {
+        let mut map = HashMap::new();
+        for i in 0..10_000 {
+            remember_stale(&mut map, format!("key {i}"), vec!["w1".to_owned()]);
+            assert!(map.len() <= MAX_STALE_KEYS);
+        }
+        remember_stale(&mut map, "key 9999".to_owned(), vec!["w2".to_owned()]);
+        assert_eq!(map["key 9999"], ["w2"]);
+    }
+}

@@ -190,6 +190,62 @@ pub struct FleetConfig {
     pub(crate) election_timeout: Duration,
     pub(crate) probe_lease: Duration,
     pub(crate) max_staleness: Option<Duration>,
+    /// The store alarm's rate limit, shared by every breaker built from
+    /// this configuration or its clones (a keyed registry's breakers).
+    pub(crate) alarm: Arc<StoreAlarm>,
+}
+
+/// The `circuit_store_failed` warnings of the breakers that share one
+/// [`FleetConfig`]: at most one per second for all of them, and one
+/// `circuit_store_recovered` per outage, so that a store outage under a
+/// keyed registry of a thousand breakers is one line a second, not a
+/// thousand.
+#[derive(Debug)]
+pub(crate) struct StoreAlarm {
+    base: tokio::time::Instant,
+    /// When the next warning may be emitted (ms since `base`).
+    next_warning_ms: std::sync::atomic::AtomicU64,
+    /// Failures not warned about since the last warning.
+    unwarned: std::sync::atomic::AtomicU64,
+    /// The last store call of any of these breakers failed.
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl StoreAlarm {
+    fn new() -> Self {
+        Self {
+            base: tokio::time::Instant::now(),
+            next_warning_ms: std::sync::atomic::AtomicU64::new(0),
+            unwarned: std::sync::atomic::AtomicU64::new(0),
+            down: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// A store call failed: `Some(failures)` when a warning is due, with
+    /// the failures it stands for (this one included). The first failure
+    /// after the store worked is always told; more at most once per
+    /// `interval_ms`.
+    pub(crate) fn failed(&self, interval_ms: u64) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let was_up = !self.down.swap(true, Relaxed);
+        let now_ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_warning_ms.load(Relaxed);
+        let due = now_ms >= next
+            && self
+                .next_warning_ms
+                .compare_exchange(next, now_ms.saturating_add(interval_ms), Relaxed, Relaxed)
+                .is_ok();
+        if !(was_up || due) {
+            self.unwarned.fetch_add(1, Relaxed);
+            return None;
+        }
+        Some(self.unwarned.swap(0, Relaxed) + 1)
+    }
+
+    /// A store call worked: true once per outage (the recovery to tell).
+    pub(crate) fn recovered(&self) -> bool {
+        self.down.swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 // === impl FleetConfig ===
@@ -208,6 +264,7 @@ impl FleetConfig {
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
             probe_lease: DEFAULT_PROBE_LEASE,
             max_staleness: None,
+            alarm: Arc::new(StoreAlarm::new()),
         }
     }
 

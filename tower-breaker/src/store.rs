@@ -36,7 +36,10 @@
 //! decision, counts the error in
 //! [`Totals::store_errors`](crate::snapshot::Totals::store_errors) and emits a
 //! `circuit_store_failed` warning (and `circuit_store_recovered` when a
-//! call works again); [`StoreFailureMode::FailClosed`] rejects instead.
+//! call works again; at most one warning a second, and one recovery, for
+//! all the breakers built from one [`FleetConfig`](crate::FleetConfig),
+//! such as a keyed registry's); [`StoreFailureMode::FailClosed`] rejects
+//! instead.
 //! An opening whose write-through failed is written again at the first
 //! read that finds the store without it, so sharing resumes by itself.
 //! Timeouts of store calls belong to each store implementation
@@ -907,9 +910,33 @@ impl Tokens {
 pub struct MemoryStore {
     base: Instant,
     records: Mutex<Records>,
-    watchers: Mutex<HashMap<String, Vec<Weak<dyn Watcher>>>>,
+    watchers: Mutex<Watchers>,
     tokens: AtomicU64,
     cleanup_after: Duration,
+}
+
+/// The memory store's watchers: per name, the breakers told of its
+/// decisions. Names whose breakers are all gone (a keyed registry's evicted
+/// keys) are forgotten by a sweep each time the map doubles, so the map
+/// stays within twice the names watched by living breakers.
+#[derive(Default)]
+struct Watchers {
+    map: HashMap<String, Vec<Weak<dyn Watcher>>>,
+    /// The map's size that triggers the next sweep.
+    sweep_at: usize,
+}
+
+impl Watchers {
+    fn sweep(&mut self) {
+        if self.map.len() < self.sweep_at.max(64) {
+            return;
+        }
+        self.map.retain(|_, list| {
+            list.retain(|w| w.strong_count() > 0);
+            !list.is_empty()
+        });
+        self.sweep_at = self.map.len().saturating_mul(2);
+    }
 }
 
 struct Records {
@@ -1050,7 +1077,7 @@ impl MemoryStore {
                 next_sweep: now,
             }),
             tokens: AtomicU64::new(1),
-            watchers: Mutex::new(HashMap::new()),
+            watchers: Mutex::new(Watchers::default()),
             cleanup_after: DEFAULT_CLEANUP_AFTER,
         }
     }
@@ -1150,11 +1177,15 @@ impl MemoryStore {
     fn notify(&self, name: &str, decision: Decision) {
         let alive: Vec<Arc<dyn Watcher>> = {
             let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(list) = watchers.get_mut(name) else {
+            let Some(list) = watchers.map.get_mut(name) else {
                 return;
             };
             list.retain(|w| w.strong_count() > 0);
-            list.iter().filter_map(Weak::upgrade).collect()
+            let alive = list.iter().filter_map(Weak::upgrade).collect();
+            if list.is_empty() {
+                watchers.map.remove(name);
+            }
+            alive
         };
         for watcher in alive {
             watcher.decided(decision);
@@ -1323,9 +1354,10 @@ impl Store for MemoryStore {
 
     fn watch(&self, name: &str, watcher: Weak<dyn Watcher>) {
         let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
-        let list = watchers.entry(name.to_owned()).or_default();
+        let list = watchers.map.entry(name.to_owned()).or_default();
         list.retain(|w| w.strong_count() > 0);
         list.push(watcher);
+        watchers.sweep();
     }
 
     fn report<'a>(
@@ -1437,5 +1469,33 @@ fn open_record(
             );
             open_for
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Nobody;
+
+    impl Watcher for Nobody {
+        fn decided(self: Arc<Self>, _decision: Decision) {}
+    }
+
+    /// Regression: the memory store kept an entry per name ever watched
+    /// (a keyed registry's evicted keys grew it without bound).
+    #[test]
+    fn names_whose_watchers_are_all_gone_are_forgotten() {
+        let store = MemoryStore::new();
+        let kept: Arc<dyn Watcher> = Arc::new(Nobody);
+        store.watch("kept", Arc::downgrade(&kept));
+        for i in 0..10_000 {
+            let gone: Arc<dyn Watcher> = Arc::new(Nobody);
+            store.watch(&format!("key {i}"), Arc::downgrade(&gone));
+        }
+        let watchers = store.watchers.lock().unwrap();
+        assert!(watchers.map.len() <= 64, "{} names", watchers.map.len());
+        assert!(watchers.map.contains_key("kept"));
     }
 }

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 
 use super::machine::Core;
 use super::{nanos, ElectionWait, NANOS_PER_MS};
-use crate::config::{BreakerConfig, WindowKind, DEFAULT_FLEET_WINDOW};
+use crate::config::{BreakerConfig, StoreAlarm, WindowKind, DEFAULT_FLEET_WINDOW};
 use crate::snapshot::Cause;
 use crate::state::{Phase, Word, CLOSED, ELECTING, HALF_OPEN, OPEN};
 use crate::store::StoreFailureMode;
@@ -32,10 +32,9 @@ pub(super) struct StoreLink {
     /// base, plus one), or 0 while it works: the last store call failed
     /// unless 0 (cleared by the next one that works).
     pub(super) down_since: AtomicU64,
-    /// When the next `circuit_store_failed` warning may be emitted (ms).
-    pub(super) next_warning_ms: AtomicU64,
-    /// Failures not warned about since the last warning.
-    pub(super) unwarned: AtomicU64,
+    /// The rate limit of the store alarm, shared with the other breakers
+    /// built from the same fleet configuration.
+    alarm: Arc<StoreAlarm>,
     pub(super) fail_closed: bool,
     /// The writes not yet made, in the order the breaker asked for them.
     writes: Mutex<Writes>,
@@ -95,8 +94,8 @@ enum Write {
 /// of the fleet probe at once.
 const DOWN_REFRESHES_BEFORE_LOCAL_PROBE: u64 = 2;
 
-/// The least interval between two `circuit_store_failed` warnings of one
-/// breaker.
+/// The least interval between two `circuit_store_failed` warnings of the
+/// breakers that share a fleet configuration.
 const STORE_WARNING_INTERVAL_MS: u64 = 1_000;
 
 // === impl StoreLink ===
@@ -112,8 +111,7 @@ impl StoreLink {
             token: Mutex::new(None),
             shared_open: AtomicBool::new(false),
             down_since: AtomicU64::new(0),
-            next_warning_ms: AtomicU64::new(0),
-            unwarned: AtomicU64::new(0),
+            alarm: Arc::clone(&fleet.alarm),
             writes: Mutex::new(Writes::default()),
             fleet: fleet.fleet_window.then(|| fleet_rule(config)),
             flush_ns: nanos(fleet.flush_interval).max(NANOS_PER_MS),
@@ -953,7 +951,10 @@ impl Core {
     /// A store call worked: the store is up.
     pub(super) fn store_ok(&self) {
         if let Some(link) = &self.store {
-            if link.down_since.load(Relaxed) != 0 && link.down_since.swap(0, Relaxed) != 0 {
+            if link.down_since.load(Relaxed) != 0
+                && link.down_since.swap(0, Relaxed) != 0
+                && link.alarm.recovered()
+            {
                 tracing::info!(breaker = %self.name, "circuit_store_recovered");
             }
         }
@@ -962,8 +963,9 @@ impl Core {
     /// Keeps the local decision (or, failing closed, rejects until the
     /// store answers) and raises the alarm: a `circuit_store_failed`
     /// warning at the first failure after the store worked, then at most
-    /// once per second per breaker, saying how many failures it stands for
-    /// (every one is counted in
+    /// once per second for all the breakers built from one fleet
+    /// configuration (a keyed registry's), saying how many failures it
+    /// stands for (every one is counted in
     /// [`Totals::store_errors`](crate::snapshot::Totals::store_errors)).
     pub(super) fn store_failed(self: &Arc<Self>, operation: &'static str, error: &StoreError) {
         let core = &**self;
@@ -971,24 +973,12 @@ impl Core {
         core.metrics.store_error();
         let Some(link) = &core.store else { return };
         let now = core.now_ns();
-        let was_up = link
+        let _ = link
             .down_since
-            .compare_exchange(0, now + 1, Relaxed, Relaxed)
-            .is_ok();
-        // The first failure after the store worked is always told; more
-        // failures at most once per interval.
-        let now_ms = now / NANOS_PER_MS;
-        let next = link.next_warning_ms.load(Relaxed);
-        let due = now_ms >= next
-            && link
-                .next_warning_ms
-                .compare_exchange(next, now_ms + STORE_WARNING_INTERVAL_MS, Relaxed, Relaxed)
-                .is_ok();
-        if !(was_up || due) {
-            link.unwarned.fetch_add(1, Relaxed);
+            .compare_exchange(0, now + 1, Relaxed, Relaxed);
+        let Some(failures) = link.alarm.failed(STORE_WARNING_INTERVAL_MS) else {
             return;
-        }
-        let failures = link.unwarned.swap(0, Relaxed) + 1;
+        };
         // The whole chain: the cause (a refused login, an untrusted
         // certificate) is usually in a source.
         let mut cause = error.to_string();
