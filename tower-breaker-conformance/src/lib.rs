@@ -36,6 +36,7 @@ use std::sync::Arc;
 use tower_breaker::store::Store;
 
 pub mod clauses;
+pub mod fleet;
 
 /// A store under test, and what keeps its server alive until the clause
 /// ends (a child process, say).

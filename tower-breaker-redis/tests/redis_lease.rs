@@ -9,7 +9,7 @@ mod support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use support::redis_server::RedisServer;
@@ -17,7 +17,8 @@ use support::*;
 use tokio::time::{sleep, Instant};
 use tower_breaker::store::{Decision, Store};
 use tower_breaker::FleetConfig;
-use tower_breaker::{Breaker, BreakerConfig, Outcome, Permit, State};
+use tower_breaker::{Breaker, BreakerConfig, Outcome, State};
+use tower_breaker_conformance::fleet::{hammer, hammer_after_first, until_all_reject};
 use tower_breaker_redis::{RedisOptions, RedisStore};
 
 const REFRESH: Duration = Duration::from_millis(100);
@@ -64,68 +65,6 @@ fn trip(b: &Breaker) {
             .expect("closed until it trips")
             .record(Outcome::Failure);
     }
-}
-
-async fn until_all_reject(fleet: &[Breaker], limit: Duration) {
-    let start = Instant::now();
-    while !fleet.iter().all(|b| match b.try_acquire() {
-        Ok(p) => {
-            p.record(Outcome::Ignored);
-            false
-        }
-        Err(_) => true,
-    }) {
-        assert!(start.elapsed() < limit, "every breaker rejects in time");
-        sleep(ms(5)).await;
-    }
-}
-
-/// Calls every breaker of `fleet` from `tasks` tasks every 3 ms until
-/// `stop`; every admitted call is kept (not completed) and returned.
-async fn hammer(fleet: &Arc<Vec<Breaker>>, tasks: usize, stop: Instant) -> Vec<Permit> {
-    hammer_after_first(fleet, tasks, stop, None).await.0
-}
-
-/// [`hammer`], stopping `after` the first admission if it comes before
-/// `stop`: long enough to see a second prober, shorter than a probe's
-/// lease. Also returns when the first admission came.
-async fn hammer_after_first(
-    fleet: &Arc<Vec<Breaker>>,
-    tasks: usize,
-    stop: Instant,
-    after: Option<Duration>,
-) -> (Vec<Permit>, Option<Instant>) {
-    let held: Arc<Mutex<Vec<Permit>>> = Arc::default();
-    let first: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let handles: Vec<_> = (0..tasks)
-        .map(|i| {
-            let (fleet, held, first) = (fleet.clone(), held.clone(), first.clone());
-            tokio::spawn(async move {
-                let b = &fleet[i % fleet.len()];
-                loop {
-                    let now = Instant::now();
-                    let end = match (*first.lock().unwrap(), after) {
-                        (Some(at), Some(after)) => stop.min(at + after),
-                        _ => stop,
-                    };
-                    if now >= end {
-                        break;
-                    }
-                    if let Ok(permit) = b.try_acquire() {
-                        first.lock().unwrap().get_or_insert(now);
-                        held.lock().unwrap().push(permit);
-                    }
-                    sleep(ms(3)).await;
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.await.unwrap();
-    }
-    let mut held = held.lock().unwrap();
-    let first = *first.lock().unwrap();
-    (std::mem::take(&mut *held), first)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
