@@ -271,3 +271,22 @@ async fn concurrent_stale_calls_share_one_read() {
     assert_eq!(calls.load(SeqCst), 50);
     assert_eq!(store.reads.load(SeqCst), 1);
 }
+
+/// Regression: a store's answer was ordered against the breaker's own
+/// transitions by time, so one asked in the same tick as a transition
+/// (always, under a paused clock; often, with the coarse clock) was
+/// dropped although it was asked after it. Transitions are counted now: a
+/// read asked after a transition is adopted, whatever the clock says.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_read_asked_after_a_transition_in_the_same_tick_is_adopted() {
+    let store = Deaf::new(Duration::ZERO);
+    let b = process(&store, |f| f);
+    b.refresh().await.unwrap();
+    // A transition (a mode switched and back), then, at the same instant,
+    // another process opens the fleet's circuit and this one reads.
+    b.set_mode(tower_breaker::Mode::ForcedOpen);
+    b.set_mode(tower_breaker::Mode::Automatic);
+    store.inner.try_open("dep", secs(5)).await.unwrap();
+    b.refresh().await.unwrap();
+    assert_eq!(state(&b), State::Open);
+}

@@ -162,9 +162,35 @@ impl StoreLink {
     }
 }
 
+/// When a store call was asked: the breaker's clock then, and how many
+/// transitions it had made.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Asked {
+    pub(super) ns: u64,
+    transitions: u64,
+}
+
+impl Asked {
+    /// Whether the breaker has made a transition since: the answer may be
+    /// older than its state, and is not adopted (the next read tells).
+    fn before_a_transition(self, core: &Core) -> bool {
+        core.transitions.load(Acquire) != self.transitions
+    }
+}
+
+impl Core {
+    /// Now, for a store call about to be asked.
+    pub(super) fn asked(&self) -> Asked {
+        Asked {
+            transitions: self.transitions.load(Acquire),
+            ns: self.now_ns(),
+        }
+    }
+}
+
 impl Watcher for Core {
     fn decided(self: Arc<Self>, decision: Decision) {
-        let asked = self.now_ns();
+        let asked = self.asked();
         self.apply_read(&Ok(decision), asked);
     }
 }
@@ -365,7 +391,7 @@ impl Core {
         let spawned = spawn(async move {
             let core = &*this;
             let Some(link) = &core.store else { return };
-            let asked = core.now_ns();
+            let asked = core.asked();
             let result = match report {
                 Some((report, rule)) => {
                     let rule = FleetRule {
@@ -394,15 +420,20 @@ impl Core {
 
     /// Adopts what a read of the store said, and wakes the calls that
     /// wait for a fresh decision.
-    pub(super) fn apply_read(self: &Arc<Self>, result: &Result<Decision, StoreError>, asked: u64) {
+    pub(super) fn apply_read(
+        self: &Arc<Self>,
+        result: &Result<Decision, StoreError>,
+        asked: Asked,
+    ) {
         self.adopt_read(result, asked);
         if let Some(link) = &self.store {
-            link.synced_ns.fetch_max(asked.saturating_add(1), Release);
+            link.synced_ns
+                .fetch_max(asked.ns.saturating_add(1), Release);
             link.synced.notify_waiters();
         }
     }
 
-    fn adopt_read(self: &Arc<Self>, result: &Result<Decision, StoreError>, asked: u64) {
+    fn adopt_read(self: &Arc<Self>, result: &Result<Decision, StoreError>, asked: Asked) {
         match result {
             Ok(Decision::Open { remaining }) => {
                 self.store_ok();
@@ -464,11 +495,11 @@ impl Core {
     /// fleet's opening: open -> open until the fleet's T (the store's time
     /// wins; after a lost election, the winner's re-open ends the wait for
     /// its lease early).
-    pub(super) fn adopt_open(self: &Arc<Self>, remaining: Duration, asked: u64) {
+    pub(super) fn adopt_open(self: &Arc<Self>, remaining: Duration, asked: Asked) {
         let core = &**self;
         let Some(link) = &core.store else { return };
         let from = Word(core.word.load(Acquire));
-        if !from.is_automatic() || core.last_transition.load(Acquire) > asked {
+        if !from.is_automatic() || asked.before_a_transition(core) {
             return;
         }
         let now = core.now_ns();
@@ -502,11 +533,11 @@ impl Core {
     /// is the fleet's elected prober: only another prober, elected after
     /// this one's lease lapsed (a frozen process, a slow probe), can have
     /// closed the record; probing on would be a second probe.
-    pub(super) fn adopt_closed(self: &Arc<Self>, asked: u64) {
+    pub(super) fn adopt_closed(self: &Arc<Self>, asked: Asked) {
         let core = &**self;
         let Some(link) = &core.store else { return };
         let from = Word(core.word.load(Acquire));
-        if !from.is_automatic() || core.last_transition.load(Acquire) > asked {
+        if !from.is_automatic() || asked.before_a_transition(core) {
             return;
         }
         let elected_prober = from.state() == HALF_OPEN
@@ -646,7 +677,7 @@ impl Core {
                         // this probe's lease lapsed. Follow it now rather
                         // than at the next refresh.
                         self.store_ok();
-                        let asked = self.now_ns();
+                        let asked = self.asked();
                         let read = link.store.read(&self.name).await;
                         self.apply_read(&read, asked);
                     }

@@ -39,6 +39,10 @@ pub(crate) struct Core {
     pub(super) last_probe_ns: AtomicU64,
     /// Nanoseconds since `base` plus one of the last transition; 0 = never.
     pub(super) last_transition: AtomicU64,
+    /// How many transitions there have been: a store's answer asked before
+    /// the latest one is not adopted (a count, not a time, so that a
+    /// coarse or paused clock cannot make them tie).
+    pub(super) transitions: AtomicU64,
     pub(super) next_rejection_event_ms: AtomicU64,
     pub(super) store_errors: AtomicU64,
     pub(super) stripes: Box<[Stripe]>,
@@ -154,6 +158,7 @@ impl Core {
             opened: AtomicU64::new(0),
             last_probe_ns: AtomicU64::new(0),
             last_transition: AtomicU64::new(0),
+            transitions: AtomicU64::new(0),
             next_rejection_event_ms: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
@@ -626,6 +631,7 @@ impl Core {
     ) {
         let core = &**self;
         let now = core.now_ns();
+        core.transitions.fetch_add(1, AcqRel);
         let previous = core.last_transition.swap(now + 1, AcqRel);
         // How long the circuit was in the state it leaves (since the
         // breaker was built, for its first transition).

@@ -486,9 +486,9 @@ impl Breaker {
         let Some(link) = &core.store else {
             return Ok(());
         };
-        let asked = core.now_ns();
+        let asked = core.asked();
         link.next_refresh_ns
-            .store(asked + link.refresh_ns.max(1), Relaxed);
+            .store(asked.ns + link.refresh_ns.max(1), Relaxed);
         let result = link.store.read(&core.name).await;
         core.apply_read(&result, asked);
         result.map(drop)
