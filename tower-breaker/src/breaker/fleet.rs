@@ -57,6 +57,14 @@ pub(super) struct StoreLink {
     synced_ns: AtomicU64,
     /// Woken when a sync answers.
     synced: tokio::sync::Notify,
+    /// Held by a lease renewal while it runs, and by the close or re-open
+    /// that ends a probe before it is sent: a probe that ends while its
+    /// lease is being renewed is closed or re-opened with the renewal's
+    /// token, not fenced by it.
+    renewal: tokio::sync::Mutex<()>,
+    /// A renewal that answered after the probe had ended (its token taken
+    /// for the close or re-open): the token it renewed, and its successor.
+    renewed: Mutex<Option<(ProbeToken, ProbeToken)>>,
 }
 
 /// The queue of a breaker's writes: one task at a time drains it, so the
@@ -126,6 +134,8 @@ impl StoreLink {
             stale_ns: nanos(fleet.staleness()),
             synced_ns: AtomicU64::new(0),
             synced: tokio::sync::Notify::new(),
+            renewal: tokio::sync::Mutex::new(()),
+            renewed: Mutex::new(None),
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {
@@ -146,6 +156,18 @@ impl StoreLink {
 
     pub(super) fn take_token(&self) -> Option<ProbeToken> {
         self.token.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The token to close or re-open with, for a probe that ended holding
+    /// `token`: once no renewal is in flight, the successor a renewal that
+    /// answered after the probe ended gave `token`, else `token`.
+    async fn after_renewal(&self, token: ProbeToken) -> ProbeToken {
+        let _renewing = self.renewal.lock().await;
+        let mut renewed = self.renewed.lock().unwrap_or_else(|e| e.into_inner());
+        match renewed.take() {
+            Some((old, fresh)) if old == token => fresh,
+            _ => token,
+        }
     }
 
     /// Whether a call at `now` must read before it is admitted: the
@@ -653,7 +675,13 @@ impl Core {
                     opened,
                     period,
                     token,
-                } => self.write_open(link, opened, period, token).await,
+                } => {
+                    let token = match token {
+                        Some(token) => Some(link.after_renewal(token).await),
+                        None => None,
+                    };
+                    self.write_open(link, opened, period, token).await;
+                }
                 Write::Elect {
                     electing,
                     period,
@@ -670,7 +698,11 @@ impl Core {
                     let _ended = Ended(&self.elected);
                     self.run_election(link, electing, period, lease).await;
                 }
-                Write::Close { token } => match link.store.close(&self.name, token).await {
+                Write::Close { token } => match link
+                    .store
+                    .close(&self.name, link.after_renewal(token).await)
+                    .await
+                {
                     Ok(true) => self.store_ok(),
                     Ok(false) => {
                         // Fenced: the fleet re-elected or re-opened after
@@ -864,6 +896,8 @@ impl Core {
         let Some(link) = &self.store else {
             return false;
         };
+        // The close or re-open that ends the probe waits for this renewal.
+        let _renewing = link.renewal.lock().await;
         // The same half-open state (a probe's admission moves its
         // deadline, not its generation).
         let current = Word(self.word.load(Acquire));
@@ -879,6 +913,10 @@ impl Core {
                 let mut held = link.token.lock().unwrap_or_else(|e| e.into_inner());
                 if *held == Some(token) {
                     *held = Some(fresh);
+                } else if held.is_none() {
+                    // The probe ended meanwhile: its close or re-open,
+                    // waiting for this renewal, uses the fresh token.
+                    *link.renewed.lock().unwrap_or_else(|e| e.into_inner()) = Some((token, fresh));
                 }
                 true
             }
