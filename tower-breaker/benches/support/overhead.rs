@@ -97,6 +97,17 @@ pub fn closed() -> Breaker {
     Breaker::new("bench")
 }
 
+/// The default breaker sharing its decision and evidence through an
+/// in-process [`MemoryStore`](tower_breaker::store::MemoryStore): the
+/// closed path of a fleet's breaker (`poll_ready` checks for an election
+/// and for a stale decision).
+pub fn closed_with_store() -> Breaker {
+    Breaker::with_config(
+        "bench-store",
+        BreakerConfig::new().store(std::sync::Arc::new(tower_breaker::store::MemoryStore::new())),
+    )
+}
+
 /// A time window (10 buckets of 1 s) that also counts slow calls (over
 /// 1 s): every call reads the clock when it starts and when it ends.
 pub fn closed_timed() -> Breaker {
@@ -136,6 +147,10 @@ macro_rules! variants {
         $f!(
             "breaker_closed_plain",
             PlainBreakerLayer::new(closed()).layer(bare())
+        );
+        $f!(
+            "breaker_closed_plain_memory_store",
+            PlainBreakerLayer::new(closed_with_store()).layer(bare())
         );
         $f!(
             "breaker_closed_plain_time_window_slow_calls",
