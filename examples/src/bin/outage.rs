@@ -124,6 +124,8 @@ struct Args {
     /// `--redis` or `--dynamodb`: the full stack as a fleet of processes
     /// sharing one circuit.
     fleet: Option<FleetArgs>,
+    /// `--quick`: the short run of CI.
+    quick: bool,
 }
 
 /// What `--redis`, `--redis-url`, `--dynamodb` and `--processes` set.
@@ -197,6 +199,7 @@ impl Args {
             open_period: Duration::from_millis(1000),
             svg: PathBuf::from("target/outage.svg"),
             fleet: None,
+            quick: false,
         };
         let (mut rate_given, mut redis, mut dynamodb) = (false, false, false);
         // The run lasts this long after the hang, unless --duration says.
@@ -231,6 +234,7 @@ impl Args {
                     args.lead = Duration::from_secs(1);
                     args.budget_window = Duration::from_secs(2);
                     tail = Duration::from_secs(3);
+                    args.quick = true;
                 }
                 // The fleet: see `breaker_store` and `outage_fleet.rs`.
                 "--redis" => {
@@ -856,10 +860,106 @@ async fn main() {
         eprintln!("--metrics: {e}");
         std::process::exit(2);
     }
-    let code = run(args).await;
+    let stalls = StallWatch::start();
+    let mut code = run(args.clone()).await;
+    if code == 1 && args.quick && stalls.longest() >= STALL {
+        // A run whose verdict failed while the machine itself stopped
+        // (a hypervisor's pause, a swap storm) measured the machine, not
+        // the stack: the short run of CI gets one more, and says so.
+        eprintln!(
+            "\nThe machine stalled during this run ({}): running the demo once more.\n",
+            stalls.summary()
+        );
+        stalls.reset();
+        code = run(args).await;
+    }
     if code != 0 {
         std::process::exit(code);
     }
+}
+
+/// A stall of the machine long enough to decide a verdict: a fifth of the
+/// quick run's timeout, and 20 times the scheduler slices a busy 2-core
+/// machine adds.
+const STALL: Duration = Duration::from_millis(100);
+
+/// The stall watch of this process, once started.
+static STALLS: std::sync::OnceLock<StallWatch> = std::sync::OnceLock::new();
+
+/// Watches for stalls of the whole machine: a plain thread (no runtime)
+/// that sleeps 5 ms at a time and records how late it wakes, and the CPU
+/// time the hypervisor took (`steal` in `/proc/stat`). A late wake-up of
+/// a sleeping thread on an idle core is time the machine did not run at
+/// all; the stack's verdicts are about timings, so a failure next to one
+/// says so.
+struct StallWatch {
+    longest_ns: AtomicU64,
+    total_ns: AtomicU64,
+    steal_at_start: AtomicU64,
+}
+
+impl StallWatch {
+    fn start() -> &'static StallWatch {
+        let watch = STALLS.get_or_init(|| StallWatch {
+            longest_ns: AtomicU64::new(0),
+            total_ns: AtomicU64::new(0),
+            steal_at_start: AtomicU64::new(steal_ms().unwrap_or(0)),
+        });
+        std::thread::spawn(move || {
+            let nap = Duration::from_millis(5);
+            loop {
+                let before = std::time::Instant::now();
+                std::thread::sleep(nap);
+                let late = before.elapsed().saturating_sub(nap);
+                // Timer slack and wake-up latency are well under 2 ms.
+                if late > Duration::from_millis(2) {
+                    let late = late.as_nanos() as u64;
+                    watch.longest_ns.fetch_max(late, Ordering::Relaxed);
+                    watch.total_ns.fetch_add(late, Ordering::Relaxed);
+                }
+            }
+        });
+        watch
+    }
+
+    fn reset(&self) {
+        self.longest_ns.store(0, Ordering::Relaxed);
+        self.total_ns.store(0, Ordering::Relaxed);
+        self.steal_at_start
+            .store(steal_ms().unwrap_or(0), Ordering::Relaxed);
+    }
+
+    fn longest(&self) -> Duration {
+        Duration::from_nanos(self.longest_ns.load(Ordering::Relaxed))
+    }
+
+    fn summary(&self) -> String {
+        let steal = steal_ms().map_or_else(
+            || "unknown".to_owned(),
+            |now| {
+                format!(
+                    "{} ms",
+                    now.saturating_sub(self.steal_at_start.load(Ordering::Relaxed))
+                )
+            },
+        );
+        format!(
+            "a thread sleeping 5 ms at a time woke up to {} late, {} late in all; CPU time taken \
+             by the hypervisor: {steal}",
+            ms(self.longest()),
+            ms(Duration::from_nanos(self.total_ns.load(Ordering::Relaxed)))
+        )
+    }
+}
+
+/// The CPU time the hypervisor took from this machine since boot (the
+/// `steal` column of `/proc/stat`'s `cpu` line, in ms), where known.
+fn steal_ms() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?;
+    let ticks: u64 = line.split_whitespace().nth(8)?.parse().ok()?;
+    // USER_HZ is 100 on Linux.
+    Some(ticks * 10)
 }
 
 /// `--metrics ADDR`: installs the Prometheus exporter, serving
@@ -1227,6 +1327,9 @@ async fn run(args: Args) -> i32 {
     } else {
         for f in &failures {
             eprintln!("NOT DEMONSTRATED: {f}");
+        }
+        if let Some(stalls) = STALLS.get() {
+            eprintln!("Meanwhile, the machine: {}.", stalls.summary());
         }
         1
     }
