@@ -45,6 +45,9 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 /// The default bound on a probe election: 500 ms (see
 /// [`FleetConfig::election_timeout`]).
 pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The default bound of a [flush](FleetConfig::flush): 500 ms.
+pub const DEFAULT_FLUSH_TIMEOUT: Duration = Duration::from_millis(500);
 /// The default probe lease on a store that renews leases: 2 s (see
 /// [`FleetConfig::probe_lease`]).
 pub const DEFAULT_PROBE_LEASE: Duration = Duration::from_secs(2);
@@ -193,6 +196,10 @@ pub struct FleetConfig {
     /// The store alarm's rate limit, shared by every breaker built from
     /// this configuration or its clones (a keyed registry's breakers).
     pub(crate) alarm: Arc<StoreAlarm>,
+    pub(crate) flush_timeout: Duration,
+    /// The breakers built from this configuration or its clones, for
+    /// [`flush`](Self::flush).
+    pub(crate) members: Arc<crate::flush::Members>,
 }
 
 /// The `circuit_store_failed` warnings of the breakers that share one
@@ -265,6 +272,8 @@ impl FleetConfig {
             probe_lease: DEFAULT_PROBE_LEASE,
             max_staleness: None,
             alarm: Arc::new(StoreAlarm::new()),
+            flush_timeout: DEFAULT_FLUSH_TIMEOUT,
+            members: Arc::default(),
         }
     }
 
@@ -398,6 +407,62 @@ impl FleetConfig {
             .max(self.refresh_interval)
     }
 
+    /// The most a [flush](Self::flush) waits for the store (default
+    /// [`DEFAULT_FLUSH_TIMEOUT`], 500 ms; at least 1 ms). Keep it above
+    /// the store's own timeout (a Redis store's is 50 ms, a DynamoDB
+    /// store's 200 ms), so that the store's answer, not this bound, ends a
+    /// flush.
+    #[must_use]
+    pub fn flush_timeout(mut self, timeout: Duration) -> Self {
+        self.flush_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Reports every outcome that the breakers built from this
+    /// configuration (or its clones: a keyed registry's breakers too) have
+    /// counted and not reported, and waits until their store calls have
+    /// ended, at most the [`flush_timeout`](Self::flush_timeout). Makes no
+    /// store call when nothing is pending. See [`crate::flush`], and
+    /// [`FlushLayer`](crate::FlushLayer) to flush after every call of a
+    /// handler.
+    ///
+    /// # Errors
+    ///
+    /// [`Unflushed`](crate::flush::Unflushed) when the bound ran out or a
+    /// report failed: what is left goes with the breakers' next reports.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_breaker::store::MemoryStore;
+    /// use tower_breaker::{Breaker, BreakerConfig, FleetConfig, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let fleet = FleetConfig::new(store.clone());
+    /// let breaker = Breaker::with_config("search", BreakerConfig::new().fleet(fleet.clone()));
+    /// breaker.try_acquire().unwrap().record(Outcome::Failure);
+    ///
+    /// // About to exit, or to be frozen: the failure reaches the store.
+    /// fleet.flush().await.unwrap();
+    /// assert!(!fleet.has_pending());
+    /// # }
+    /// ```
+    pub async fn flush(&self) -> Result<(), crate::flush::Unflushed> {
+        let deadline = tokio::time::Instant::now() + self.flush_timeout;
+        crate::flush::flush_all(&self.members, deadline).await
+    }
+
+    /// Whether a [flush](Self::flush) would have anything to do: a breaker
+    /// built from this configuration has counted outcomes it has not
+    /// reported, or has store calls running.
+    #[must_use]
+    pub fn has_pending(&self) -> bool {
+        self.members.pending()
+    }
+
     /// What to do while the store fails (default
     /// [`StoreFailureMode::FailOpen`]: keep the local decision and call
     /// the dependency). See [`StoreFailureMode`].
@@ -419,6 +484,8 @@ impl fmt::Debug for FleetConfig {
             .field("probe_lease", &self.probe_lease)
             .field("max_staleness", &self.staleness())
             .field("store_failure", &self.store_failure)
+            .field("flush_timeout", &self.flush_timeout)
+            .field("members", &self.members)
             .finish()
     }
 }

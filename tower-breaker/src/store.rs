@@ -781,6 +781,82 @@ pub struct StoreError {
 /// with the clock, never by whether the record exists.
 pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
 
+/// How many times [`within`] gives a call a fresh timeout after a freeze.
+const MAX_THAWS: u32 = 3;
+
+/// A store call's timeout that a frozen process does not lapse: runs
+/// `call` until it answers or `timeout` has passed, as
+/// [`tokio::time::timeout`] does, except when the timer fires later than
+/// it was due by more than `timeout` itself. The process then did not run
+/// for a while (AWS Lambda froze it between invocations, a debugger or
+/// `SIGSTOP` stopped it, the machine was suspended), the store had no
+/// chance to answer, and the call gets one more `timeout` from then (up
+/// to three times).
+///
+/// Without it, a call in flight when a process is frozen fails as soon
+/// as the process is thawed: a report of outcomes that may never have
+/// reached the store counts as "maybe applied", and is lost. A store
+/// implementation bounds its calls with this.
+///
+/// # Errors
+///
+/// [`TimedOut`] when the call did not answer in time.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::store::within;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let quick = within(Duration::from_millis(50), async { 7 }).await;
+/// assert_eq!(quick.unwrap(), 7);
+/// let slow = within(Duration::from_millis(50), std::future::pending::<()>()).await;
+/// assert_eq!(slow.unwrap_err().after(), Duration::from_millis(50));
+/// # }
+/// ```
+pub async fn within<F: Future>(timeout: Duration, call: F) -> Result<F::Output, TimedOut> {
+    let mut call = std::pin::pin!(call);
+    let mut deadline = Instant::now() + timeout;
+    let mut thaws = 0;
+    loop {
+        match tokio::time::timeout_at(deadline, call.as_mut()).await {
+            Ok(output) => return Ok(output),
+            Err(_) => {
+                let late = Instant::now().saturating_duration_since(deadline);
+                if late <= timeout || thaws == MAX_THAWS {
+                    return Err(TimedOut { after: timeout });
+                }
+                thaws += 1;
+                deadline = Instant::now() + timeout;
+            }
+        }
+    }
+}
+
+/// The error of [`within`]: the call did not answer within its timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedOut {
+    after: Duration,
+}
+
+impl TimedOut {
+    /// The timeout that passed.
+    #[must_use]
+    pub fn after(&self) -> Duration {
+        self.after
+    }
+}
+
+impl fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no answer within {:?}", self.after)
+    }
+}
+
+impl Error for TimedOut {}
+
 /// `name` as a store with a length limit keeps it: unchanged up to
 /// `max_len` bytes; a longer name (a keyed breaker's route or URL, say)
 /// becomes its first bytes, cut on a character boundary, then `#` and the

@@ -3,7 +3,7 @@
 //! in a spawned task beside the hot path.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use super::machine::Core;
 use super::{nanos, ElectionWait, NANOS_PER_MS};
 use crate::config::{BreakerConfig, StoreAlarm, WindowKind, DEFAULT_FLEET_WINDOW};
+use crate::flush::Unflushed;
 use crate::snapshot::Cause;
 use crate::state::{Phase, Word, CLOSED, ELECTING, HALF_OPEN, OPEN};
 use crate::store::StoreFailureMode;
@@ -65,6 +66,14 @@ pub(super) struct StoreLink {
     /// A renewal that answered after the probe had ended (its token taken
     /// for the close or re-open): the token it renewed, and its successor.
     renewed: Mutex<Option<(ProbeToken, ProbeToken)>>,
+    /// The store calls this breaker has started and that have not ended:
+    /// its syncs and the task that drains its writes (not the heartbeat of
+    /// a probe, which lasts as long as the probe).
+    in_flight: AtomicUsize,
+    /// Woken when `in_flight` drops to zero.
+    idle: tokio::sync::Notify,
+    /// Reports that failed (applied or not, the breaker cannot tell).
+    failed_reports: AtomicU64,
 }
 
 /// The queue of a breaker's writes: one task at a time drains it, so the
@@ -136,6 +145,9 @@ impl StoreLink {
             synced: tokio::sync::Notify::new(),
             renewal: tokio::sync::Mutex::new(()),
             renewed: Mutex::new(None),
+            in_flight: AtomicUsize::new(0),
+            idle: tokio::sync::Notify::new(),
+            failed_reports: AtomicU64::new(0),
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {
@@ -354,6 +366,89 @@ impl Core {
         self.sync(link, now);
     }
 
+    /// The calls counted and not yet reported to the fleet (0 when the
+    /// breaker does not share its evidence).
+    fn unreported(&self, link: &StoreLink) -> u64 {
+        if link.fleet.is_none() {
+            return 0;
+        }
+        let reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
+        self.totals().calls().saturating_sub(reported[0])
+    }
+
+    /// Whether [`flush`](Self::flush) has anything to do: outcomes to
+    /// report, or store calls in flight.
+    pub(crate) fn flush_pending(&self) -> bool {
+        self.store
+            .as_ref()
+            .is_some_and(|link| link.in_flight.load(Acquire) > 0 || self.unreported(link) > 0)
+    }
+
+    /// Reports the outcomes counted and not yet reported, then waits until
+    /// every store call of this breaker has ended (the report, the queued
+    /// writes and what they lead to), at most until `deadline`. Makes no
+    /// store call when nothing is pending.
+    pub(crate) async fn flush(
+        self: &Arc<Self>,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), Unflushed> {
+        let started = self.start_flush();
+        self.finish_flush(started, deadline).await
+    }
+
+    /// The first half of a flush: starts the report of what is not
+    /// reported, if anything is, and returns the failed reports so far.
+    pub(crate) fn start_flush(self: &Arc<Self>) -> u64 {
+        let Some(link) = &self.store else {
+            return 0;
+        };
+        let failed_before = link.failed_reports.load(Acquire);
+        if self.unreported(link) > 0 {
+            let now = self.now_ns();
+            // The report stands for the periodic read.
+            link.next_refresh_ns
+                .store(now + link.refresh_ns.max(1), Relaxed);
+            self.sync(link, now);
+        }
+        failed_before
+    }
+
+    /// The second half of a flush: waits until no store call of this
+    /// breaker runs, at most until `deadline`, and tells what is left.
+    pub(crate) async fn finish_flush(
+        self: &Arc<Self>,
+        failed_before: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), Unflushed> {
+        let Some(link) = &self.store else {
+            return Ok(());
+        };
+        loop {
+            // Registered before the count is read: the last call's end
+            // wakes us.
+            let idle = link.idle.notified();
+            let mut idle = std::pin::pin!(idle);
+            idle.as_mut().enable();
+            if link.in_flight.load(Acquire) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                break;
+            }
+        }
+        let left = Unflushed {
+            breakers: 1,
+            unreported_calls: self.unreported(link),
+            in_flight: link.in_flight.load(Acquire),
+            failed_reports: link.failed_reports.load(Acquire) - failed_before,
+        };
+        if left.unreported_calls == 0 && left.in_flight == 0 && left.failed_reports == 0 {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    }
+
     /// Reports the outcomes counted since the last report, if there are
     /// any and the fleet shares its evidence, or else reads; and adopts
     /// what the store decided.
@@ -410,7 +505,7 @@ impl Core {
             link.next_flush_ns.fetch_max(now + link.flush_ns, Relaxed);
         }
         let this = Arc::clone(self);
-        let spawned = spawn(async move {
+        let spawned = spawn_tracked(self, async move {
             let core = &*this;
             let Some(link) = &core.store else { return };
             let asked = core.asked();
@@ -421,6 +516,9 @@ impl Core {
                         ..rule
                     };
                     let result = link.store.report(&core.name, report, rule).await;
+                    if result.is_err() {
+                        link.failed_reports.fetch_add(1, Relaxed);
+                    }
                     if matches!(&result, Err(e) if e.is_not_applied()) {
                         // Never counted: the next report carries them.
                         let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
@@ -635,7 +733,7 @@ impl Core {
             writes.draining = true;
         }
         let this = Arc::clone(self);
-        if !spawn(async move { this.drain_writes().await }) {
+        if !spawn_tracked(self, async move { this.drain_writes().await }) {
             let dropped = {
                 let mut writes = link.writes.lock().unwrap_or_else(|e| e.into_inner());
                 writes.draining = false;
@@ -1080,6 +1178,34 @@ where
         }
         Err(_) => false,
     }
+}
+
+/// Spawns `future`, a store call of `core`'s, counted in its link's
+/// `in_flight` until it ends or is dropped (also unrun, without a
+/// runtime): [`Core::flush`] waits for it.
+fn spawn_tracked<F>(core: &Arc<Core>, future: F) -> bool
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    /// One store call in flight.
+    struct InFlight(Arc<Core>);
+    impl Drop for InFlight {
+        fn drop(&mut self) {
+            if let Some(link) = &self.0.store {
+                if link.in_flight.fetch_sub(1, AcqRel) == 1 {
+                    link.idle.notify_waiters();
+                }
+            }
+        }
+    }
+    if let Some(link) = &core.store {
+        link.in_flight.fetch_add(1, AcqRel);
+    }
+    let guard = InFlight(Arc::clone(core));
+    spawn(async move {
+        let _in_flight = guard;
+        future.await;
+    })
 }
 
 /// The fleet's rule from a breaker's configuration: its thresholds, over

@@ -217,6 +217,9 @@ impl Breaker {
     pub fn with_config(name: impl Into<Arc<str>>, config: BreakerConfig) -> Self {
         let core = Arc::new(Core::new(name.into(), config));
         core.watch();
+        if let Some(fleet) = &core.config.fleet {
+            fleet.members.register(&core);
+        }
         let shards = (0..STRIPES)
             .map(|_| {
                 Arc::new(Shard {
@@ -226,6 +229,45 @@ impl Breaker {
             })
             .collect();
         Self { core, shards }
+    }
+
+    /// Reports the outcomes this breaker counted and has not reported to
+    /// its store, and waits until its store calls (the report, queued
+    /// writes of openings and closes) have ended, at most the fleet's
+    /// [`flush_timeout`](crate::FleetConfig::flush_timeout). Returns at
+    /// once, with no store call, when nothing is pending or the breaker
+    /// has no store. Call it before a process is frozen or exits (see
+    /// [`crate::flush`]; [`FleetConfig::flush`](crate::FleetConfig::flush)
+    /// flushes every breaker of a fleet configuration).
+    ///
+    /// # Errors
+    ///
+    /// [`Unflushed`](crate::flush::Unflushed) when the bound ran out or
+    /// the report failed.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_breaker::store::{MemoryStore, Store};
+    /// use tower_breaker::{Breaker, BreakerConfig, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let breaker = Breaker::with_config("ledger", BreakerConfig::new().store(store.clone()));
+    /// for _ in 0..3 {
+    ///     breaker.try_acquire().unwrap().record(Outcome::Success);
+    /// }
+    /// breaker.flush().await.unwrap();
+    /// # }
+    /// ```
+    pub async fn flush(&self) -> Result<(), crate::flush::Unflushed> {
+        let Some(fleet) = &self.core.config.fleet else {
+            return Ok(());
+        };
+        let deadline = tokio::time::Instant::now() + fleet.flush_timeout;
+        self.core.flush(deadline).await
     }
 
     /// The breaker's name.
