@@ -685,7 +685,7 @@ impl DynamoDbStore {
         &self,
         op: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.options.timeout, op).await {
+        match tower_breaker::store::within(self.options.timeout, op).await {
             Ok(result) => result,
             Err(elapsed) => Err(StoreError::with_source(
                 format!("no answer from dynamodb within {:?}", self.options.timeout),

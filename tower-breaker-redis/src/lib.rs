@@ -506,7 +506,7 @@ impl RedisStore {
         }
         let mut conn = self.conn.clone();
         let call = invocation.invoke_async::<Vec<i64>>(&mut conn);
-        match tokio::time::timeout(self.options.timeout, call).await {
+        match tower_breaker::store::within(self.options.timeout, call).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => {
                 let not_applied = never_ran(&e);
