@@ -40,16 +40,13 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tower_breaker::snapshot::Cause;
-use tower_breaker::store::{
-    Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, StoreFuture,
-};
 use tower_breaker::{Breaker, BreakerConfig, FleetConfig, State as CircuitState, Transition};
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
@@ -148,90 +145,6 @@ impl Clock {
 
 // =============================================================== the store
 
-/// The DynamoDB store, counting its calls in progress, so that a process
-/// can wait for its last report before it exits (the breaker makes its
-/// store calls in tasks of its own).
-#[derive(Debug)]
-struct Tracked {
-    inner: DynamoDbStore,
-    busy: AtomicUsize,
-}
-
-/// One store call in progress.
-struct Busy<'a>(&'a AtomicUsize);
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, SeqCst);
-    }
-}
-
-impl Tracked {
-    fn track<'a, T: 'a>(&'a self, call: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
-        self.busy.fetch_add(1, SeqCst);
-        let busy = Busy(&self.busy);
-        Box::pin(async move {
-            let _busy = busy;
-            call.await
-        })
-    }
-
-    /// Waits (at most `limit`) until no store call is in progress.
-    async fn idle(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        // A store call the breaker has just spawned may not have started.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        while self.busy.load(SeqCst) > 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-}
-
-impl Store for Tracked {
-    fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
-        self.track(self.inner.try_open(name, open_for))
-    }
-
-    fn try_acquire_probe<'a>(
-        &'a self,
-        name: &'a str,
-        open_for: Duration,
-        lease: Duration,
-    ) -> StoreFuture<'a, Election> {
-        self.track(self.inner.try_acquire_probe(name, open_for, lease))
-    }
-
-    fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
-        self.track(self.inner.close(name, token))
-    }
-
-    fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
-        self.track(self.inner.read(name))
-    }
-
-    fn reopen<'a>(
-        &'a self,
-        name: &'a str,
-        token: ProbeToken,
-        open_for: Duration,
-    ) -> StoreFuture<'a, Duration> {
-        self.track(self.inner.reopen(name, token, open_for))
-    }
-
-    fn report<'a>(
-        &'a self,
-        name: &'a str,
-        report: Report,
-        rule: FleetRule,
-    ) -> StoreFuture<'a, Decision> {
-        self.track(self.inner.report(name, report, rule))
-    }
-
-    fn check_name(&self, name: &str) -> Result<(), StoreError> {
-        self.inner.check_name(name)
-    }
-}
-
 // =================================================================== child
 
 /// What a child process is told by its parent.
@@ -280,10 +193,7 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
     let me = spec.index + 1;
     let clock = spec.clock;
     let store = match DynamoDbStore::new(moto::client(&spec.url), store_options()) {
-        Ok(inner) => Arc::new(Tracked {
-            inner,
-            busy: AtomicUsize::new(0),
-        }),
+        Ok(store) => Arc::new(store),
         Err(e) => {
             eprintln!("process {me}: {e}");
             return 2;
@@ -355,32 +265,26 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
         let _ = call.await;
     }
 
-    // A call that finds the open period over starts the fleet's probe
-    // election and is rejected; the winner's *next* call is the probe. A
-    // process whose last calls started the election it then won holds the
-    // fleet's probe, and the fleet would wait out its lease
-    // (`max_half_open_wait` plus the store's clock skew) for nothing: it
-    // probes before it exits, with one more call.
-    store.idle(Duration::from_secs(3)).await;
+    // The store calls that the last calls started (an election, a
+    // report) end before the process goes on.
+    let _ = breaker.flush().await;
+    // A process whose last call won the fleet's election probes before it
+    // exits, with one more call, rather than hold the fleet's probe until
+    // its lease lapses.
     if breaker.snapshot().state == CircuitState::HalfOpen {
         tick.tick().await;
         let _ = call(clock.now()).await;
     }
-
-    // The breaker reports its outcomes when a failure arrives (at most
-    // every flush interval) and when a call is admitted once the refresh
-    // interval has passed: the last outcomes of a process that stops
-    // calling wait for a next call. It has no `flush()`, so: one admission
-    // after the interval (the permit, dropped unused, counts nothing) and
-    // a wait for the report. While the circuit is open the table takes no
-    // reports, and an admission could start an election: none then.
-    if breaker.snapshot().state == CircuitState::Closed {
-        tokio::time::sleep(REFRESH).await;
-        drop(breaker.try_acquire());
+    // Before it exits, everything it counted reaches the table, as a
+    // Lambda handler's outcomes must before the handler returns (the
+    // instance is frozen then): `flush` reports what was not reported and
+    // waits for the store calls in flight; with nothing pending it makes
+    // no request.
+    if let Err(left) = breaker.flush().await {
+        eprintln!("process {me}: {left}");
     }
-    store.idle(Duration::from_secs(3)).await;
 
-    let u = store.inner.usage();
+    let u = store.usage();
     let t = breaker.snapshot().totals;
     println!(
         "usage {} {} {} {} {}",

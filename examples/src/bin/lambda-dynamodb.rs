@@ -22,9 +22,13 @@
 //! }
 //! ```
 //!
-//! (Lambda freezes an instance between invocations: the breaker's store
-//! calls, which run in tasks beside the calls they follow, may then wait
-//! for the instance's next invocation.)
+//! Lambda freezes an instance as soon as its handler returns, and the
+//! breaker's store calls run in tasks beside the calls they follow: so the
+//! handler ends with [`Breaker::flush`], which reports the invocation's
+//! outcome and waits for the store calls in flight (one request per
+//! invocation that called the dependency; none when nothing is pending).
+//! A handler that is a tower service can be wrapped in
+//! `tower_breaker::FlushLayer` instead.
 //!
 //! Here `main` plays Lambda instead: it starts a local DynamoDB
 //! (`moto_server`, on 127.0.0.1), a local dependency that it can make
@@ -157,6 +161,17 @@ impl Context {
 /// outcome. An open circuit answers at once with a 503 and when to come
 /// back; a failed dependency is the invocation's error.
 async fn handler(event: Event, ctx: &Context) -> Result<Response, Error> {
+    let result = order(event, ctx).await;
+    // The instance may be frozen as soon as this returns: the outcome
+    // reaches the table first.
+    if let Err(left) = ctx.breaker.flush().await {
+        eprintln!("{left}");
+    }
+    result
+}
+
+/// The invocation's work: one call of the dependency through the breaker.
+async fn order(event: Event, ctx: &Context) -> Result<Response, Error> {
     let permit = match ctx.breaker.try_acquire() {
         Ok(permit) => permit,
         Err(open) => {

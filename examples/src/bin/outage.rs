@@ -908,7 +908,7 @@ impl StallWatch {
         std::thread::spawn(move || {
             let nap = Duration::from_millis(5);
             loop {
-                let before = std::time::Instant::now();
+                let before = tokio::time::Instant::now();
                 std::thread::sleep(nap);
                 let late = before.elapsed().saturating_sub(nap);
                 // Timer slack and wake-up latency are well under 2 ms.
