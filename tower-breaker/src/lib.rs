@@ -541,7 +541,7 @@ pub mod store;
 mod sync;
 mod window;
 
-pub use breaker::{Breaker, Permit};
+pub use breaker::{Breaker, FleetRetries, Permit};
 pub use classify::{Classify, DefaultClassifier, Outcome};
 pub use config::{BreakerConfig, FleetConfig};
 pub use flush::FlushLayer;

@@ -269,6 +269,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         self.read(name)
     }
 
+    /// Claims one retry of the fleet's retry budget of `name` under `rule`
+    /// ([`BudgetRule`]): `true`, and the claim is counted, when the current
+    /// epoch's claims stay within the larger of its floor and the credit
+    /// the fleet's reports earned in it, or else within the credit the
+    /// previous epoch left unspent; `false` otherwise. Atomic: racing
+    /// claims of any number of processes never grant more.
+    ///
+    /// The default fails (marked [`not_applied`](StoreError::not_applied)):
+    /// a store without it does not share retry budgets, and each process
+    /// keeps its own.
+    fn claim_retry<'a>(&'a self, name: &'a str, rule: BudgetRule) -> StoreFuture<'a, bool> {
+        let _ = (name, rule);
+        Box::pin(async {
+            Err(StoreError::new("this store does not share retry budgets").not_applied())
+        })
+    }
+
     /// Pushes the decisions of `name` to `watcher` as they change, from now
     /// on: openings (with the time left) and closes, by any process. A push
     /// shortens how late a breaker learns of the fleet's decisions; it never
@@ -422,6 +439,16 @@ pub struct Report {
     /// least that old. A duration of the process's own clock, so that
     /// skewed clocks do not matter.
     pub tail_span: Duration,
+    /// Retry credit for the fleet's retry budget, in millionths of a
+    /// retry: what this process's requests since its last report earned
+    /// (their number times the budget's ratio), plus the retries it was
+    /// granted and did not send. Added to the current epoch of
+    /// [`FleetRule::budget`] (ignored without one).
+    pub credit: u64,
+    /// Retries the fleet's budget granted this process
+    /// ([`Store::claim_retry`]) that it did not send after all: taken off
+    /// the current epoch's claims.
+    pub returned: u64,
 }
 
 impl Report {
@@ -436,7 +463,35 @@ impl Report {
             slow,
             tail: 0,
             tail_span: Duration::ZERO,
+            credit: 0,
+            returned: 0,
         }
+    }
+
+    /// The same report, giving back `retries` granted retries that were
+    /// not sent (see [`returned`](Self::returned)).
+    #[must_use]
+    pub const fn with_returned(mut self, retries: u64) -> Self {
+        self.returned = retries;
+        self
+    }
+
+    /// The same report, carrying `ppm` millionths of a retry of credit for
+    /// the fleet's retry budget (see [`credit`](Self::credit)).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::store::Report;
+    ///
+    /// // 30 requests at a 10% ratio earned three retries.
+    /// let report = Report::new(30, 0, 0).with_credit(3_000_000);
+    /// assert_eq!(report.credit, 3_000_000);
+    /// ```
+    #[must_use]
+    pub const fn with_credit(mut self, ppm: u64) -> Self {
+        self.credit = ppm;
+        self
     }
 
     /// The same report, whose last `tail` calls are failures in a row
@@ -542,7 +597,85 @@ pub struct FleetRule {
     /// of every call in the buckets: the fleet's count window, for
     /// breakers that count their own calls.
     pub count_window: u64,
+    /// The fleet's retry budget, when a retry layer shares one through
+    /// this breaker: the epochs in which a report's
+    /// [`credit`](Report::credit) is added.
+    pub budget: Option<BudgetRule>,
 }
+
+/// A fleet's retry budget, as a store keeps it: in epochs of `window` of
+/// the store's clock, the retries claimed ([`Store::claim_retry`]) may
+/// reach the credit earned by the fleet's requests
+/// ([`Report::credit`]) or the `floor`, whichever is larger; a claim that
+/// the current epoch refuses may use the credit that the previous epoch
+/// left unspent (its earnings, not its floor).
+///
+/// The floor is one small amount for the whole fleet (a quiet fleet may
+/// still retry), not one per process.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::store::BudgetRule;
+///
+/// let rule = BudgetRule::new(Duration::from_secs(10), 2);
+/// assert_eq!(rule.epoch(25_000), 2);
+/// // The floor grants two retries whatever was earned...
+/// assert!(rule.grants(1, 0));
+/// assert!(!rule.grants(2, 0));
+/// // ...and 100 requests at 10% earned ten.
+/// assert!(rule.grants(9, 10_000_000));
+/// assert!(!rule.grants(10, 10_000_000));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BudgetRule {
+    /// The length of an epoch.
+    pub window: Duration,
+    /// Retries the fleet may make in an epoch whatever its requests.
+    pub floor: u64,
+}
+
+impl BudgetRule {
+    /// Epochs of `window` (at least a millisecond) with a floor of `floor`
+    /// retries each.
+    #[must_use]
+    pub const fn new(window: Duration, floor: u64) -> Self {
+        Self { window, floor }
+    }
+
+    /// The length of an epoch in milliseconds (at least 1).
+    #[must_use]
+    pub fn window_ms(&self) -> u64 {
+        u64::try_from(self.window.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// The epoch of `now_ms` (milliseconds of the store's clock).
+    #[must_use]
+    pub fn epoch(&self, now_ms: u64) -> u64 {
+        now_ms / self.window_ms()
+    }
+
+    /// Whether the current epoch grants one more retry, after `claims`
+    /// granted ones, with `earned_ppm` of credit earned in it.
+    #[must_use]
+    pub fn grants(&self, claims: u64, earned_ppm: u64) -> bool {
+        claims < self.floor || Self::leftover(claims, earned_ppm)
+    }
+
+    /// Whether an epoch's earnings, `earned_ppm`, leave room for one more
+    /// retry after `claims` (the previous epoch's rule: no floor).
+    #[must_use]
+    pub fn leftover(claims: u64, earned_ppm: u64) -> bool {
+        u128::from(claims) * u128::from(PPM) + u128::from(PPM) <= u128::from(earned_ppm)
+    }
+}
+
+/// Millionths.
+const PPM: u64 = 1_000_000;
 
 /// A part of a [`Report`] placed at a time of the store's clock, as a
 /// fleet's count window keeps it ([`Report::segments`],
@@ -592,7 +725,16 @@ impl FleetRule {
             slow_rate_ppm: 0,
             open_for,
             count_window: 0,
+            budget: None,
         }
+    }
+
+    /// Add reports' retry credit to the epochs of `rule`: see
+    /// [`budget`](Self::budget).
+    #[must_use]
+    pub const fn with_budget(mut self, rule: BudgetRule) -> Self {
+        self.budget = Some(rule);
+        self
     }
 
     /// Judge the fleet's newest `calls` calls (0: every call in the
@@ -1023,6 +1165,9 @@ struct Records {
     /// The fleet's count windows: per name, the parts of the reports
     /// that still count, newest first.
     segments: HashMap<String, Vec<Segment>>,
+    /// The fleets' retry budgets: per name, the current and the previous
+    /// epoch, each as (epoch, claims, credit earned in millionths).
+    budgets: HashMap<String, [Epoch; 2]>,
     /// When the next sweep of records long past their T is due.
     next_sweep: Instant,
 }
@@ -1039,6 +1184,40 @@ struct Record {
     period: Duration,
     /// Until when the elected prober may probe (`until` or earlier: none).
     lease: Instant,
+}
+
+/// One epoch of a fleet's retry budget in the memory store.
+#[derive(Debug, Clone, Copy, Default)]
+struct Epoch {
+    epoch: u64,
+    /// When it was last written, for the sweep.
+    at_ms: u64,
+    claims: u64,
+    earned: u64,
+}
+
+impl Epoch {
+    /// The epoch of `now_ms` in `epochs` (current, previous), moving the
+    /// pair on when the current one is over.
+    fn current(epochs: &mut [Epoch; 2], rule: BudgetRule, now_ms: u64) -> &mut Epoch {
+        let epoch = rule.epoch(now_ms);
+        if epochs[0].epoch != epoch || epochs[0].at_ms == 0 {
+            let fresh = Epoch {
+                epoch,
+                at_ms: now_ms.max(1),
+                claims: 0,
+                earned: 0,
+            };
+            let old = std::mem::replace(&mut epochs[0], fresh);
+            epochs[1] = if old.at_ms > 0 && old.epoch + 1 == epoch {
+                old
+            } else {
+                Epoch::default()
+            };
+        }
+        epochs[0].at_ms = now_ms.max(1);
+        &mut epochs[0]
+    }
 }
 
 // === impl ProbeToken ===
@@ -1150,6 +1329,7 @@ impl MemoryStore {
                 map: HashMap::new(),
                 windows: HashMap::new(),
                 segments: HashMap::new(),
+                budgets: HashMap::new(),
                 next_sweep: now,
             }),
             tokens: AtomicU64::new(1),
@@ -1244,6 +1424,9 @@ impl MemoryStore {
                     .iter()
                     .any(|p| p.at_ms.saturating_add(keep_ms) > now_ms)
             });
+            records
+                .budgets
+                .retain(|_, [current, _]| current.at_ms.saturating_add(keep_ms) > now_ms);
             records.next_sweep = now + (keep / 4).max(Duration::from_secs(1));
         }
         f(&mut records, now)
@@ -1436,6 +1619,28 @@ impl Store for MemoryStore {
         watchers.sweep();
     }
 
+    fn claim_retry<'a>(&'a self, name: &'a str, rule: BudgetRule) -> StoreFuture<'a, bool> {
+        let granted = self.with_all(|records, now| {
+            let now_ms = self.ms(now);
+            let epochs = records.budgets.entry(name.to_owned()).or_default();
+            let current = Epoch::current(epochs, rule, now_ms);
+            if rule.grants(current.claims, current.earned) {
+                current.claims += 1;
+                return true;
+            }
+            let previous = &mut epochs[1];
+            let last = rule.epoch(now_ms).checked_sub(1);
+            if Some(previous.epoch) == last
+                && BudgetRule::leftover(previous.claims, previous.earned)
+            {
+                previous.claims += 1;
+                return true;
+            }
+            false
+        });
+        Box::pin(async move { Ok(granted) })
+    }
+
     fn report<'a>(
         &'a self,
         name: &'a str,
@@ -1444,6 +1649,13 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Decision> {
         let token = self.token();
         let result = self.with_all(|records, now| {
+            if let Some(budget) = rule.budget.filter(|_| report.credit + report.returned > 0) {
+                let now_ms = self.ms(now);
+                let epochs = records.budgets.entry(name.to_owned()).or_default();
+                let current = Epoch::current(epochs, budget, now_ms);
+                current.earned += report.credit;
+                current.claims = current.claims.saturating_sub(report.returned);
+            }
             // While the circuit is open, outcomes are not evidence for the
             // next closed period (late reports of processes that had not
             // heard yet).

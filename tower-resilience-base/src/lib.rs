@@ -71,6 +71,7 @@ pub mod clock;
 pub mod context;
 mod deadline;
 pub mod error;
+pub mod fleet;
 pub mod grpc;
 pub mod hook;
 #[cfg(tower_resilience_loom)]

@@ -4,9 +4,11 @@
 use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tower_resilience_base::fleet::SharedRetries;
 
 use crate::sync::{
     zeroed, AtomicU64,
@@ -30,6 +32,10 @@ pub const DEFAULT_RATIO: f64 = 0.1;
 pub const DEFAULT_MIN_PER_SEC: u32 = 5;
 /// The default window over which requests and retries are counted: 10 s.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
+/// The default floor of a budget shared by a fleet: 3 retries per window
+/// for the whole fleet, whatever its traffic (see
+/// [`RetryBudget::fleet_floor`]).
+pub const DEFAULT_FLEET_FLOOR: u64 = 3;
 
 /// A retry budget: over a sliding window, retries may be at most `ratio`
 /// times the requests, or `min_per_sec` retries per second of window when
@@ -186,6 +192,9 @@ pub struct RetryBudget {
     retried: AtomicU64,
     refused: AtomicU64,
     refunded: AtomicU64,
+    /// The fleet's budget this one claims its retries from, once shared.
+    shared: OnceLock<Arc<dyn SharedRetries>>,
+    fleet_floor: u64,
 }
 
 /// One stripe of request counters, alone on its cache lines.
@@ -340,7 +349,90 @@ impl RetryBudget {
             retried: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             refunded: AtomicU64::new(0),
+            shared: OnceLock::new(),
+            fleet_floor: DEFAULT_FLEET_FLOOR,
         }
+    }
+
+    /// The floor of the fleet's budget when this one is
+    /// [shared](Self::share): retries per window the whole fleet may make
+    /// whatever its requests (default [`DEFAULT_FLEET_FLOOR`], 3). The
+    /// fleet's retries are at most the larger of this and `ratio` of the
+    /// fleet's requests; this budget's own
+    /// [`min_per_sec`](Self::min_per_sec) only applies while the fleet
+    /// cannot answer. It is read by whoever shares the budget (the
+    /// stacks of `tower-shield` pass it to the breaker's store).
+    #[must_use]
+    pub fn fleet_floor(mut self, retries: u64) -> Self {
+        self.fleet_floor = retries;
+        self
+    }
+
+    /// The fleet's floor, in retries per window (see
+    /// [`fleet_floor`](Self::fleet_floor)).
+    #[must_use]
+    pub const fn fleet_floor_value(&self) -> u64 {
+        self.fleet_floor
+    }
+
+    /// Shares this budget with a fleet: from now on, each retry the retry
+    /// layer would send is claimed from `fleet` (a store that every
+    /// process's requests earn credit in; for a breaker's store,
+    /// `tower_breaker::Breaker::share_retries`), and this budget decides
+    /// alone only while the fleet answers
+    /// [`Claim::Unavailable`](tower_resilience_base::fleet::Claim).
+    /// Requests are still counted here (the fleet's handle reads
+    /// [`counters`](Self::counters)). Hedges keep drawing on this budget
+    /// alone: a hedge cannot wait for a store's answer.
+    ///
+    /// Returns `false`, and changes nothing, when the budget is already
+    /// shared.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_resilience_base::fleet::{Claim, ClaimFuture, SharedRetries};
+    /// use tower_retry_budget::RetryBudget;
+    ///
+    /// #[derive(Debug)]
+    /// struct NoRetries;
+    /// impl SharedRetries for NoRetries {
+    ///     fn claim(&self) -> ClaimFuture {
+    ///         Box::pin(async { Claim::Refused })
+    ///     }
+    ///     fn give_back(&self) {}
+    /// }
+    ///
+    /// let budget = RetryBudget::new();
+    /// assert!(budget.share(Arc::new(NoRetries)));
+    /// assert!(budget.shared().is_some());
+    /// assert!(!budget.share(Arc::new(NoRetries)), "shared once");
+    /// ```
+    pub fn share(&self, fleet: Arc<dyn SharedRetries>) -> bool {
+        self.shared.set(fleet).is_ok()
+    }
+
+    /// The fleet this budget claims its retries from, if
+    /// [shared](Self::share).
+    #[must_use]
+    pub fn shared(&self) -> Option<&Arc<dyn SharedRetries>> {
+        self.shared.get()
+    }
+
+    /// Counts a retry the fleet granted (so that the window knows it,
+    /// should the fleet stop answering).
+    pub(crate) fn count_granted(&self, now: Instant) {
+        self.retried.fetch_add(1, Relaxed);
+        if self.ratio_ppm.is_some() {
+            let index = self.bucket_index(now);
+            bump(&self.retries[slot_of(index)], index, self.layout);
+        }
+    }
+
+    /// Counts a retry the fleet refused.
+    pub(crate) fn count_refused(&self) {
+        self.refused.fetch_add(1, Relaxed);
     }
 
     /// The share of requests that may be retried over the window (default
@@ -359,7 +451,10 @@ impl RetryBudget {
     /// Panics if `ratio` is negative, NaN or infinite.
     #[must_use]
     pub fn ratio(self, ratio: f64) -> Self {
-        Self::build(Some(ratio_to_ppm(ratio)), self.min_per_sec, self.window)
+        Self {
+            fleet_floor: self.fleet_floor,
+            ..Self::build(Some(ratio_to_ppm(ratio)), self.min_per_sec, self.window)
+        }
     }
 
     /// The floor: a minimum of `min_per_sec` retries per second of window
@@ -376,7 +471,10 @@ impl RetryBudget {
     /// Counts gathered so far are discarded: configure before use.
     #[must_use]
     pub fn min_per_sec(self, min_per_sec: u32) -> Self {
-        Self::build(self.ratio_ppm, min_per_sec, self.window)
+        Self {
+            fleet_floor: self.fleet_floor,
+            ..Self::build(self.ratio_ppm, min_per_sec, self.window)
+        }
     }
 
     /// The length of the sliding window over which both the share and the
@@ -386,7 +484,10 @@ impl RetryBudget {
     /// Counts gathered so far are discarded: configure before use.
     #[must_use]
     pub fn window(self, window: Duration) -> Self {
-        Self::build(self.ratio_ppm, self.min_per_sec, window)
+        Self {
+            fleet_floor: self.fleet_floor,
+            ..Self::build(self.ratio_ppm, self.min_per_sec, window)
+        }
     }
 
     /// The configured ratio, or `None` for an [`unlimited`](Self::unlimited)
@@ -672,6 +773,7 @@ impl fmt::Debug for RetryBudget {
             .field("ratio", &self.ratio_value())
             .field("min_per_sec", &self.min_per_sec)
             .field("window", &self.window)
+            .field("shared", &self.shared.get())
             .field("counters", &self.counters())
             .finish()
     }

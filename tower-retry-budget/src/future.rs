@@ -13,6 +13,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_resilience_base::error::DeadlineExceeded;
+use tower_resilience_base::fleet::{Claim, ClaimFuture};
 use tower_resilience_base::grpc::{is_grpc, GRPC_RETRY_PUSHBACK_MS};
 use tower_resilience_base::hook::{AttemptOutcome, Attempts, ResponseView};
 use tower_resilience_base::{wake, CallContext, Deadline};
@@ -42,7 +43,7 @@ pin_project! {
         S: Service<Request<M::Body>>,
     {
         #[pin]
-        state: State<S::Future>,
+        state: State<S::Future, S::Response>,
         retry: Option<Retrying<S, M::Saved, M::Body>>,
         shared: Arc<Shared<S, dyn Policy>>,
         hook: Option<Attempts>,
@@ -53,10 +54,18 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, R> {
         Attempt {
             #[pin]
             future: F,
+        },
+        // A retry claimed from the fleet's budget, during its backoff: the
+        // last outcome is kept, to be returned if the fleet refuses.
+        Claiming {
+            claim: Pending<ClaimFuture>,
+            sleep: Pin<Box<Sleep>>,
+            last: Option<Result<R, BoxError>>,
+            at: Instant,
         },
         // On the heap: allocated only when a retry is decided, so the
         // future (moved by every layer above) does not carry a `Sleep`.
@@ -116,6 +125,24 @@ impl<S, Body> Cold<S, Body> {
 enum Step<T> {
     Return(Result<T, BoxError>),
     Sleep(Duration),
+    /// Claim the retry from the fleet during the backoff of `Duration`.
+    Claim(Duration, ClaimFuture, Result<T, BoxError>, Instant),
+}
+
+/// A future only ever polled through `&mut`: in a `Mutex` (never locked,
+/// `get_mut` needs no lock) so that holding it keeps the response future
+/// `Sync`, as a boxed `dyn Future + Send` alone would not.
+struct Pending<F>(std::sync::Mutex<F>);
+
+impl<F: Future + Unpin> Pending<F> {
+    fn new(future: F) -> Self {
+        Self(std::sync::Mutex::new(future))
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let future = self.0.get_mut().unwrap_or_else(|e| e.into_inner());
+        Pin::new(future).poll(cx)
+    }
 }
 
 // === impl ResponseFuture ===
@@ -214,7 +241,59 @@ where
                         Step::Sleep(delay) => this.state.set(State::Backoff {
                             sleep: Box::pin(tokio::time::sleep(delay)),
                         }),
+                        Step::Claim(delay, claim, last, at) => this.state.set(State::Claiming {
+                            claim: Pending::new(claim),
+                            sleep: Box::pin(tokio::time::sleep(delay)),
+                            last: Some(last),
+                            at,
+                        }),
                     }
+                }
+                StateProj::Claiming {
+                    claim,
+                    sleep,
+                    last,
+                    at,
+                } => {
+                    let answer = ready!(claim.poll(cx));
+                    let budget = &this.shared.budget;
+                    let granted = match answer {
+                        Claim::Granted => {
+                            budget.count_granted(*at);
+                            true
+                        }
+                        Claim::Unavailable => budget.withdraw_at(*at),
+                        _ => {
+                            budget.count_refused();
+                            false
+                        }
+                    };
+                    let Some(result) = last.take() else {
+                        unreachable!("a claim keeps the last outcome until it answers");
+                    };
+                    if !granted {
+                        this.shared.metrics.refused();
+                        tracing::debug!(
+                            attempt = *this.attempt,
+                            "retry refused by the fleet's retry budget"
+                        );
+                        this.state.set(State::Done);
+                        return Poll::Ready(give_up(
+                            result,
+                            StopReason::Budget,
+                            *this.attempt,
+                            true,
+                        ));
+                    }
+                    drop(result);
+                    if let Some(retrying) = this.retry.as_mut() {
+                        let fleet = matches!(answer, Claim::Granted);
+                        Cold::of(&mut retrying.cold).paid =
+                            Paid(Some((Arc::clone(budget), *at, fleet)));
+                    }
+                    let sleep =
+                        std::mem::replace(sleep, Box::pin(tokio::time::sleep(Duration::ZERO)));
+                    this.state.set(State::Backoff { sleep });
                 }
                 StateProj::Backoff { sleep } => {
                     if sleep.as_mut().poll(cx).is_pending() {
@@ -354,13 +433,25 @@ where
         return Step::Return(give_up(result, StopReason::NotRetryable, attempt, true));
     };
     let now = now.unwrap_or_else(Instant::now);
+    if let Some(fleet) = shared.budget.shared() {
+        // The fleet's budget decides: its answer is awaited during the
+        // backoff, and the outcome kept to be returned if it refuses.
+        Cold::of(&mut retrying.cold).next = Some(body);
+        tracing::debug!(
+            attempt = attempt + 1,
+            delay_ms = delay.as_millis() as u64,
+            reason,
+            "claiming a retry from the fleet's budget"
+        );
+        return Step::Claim(delay, fleet.claim(), result, now);
+    }
     if !shared.budget.withdraw_at(now) {
         shared.metrics.refused();
         tracing::debug!(attempt, reason, "retry refused by the retry budget");
         return Step::Return(give_up(result, StopReason::Budget, attempt, true));
     }
     let cold = Cold::of(&mut retrying.cold);
-    cold.paid = Paid(Some((Arc::clone(&shared.budget), now)));
+    cold.paid = Paid(Some((Arc::clone(&shared.budget), now, false)));
     cold.next = Some(body);
     tracing::debug!(
         attempt = attempt + 1,
@@ -398,8 +489,9 @@ fn classify<S, ResB>(
 }
 
 /// The budget's payment for a retry not sent yet, refunded unless
-/// [`spent`](Paid::spent).
-struct Paid(Option<(Arc<RetryBudget>, Instant)>);
+/// [`spent`](Paid::spent): the budget, when it was paid, and whether the
+/// fleet granted it (then the fleet gets it back too).
+struct Paid(Option<(Arc<RetryBudget>, Instant, bool)>);
 
 impl Paid {
     /// The retry was sent: the payment stands.
@@ -409,8 +501,11 @@ impl Paid {
 
     /// The retry will not be sent: the budget gets it back.
     fn refund(&mut self) {
-        if let Some((budget, at)) = self.0.take() {
+        if let Some((budget, at, fleet)) = self.0.take() {
             budget.refund_at(at);
+            if let Some(shared) = budget.shared().filter(|_| fleet) {
+                shared.give_back();
+            }
         }
     }
 }
@@ -525,6 +620,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Attempt { .. } => "attempt",
+            State::Claiming { .. } => "claiming",
             State::Backoff { .. } => "backoff",
             State::Ready => "ready",
             State::Done => "done",

@@ -356,7 +356,9 @@ use http::HeaderName;
 
 pub use backoff::Backoff;
 pub use body::{Buffered, CloneBody};
-pub use budget::{Counters, RetryBudget, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW};
+pub use budget::{
+    Counters, RetryBudget, DEFAULT_FLEET_FLOOR, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW,
+};
 pub use hedge::{Hedge, HedgeLayer};
 pub use layer::{
     RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,

@@ -109,13 +109,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tower_breaker::store::BudgetRule;
 use tower_bulkhead::partition::Single;
 use tower_bulkhead::release::{BodyEnd, Release};
 use tower_bulkhead::{Bulkhead, BulkheadLayer, CompartmentHandle, HttpBulkhead, HttpBulkheadLayer};
 use tower_deadline::body::Head;
 use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer};
 use tower_layer::Layer;
-use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryLayer};
+use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryBudget, RetryLayer};
 
 use tower_breaker::{
     Breaker, BreakerConfig, BreakerLayer, CircuitBreaker, HttpBreakerLayer, HttpCircuitBreaker,
@@ -476,11 +477,33 @@ impl<S, P: Clone, M, R> Layer<S> for ClientStack<P, M, R> {
     type Service = ClientStackService<S, P, M, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        share_budget(self.breaker.breaker(), self.retry.shared_budget());
         let attempt = self.attempt.layer(inner);
         let bulkhead = self.bulkhead.layer(attempt);
         let retry = self.retry.layer(bulkhead);
         let breaker = self.breaker.layer(retry);
         self.call.layer(breaker)
+    }
+}
+
+/// Shares the retry budget with the fleet when the breaker has a store
+/// that shares its evidence: the budget's requests earn credit in the
+/// store through the breaker's reports, and its retries are claimed from
+/// the fleet's (10% of the fleet's requests, or the budget's
+/// [fleet floor](RetryBudget::fleet_floor)). Alone, a process keeps its own
+/// budget. Once per budget and breaker (both keep the first share).
+fn share_budget(breaker: &Breaker, budget: &Arc<RetryBudget>) {
+    if budget.shared().is_some() {
+        return;
+    }
+    let Some(ratio) = budget.ratio_value() else {
+        return; // unlimited: nothing to share
+    };
+    let rule = BudgetRule::new(budget.window_value(), budget.fleet_floor_value());
+    let counted = Arc::downgrade(budget);
+    let requests = move || counted.upgrade().map_or(0, |b| b.counters().requests);
+    if let Some(fleet) = breaker.share_retries(ratio, rule, requests) {
+        budget.share(Arc::new(fleet));
     }
 }
 

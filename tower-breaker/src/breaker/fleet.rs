@@ -74,6 +74,9 @@ pub(super) struct StoreLink {
     idle: tokio::sync::Notify,
     /// Reports that failed (applied or not, the breaker cannot tell).
     failed_reports: AtomicU64,
+    /// The retry budget that shares the fleet's through this breaker,
+    /// once a retry layer attached one.
+    pub(super) budget: std::sync::OnceLock<super::retries::BudgetLink>,
 }
 
 /// The queue of a breaker's writes: one task at a time drains it, so the
@@ -148,6 +151,7 @@ impl StoreLink {
             in_flight: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
             failed_reports: AtomicU64::new(0),
+            budget: std::sync::OnceLock::new(),
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {
@@ -164,6 +168,11 @@ impl StoreLink {
             }
         }
         link
+    }
+
+    /// Whether the breaker reports its outcomes to the fleet's window.
+    pub(super) fn shares_evidence(&self) -> bool {
+        self.fleet.is_some()
     }
 
     pub(super) fn take_token(&self) -> Option<ProbeToken> {
@@ -493,10 +502,21 @@ impl Core {
             for (seen, now) in reported.iter_mut().zip(now_totals) {
                 *seen = (*seen).max(now);
             }
-            if !delta.is_empty() {
-                reported[3] = reported[3].max(now);
+            if delta.is_empty() {
+                return None;
             }
-            (!delta.is_empty()).then_some((delta, rule))
+            reported[3] = reported[3].max(now);
+            // The retry credit rides on the report (requests come with
+            // calls, so a report carries every request's share).
+            let rule = match link.budget.get() {
+                Some(budget) => {
+                    let (credit, returned) = budget.take_credit();
+                    delta = delta.with_credit(credit).with_returned(returned);
+                    rule.with_budget(budget.rule)
+                }
+                None => rule,
+            };
+            Some((delta, rule))
         });
         if report.is_some_and(|(r, _)| r.failures > 0) {
             // Only a report of failures holds the next one back: a healthy
@@ -521,6 +541,9 @@ impl Core {
                     }
                     if matches!(&result, Err(e) if e.is_not_applied()) {
                         // Never counted: the next report carries them.
+                        if let Some(budget) = link.budget.get() {
+                            budget.not_applied(report.credit, report.returned);
+                        }
                         let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
                         let delta = [report.calls, report.failures, report.slow];
                         for (seen, sent) in reported.iter_mut().take(3).zip(delta) {
@@ -1232,6 +1255,7 @@ fn fleet_rule(config: &BreakerConfig) -> FleetRule {
         },
         open_for: config.open_period,
         count_window,
+        budget: None,
     }
 }
 

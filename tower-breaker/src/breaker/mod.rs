@@ -4,9 +4,11 @@
 
 mod fleet;
 mod machine;
+mod retries;
 
 pub(crate) use machine::Core;
 use machine::{probe_gen, probe_in_flight, window_counts};
+pub use retries::FleetRetries;
 
 use std::fmt;
 use std::future::Future;
