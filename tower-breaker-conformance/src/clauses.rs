@@ -33,6 +33,10 @@
 //!   newest calls, each report's failures in a row placed after its other
 //!   calls ([`Report::segments`]): healthy history never dilutes a burst
 //!   of failures.
+//! - **The fleet's retry budget** ([`Store::claim_retry`]): racing claims
+//!   are granted up to the larger of the floor and the credit that reports
+//!   carried ([`Report::credit`]), never more; retries a report returns
+//!   ([`Report::returned`]) can be claimed again.
 //! - **The clock** is the store's own (its server's, or the process's for
 //!   a store without one); every duration in and out is relative to it.
 
@@ -41,7 +45,7 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::sleep;
-use tower_breaker::store::{Decision, Election, FleetRule, ProbeToken, Report, Store};
+use tower_breaker::store::{BudgetRule, Decision, Election, FleetRule, ProbeToken, Report, Store};
 
 /// The period of a clause's openings.
 const PERIOD: Duration = Duration::from_millis(400);
@@ -435,4 +439,58 @@ pub async fn a_count_window_judges_the_newest_calls_whatever_came_before(
         store.read(name).await.expect("read"),
         Decision::Open { .. }
     ));
+}
+
+/// Racing claims of the fleet's retry budget are granted up to the larger
+/// of the floor and the reports' credit, never more; returned retries can
+/// be claimed again.
+pub async fn racing_retry_claims_grant_the_larger_of_floor_and_credit(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    // Epochs of a day: a clause never straddles two (but at midnight).
+    let budget = BudgetRule::new(Duration::from_secs(86_400), 2);
+    let racing = |n: usize| {
+        let mut set = JoinSet::new();
+        for _ in 0..n {
+            let store = Arc::clone(store);
+            let name = name.to_owned();
+            set.spawn(async move { store.claim_retry(&name, budget).await.expect("claim") });
+        }
+        set
+    };
+    let granted = racing(4).join_all().await;
+    assert_eq!(
+        granted.iter().filter(|g| **g).count(),
+        2,
+        "the floor alone: {granted:?}"
+    );
+    // 50 requests at 10%: five retries, the larger of five and two.
+    let report = Report::new(50, 0, 0).with_credit(5_000_000);
+    store
+        .report(
+            name,
+            report,
+            rule().with_minimum_calls(1_000).with_budget(budget),
+        )
+        .await
+        .expect("report");
+    let granted = racing(8).join_all().await;
+    assert_eq!(
+        granted.iter().filter(|g| **g).count(),
+        3,
+        "five in all: {granted:?}"
+    );
+    // One granted retry was not sent: it comes back.
+    let report = Report::new(1, 0, 0).with_returned(1);
+    store
+        .report(
+            name,
+            report,
+            rule().with_minimum_calls(1_000).with_budget(budget),
+        )
+        .await
+        .expect("report");
+    assert!(store.claim_retry(name, budget).await.expect("claim"));
+    assert!(!store.claim_retry(name, budget).await.expect("claim"));
 }

@@ -139,6 +139,7 @@ macro_rules! tests {
             reports_while_open_are_not_evidence,
             evidence_from_before_an_election_never_counts_after_the_close,
             a_count_window_judges_the_newest_calls_whatever_came_before,
+            racing_retry_claims_grant_the_larger_of_floor_and_credit,
         );
     };
 }

@@ -188,8 +188,8 @@ use record::{
     Window,
 };
 use tower_breaker::store::{
-    Decision, Election, FleetRule, ProbeToken, Report, Segment, Store, StoreError, StoreFuture,
-    Tokens,
+    BudgetRule, Decision, Election, FleetRule, ProbeToken, Report, Segment, Store, StoreError,
+    StoreFuture, Tokens,
 };
 
 /// The default table name: `"tower-breaker"`.
@@ -1005,12 +1005,31 @@ impl DynamoDbStore {
             (adds, window.window_ms())
         };
         let expires = expiry_secs(now + window_ms, millis(self.options.cleanup_after));
-        let stale = self
+        let mut stale = self
             .stale
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key)
             .unwrap_or_default();
+        let mut adds = adds;
+        if let Some(budget) = rule.budget {
+            // The retry budget's epoch: its credit left (earnings less a
+            // million per claim) and its claims, in the same write.
+            let epoch = budget.epoch(now);
+            let left = i128::from(report.credit) + i128::from(report.returned) * 1_000_000;
+            if left > 0 {
+                adds.push((budget_attr("bl", epoch), left.to_string()));
+            }
+            if report.returned > 0 {
+                adds.push((budget_attr("bc", epoch), format!("-{}", report.returned)));
+            }
+            for old in [epoch.saturating_sub(2), epoch.saturating_sub(3)] {
+                if old + 2 <= epoch {
+                    stale.push(budget_attr("bl", old));
+                    stale.push(budget_attr("bc", old));
+                }
+            }
+        }
         let item = match self.add(&key, &adds, expires, &stale, now).await? {
             Ok(item) => item,
             Err(decision) => return Ok(decision),
@@ -1221,6 +1240,93 @@ impl Store for DynamoDbStore {
     fn check_name(&self, name: &str) -> Result<(), StoreError> {
         self.key(name).map(drop)
     }
+
+    fn claim_retry<'a>(&'a self, name: &'a str, rule: BudgetRule) -> StoreFuture<'a, bool> {
+        Box::pin(self.bounded(async move {
+            let key = self.key(name)?;
+            let epoch = rule.epoch(self.options.now_ms());
+            let window = rule.window_ms();
+            if self.claim_in(&key, epoch, window, Some(rule.floor)).await? {
+                return Ok(true);
+            }
+            match epoch.checked_sub(1) {
+                Some(previous) => self.claim_in(&key, previous, window, None).await,
+                None => Ok(false),
+            }
+        }))
+    }
+}
+
+impl DynamoDbStore {
+    /// Claims a retry in `epoch` of the item `key`: one `UpdateItem` that
+    /// adds a claim and takes a million off the credit left, on the
+    /// condition that the claims are below `floor` (the current epoch) or
+    /// the credit left covers one more. Whether it was granted.
+    async fn claim_in(
+        &self,
+        key: &str,
+        epoch: u64,
+        window_ms: u64,
+        floor: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let n = |v: String| AttributeValue::N(v);
+        let mut condition = String::from("#bl >= :million");
+        if floor.is_some_and(|f| f > 0) {
+            condition.push_str(" OR #bc < :floor OR attribute_not_exists(#bc)");
+        }
+        // An item the claim creates expires two epochs later at the
+        // earliest (an existing one keeps its expiry).
+        let now = self.options.now_ms();
+        let expires = expiry_secs(now, 2 * window_ms);
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.options.table)
+            .key(record::PK, AttributeValue::S(key.to_owned()))
+            .update_expression("ADD #bc :one, #bl :spend SET #exp = if_not_exists(#exp, :exp)")
+            .expression_attribute_names("#exp", record::EXPIRES)
+            .expression_attribute_values(":exp", n(expires.to_string()))
+            .condition_expression(condition)
+            .expression_attribute_names("#bc", budget_attr("bc", epoch))
+            .expression_attribute_names("#bl", budget_attr("bl", epoch))
+            .expression_attribute_values(":one", n("1".to_owned()))
+            .expression_attribute_values(":spend", n("-1000000".to_owned()))
+            .expression_attribute_values(":million", n("1000000".to_owned()))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        if let Some(floor) = floor.filter(|f| *f > 0) {
+            request = request.expression_attribute_values(":floor", n(floor.to_string()));
+        }
+        let out = request
+            // Not idempotent either: a claim retried after a lost answer
+            // would count twice.
+            .customize()
+            .config_override(
+                aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled()),
+            )
+            .send()
+            .await;
+        self.usage.writes.fetch_add(1, Relaxed);
+        match out {
+            Ok(out) => {
+                add_units(&self.usage.write_units, out.consumed_capacity());
+                Ok(true)
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                self.usage.refused.fetch_add(1, Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(self.sdk_error("claim a retry", e)),
+        }
+    }
+}
+
+/// The attribute of a retry budget's epoch: `bl<epoch>` (credit left, in
+/// millionths) or `bc<epoch>` (claims).
+fn budget_attr(kind: &str, epoch: u64) -> String {
+    format!("{kind}{epoch}")
 }
 
 fn ms(v: u64) -> Duration {

@@ -146,7 +146,7 @@ use push::Push;
 /// ```
 pub use redis;
 use tower_breaker::store::{
-    bounded_name, Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError,
+    bounded_name, BudgetRule, Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError,
     StoreFuture, Tokens, Watcher,
 };
 
@@ -197,6 +197,8 @@ const RENEW: &str = include_str!("lua/renew.lua");
 
 /// Returns {0} closed, {1, remaining} open, {2} expired, {3} missing.
 const READ: &str = include_str!("lua/read.lua");
+/// Claims a retry of the fleet's budget (see the script's header).
+const CLAIM: &str = include_str!("lua/claim.lua");
 
 /// A [`Store`] in Redis: the breakers of every process that uses the same
 /// Redis, prefix and breaker name share one circuit.
@@ -304,6 +306,7 @@ struct Scripts {
     renew: Script,
     read: Script,
     report: Script,
+    claim: Script,
 }
 
 // === impl RedisOptions ===
@@ -414,6 +417,7 @@ impl RedisStore {
                 renew: script(RENEW),
                 read: script(READ),
                 report: script(REPORT),
+                claim: script(CLAIM),
             },
             tokens: Tokens::new(),
             push: None,
@@ -665,11 +669,26 @@ impl Store for RedisStore {
                 rule.count_window,
                 report.tail,
                 millis(report.tail_span),
+                report.credit,
+                report.returned,
+                rule.budget.map_or(0, |b| b.window_ms()),
             ];
             decision(
                 &self.run(&self.scripts.report, &key, &args).await?,
                 "report",
             )
+        })
+    }
+
+    fn claim_retry<'a>(&'a self, name: &'a str, rule: BudgetRule) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            let args = [rule.window_ms(), rule.floor];
+            match self.run(&self.scripts.claim, &key, &args).await?.as_slice() {
+                [1] => Ok(true),
+                [0] => Ok(false),
+                other => Err(unexpected("claim", other)),
+            }
         })
     }
 

@@ -21,10 +21,29 @@
 --          window, writes an open record and publishes 'o:<period>'; else
 --          extends the expiry to keep the window (buckets * bucket +
 --          cleanup)
+--          Retry budget (ARGV 15-17: credit in millionths of a retry,
+--          retries returned, epoch length in ms, 0: no budget), first,
+--          open or not: adds the credit to be<epoch>, takes the returned
+--          retries off bc<epoch> (the epoch of now), and deletes the
+--          fields of the epochs two and three before
 -- Returns  what read returns: {0} closed, {1, remaining} open (just now,
 --          or already), {2} expired, {3} missing
 
 local now = now_ms()
+local budget_ms = tonumber(ARGV[17]) or 0
+if budget_ms > 0 then
+  local e = math.floor(now / budget_ms)
+  local credit = tonumber(ARGV[15]) or 0
+  local returned = tonumber(ARGV[16]) or 0
+  if credit > 0 then redis.call('HINCRBY', KEYS[1], 'be' .. int(e), int(credit)) end
+  if returned > 0 then
+    local claimed = tonumber(redis.call('HGET', KEYS[1], 'bc' .. int(e)) or '0')
+    redis.call('HSET', KEYS[1], 'bc' .. int(e), int(math.max(claimed - returned, 0)))
+  end
+  redis.call('HDEL', KEYS[1], 'be' .. int(e - 2), 'bc' .. int(e - 2), 'be' .. int(e - 3), 'bc' .. int(e - 3))
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl < 2 * budget_ms then redis.call('PEXPIRE', KEYS[1], int(2 * budget_ms)) end
+end
 local rec = redis.call('HMGET', KEYS[1], 'until', 'state', 'reopens', 'period')
 if rec[2] == 'open' then
   local t = tonumber(rec[1])
