@@ -494,3 +494,29 @@ pub async fn racing_retry_claims_grant_the_larger_of_floor_and_credit(
     assert!(store.claim_retry(name, budget).await.expect("claim"));
     assert!(!store.claim_retry(name, budget).await.expect("claim"));
 }
+
+/// Credit counts in the sliding window only: a window after the report,
+/// at most what was earned is granted; two windows after it, nothing.
+pub async fn retry_credit_leaves_the_window_after_it(store: &Arc<dyn Store>, name: &str) {
+    let budget = BudgetRule::new(Duration::from_millis(500), 0);
+    let report = Report::new(100, 0, 0).with_credit(10_000_000);
+    store
+        .report(
+            name,
+            report,
+            rule().with_minimum_calls(1_000).with_budget(budget),
+        )
+        .await
+        .expect("report");
+    sleep(Duration::from_millis(500)).await;
+    let mut granted = 0;
+    while store.claim_retry(name, budget).await.expect("claim") {
+        granted += 1;
+        assert!(granted <= 10, "more than the ten retries earned");
+    }
+    sleep(Duration::from_millis(1_000)).await;
+    assert!(
+        !store.claim_retry(name, budget).await.expect("claim"),
+        "two windows later, no credit is left"
+    );
+}

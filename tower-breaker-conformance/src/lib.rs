@@ -140,6 +140,7 @@ macro_rules! tests {
             evidence_from_before_an_election_never_counts_after_the_close,
             a_count_window_judges_the_newest_calls_whatever_came_before,
             racing_retry_claims_grant_the_larger_of_floor_and_credit,
+            retry_credit_leaves_the_window_after_it,
         );
     };
 }

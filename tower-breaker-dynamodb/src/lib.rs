@@ -286,6 +286,11 @@ pub struct DynamoDbStore {
     /// Per key, the buckets older than the window that the last report
     /// found in the item: the next report removes them.
     stale: Mutex<HashMap<String, Vec<String>>>,
+    /// Per item, the last epoch of its retry budget that is over, as a
+    /// report's answer or a read showed it: (epoch, claims, credit left).
+    /// An epoch that is over no longer changes, so a claim needs no read
+    /// of it (at most [`MAX_STALE_KEYS`] items).
+    budget_before: Mutex<HashMap<String, (u64, i128, i128)>>,
     usage: Counters,
 }
 
@@ -506,6 +511,7 @@ impl DynamoDbStore {
             tokens: Tokens::new(),
             seen: Mutex::new(HashMap::new()),
             stale: Mutex::new(HashMap::new()),
+            budget_before: Mutex::new(HashMap::new()),
             usage: Counters::default(),
         })
     }
@@ -1034,6 +1040,11 @@ impl DynamoDbStore {
             Ok(item) => item,
             Err(decision) => return Ok(decision),
         };
+        if let Some(budget) = rule.budget {
+            if let Some(before) = budget.epoch(now).checked_sub(1) {
+                self.remember_budget(&key, before, &item);
+            }
+        }
         let (sums, mut stale, behind) = if counted {
             let mut found = segments(&item);
             // Newest first, as the judge orders them, so that the names
@@ -1242,63 +1253,105 @@ impl Store for DynamoDbStore {
     }
 
     fn claim_retry<'a>(&'a self, name: &'a str, rule: BudgetRule) -> StoreFuture<'a, bool> {
-        Box::pin(self.bounded(async move {
-            let key = self.key(name)?;
-            let epoch = rule.epoch(self.options.now_ms());
-            let window = rule.window_ms();
-            if self.claim_in(&key, epoch, window, Some(rule.floor)).await? {
-                return Ok(true);
-            }
-            match epoch.checked_sub(1) {
-                Some(previous) => self.claim_in(&key, previous, window, None).await,
-                None => Ok(false),
-            }
-        }))
+        Box::pin(self.bounded(self.claim(name, rule)))
     }
 }
 
 impl DynamoDbStore {
-    /// Claims a retry in `epoch` of the item `key`: one `UpdateItem` that
-    /// adds a claim and takes a million off the credit left, on the
-    /// condition that the claims are below `floor` (the current epoch) or
-    /// the credit left covers one more. Whether it was granted.
-    async fn claim_in(
-        &self,
-        key: &str,
-        epoch: u64,
-        window_ms: u64,
-        floor: Option<u64>,
-    ) -> Result<bool, StoreError> {
-        let n = |v: String| AttributeValue::N(v);
-        let mut condition = String::from("#bl >= :million");
-        if floor.is_some_and(|f| f > 0) {
-            condition.push_str(" OR #bc < :floor OR attribute_not_exists(#bc)");
+    /// Keeps what `item` holds of the budget's `epoch` (one that is over).
+    fn remember_budget(&self, key: &str, epoch: u64, item: &Item) {
+        let read = |kind: &str| match item.get(&budget_attr(kind, epoch)) {
+            Some(AttributeValue::N(n)) => n.parse::<i128>().unwrap_or(0),
+            _ => 0,
+        };
+        let seen = (epoch, read("bc"), read("bl"));
+        let mut map = self.budget_before.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_STALE_KEYS && !map.contains_key(key) {
+            map.clear();
         }
-        // An item the claim creates expires two epochs later at the
-        // earliest (an existing one keeps its expiry).
+        map.insert(key.to_owned(), seen);
+    }
+
+    /// Claims a retry: one conditional `UpdateItem` that adds a claim to
+    /// the current epoch and takes a million off its credit left, on the
+    /// condition that [`BudgetRule::grants`] it. The previous epoch's
+    /// counts enter the condition as numbers, from the last report's
+    /// answer (or a read, once per epoch, without one).
+    async fn claim(&self, name: &str, rule: BudgetRule) -> Result<bool, StoreError> {
+        let key = self.key(name)?;
         let now = self.options.now_ms();
-        let expires = expiry_secs(now, 2 * window_ms);
+        let epoch = rule.epoch(now);
+        let before = match epoch.checked_sub(1) {
+            None => (0, 0),
+            Some(last) => {
+                let cached = self
+                    .budget_before
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&key)
+                    .copied()
+                    .filter(|seen| seen.0 == last);
+                let seen = match cached {
+                    Some(seen) => seen,
+                    None => {
+                        let item = self.get(&key).await?.unwrap_or_default();
+                        self.remember_budget(&key, last, &item);
+                        let read = |kind: &str| match item.get(&budget_attr(kind, last)) {
+                            Some(AttributeValue::N(n)) => n.parse::<i128>().unwrap_or(0),
+                            _ => 0,
+                        };
+                        (last, read("bc"), read("bl"))
+                    }
+                };
+                (seen.1, seen.2)
+            }
+        };
+        // In millionths: the previous epoch's weighted claims and credit.
+        let million: i128 = 1_000_000;
+        let weight = i128::from(rule.previous_weight_ppm(now));
+        let (claims_before, left_before) = (before.0.max(0), before.1);
+        let earned_before = (left_before + claims_before * million).max(0);
+        let weighted_claims = claims_before * weight;
+        let weighted_credit = earned_before * weight / million;
+        // Granted by the floor: claims * 1e6 + weighted claims + 1e6 <=
+        // floor * 1e6, that is claims <= this (when not negative).
+        let by_floor = i128::from(rule.floor) * million - weighted_claims - million;
+        // Granted by the credit: earned - claims * 1e6 (the credit left)
+        // >= 1e6 + weighted claims - weighted credit.
+        let need = million + weighted_claims - weighted_credit;
+        let n = |v: String| AttributeValue::N(v);
+        let mut condition = String::from("#bl >= :need");
+        if need <= 0 {
+            condition.push_str(" OR attribute_not_exists(#bl)");
+        }
         let mut request = self
             .client
             .update_item()
             .table_name(&self.options.table)
-            .key(record::PK, AttributeValue::S(key.to_owned()))
+            .key(record::PK, AttributeValue::S(key.clone()))
             .update_expression("ADD #bc :one, #bl :spend SET #exp = if_not_exists(#exp, :exp)")
-            .expression_attribute_names("#exp", record::EXPIRES)
-            .expression_attribute_values(":exp", n(expires.to_string()))
-            .condition_expression(condition)
             .expression_attribute_names("#bc", budget_attr("bc", epoch))
             .expression_attribute_names("#bl", budget_attr("bl", epoch))
+            .expression_attribute_names("#exp", record::EXPIRES)
             .expression_attribute_values(":one", n("1".to_owned()))
-            .expression_attribute_values(":spend", n("-1000000".to_owned()))
-            .expression_attribute_values(":million", n("1000000".to_owned()))
+            .expression_attribute_values(":spend", n((-million).to_string()))
+            .expression_attribute_values(":need", n(need.to_string()))
+            // An item the claim creates expires two epochs later at the
+            // earliest (an existing one keeps its expiry).
+            .expression_attribute_values(
+                ":exp",
+                n(expiry_secs(now, 2 * rule.window_ms()).to_string()),
+            )
             .return_consumed_capacity(ReturnConsumedCapacity::Total);
-        if let Some(floor) = floor.filter(|f| *f > 0) {
-            request = request.expression_attribute_values(":floor", n(floor.to_string()));
+        if by_floor >= 0 {
+            condition.push_str(" OR #bc <= :floor OR attribute_not_exists(#bc)");
+            request = request
+                .expression_attribute_values(":floor", n(by_floor.div_euclid(million).to_string()));
         }
         let out = request
-            // Not idempotent either: a claim retried after a lost answer
-            // would count twice.
+            .condition_expression(condition)
+            // Not idempotent: a claim retried after a lost answer would
+            // count twice.
             .customize()
             .config_override(
                 aws_sdk_dynamodb::config::Builder::default().retry_config(RetryConfig::disabled()),

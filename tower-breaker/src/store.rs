@@ -270,10 +270,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Claims one retry of the fleet's retry budget of `name` under `rule`
-    /// ([`BudgetRule`]): `true`, and the claim is counted, when the current
-    /// epoch's claims stay within the larger of its floor and the credit
-    /// the fleet's reports earned in it, or else within the credit the
-    /// previous epoch left unspent; `false` otherwise. Atomic: racing
+    /// ([`BudgetRule`]): `true`, and the claim is counted in the current
+    /// epoch, when [`BudgetRule::grants`] it (the claims of the sliding
+    /// window stay within the larger of the floor and the credit the
+    /// fleet's reports earned in it); `false` otherwise. Atomic: racing
     /// claims of any number of processes never grant more.
     ///
     /// The default fails (marked [`not_applied`](StoreError::not_applied)):
@@ -603,12 +603,13 @@ pub struct FleetRule {
     pub budget: Option<BudgetRule>,
 }
 
-/// A fleet's retry budget, as a store keeps it: in epochs of `window` of
-/// the store's clock, the retries claimed ([`Store::claim_retry`]) may
-/// reach the credit earned by the fleet's requests
-/// ([`Report::credit`]) or the `floor`, whichever is larger; a claim that
-/// the current epoch refuses may use the credit that the previous epoch
-/// left unspent (its earnings, not its floor).
+/// A fleet's retry budget, as a store keeps it: its claims
+/// ([`Store::claim_retry`]) and the credit its requests earned
+/// ([`Report::credit`]), counted in epochs of `window` of the store's
+/// clock, and judged over a sliding window of that length: the current
+/// epoch, plus the previous one weighted by the share of it that the
+/// window still covers. A claim is granted when the window's claims stay
+/// within the larger of the `floor` and its credit.
 ///
 /// The floor is one small amount for the whole fleet (a quiet fleet may
 /// still retry), not one per process.
@@ -621,25 +622,29 @@ pub struct FleetRule {
 ///
 /// let rule = BudgetRule::new(Duration::from_secs(10), 2);
 /// assert_eq!(rule.epoch(25_000), 2);
-/// // The floor grants two retries whatever was earned...
-/// assert!(rule.grants(1, 0));
-/// assert!(!rule.grants(2, 0));
+/// // At the start of an epoch: the floor grants two retries...
+/// assert!(rule.grants(20_000, (1, 0), (0, 0)));
+/// assert!(!rule.grants(20_000, (2, 0), (0, 0)));
 /// // ...and 100 requests at 10% earned ten.
-/// assert!(rule.grants(9, 10_000_000));
-/// assert!(!rule.grants(10, 10_000_000));
+/// assert!(rule.grants(20_000, (9, 10_000_000), (0, 0)));
+/// assert!(!rule.grants(20_000, (10, 10_000_000), (0, 0)));
+/// // Halfway through the next epoch, half of that still counts: five
+/// // retries, of which two were claimed in this epoch.
+/// assert!(rule.grants(35_000, (2, 0), (0, 10_000_000)));
+/// assert!(!rule.grants(35_000, (5, 0), (0, 10_000_000)));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BudgetRule {
-    /// The length of an epoch.
+    /// The length of an epoch, and of the sliding window.
     pub window: Duration,
-    /// Retries the fleet may make in an epoch whatever its requests.
+    /// Retries the fleet may make in a window whatever its requests.
     pub floor: u64,
 }
 
 impl BudgetRule {
     /// Epochs of `window` (at least a millisecond) with a floor of `floor`
-    /// retries each.
+    /// retries.
     #[must_use]
     pub const fn new(window: Duration, floor: u64) -> Self {
         Self { window, floor }
@@ -659,18 +664,26 @@ impl BudgetRule {
         now_ms / self.window_ms()
     }
 
-    /// Whether the current epoch grants one more retry, after `claims`
-    /// granted ones, with `earned_ppm` of credit earned in it.
+    /// The weight of the previous epoch at `now_ms`, in millionths: the
+    /// share of it that the sliding window still covers.
     #[must_use]
-    pub fn grants(&self, claims: u64, earned_ppm: u64) -> bool {
-        claims < self.floor || Self::leftover(claims, earned_ppm)
+    pub fn previous_weight_ppm(&self, now_ms: u64) -> u64 {
+        let window = self.window_ms();
+        let elapsed = u128::from(now_ms % window) * u128::from(PPM) / u128::from(window);
+        PPM - u64::try_from(elapsed).unwrap_or(PPM)
     }
 
-    /// Whether an epoch's earnings, `earned_ppm`, leave room for one more
-    /// retry after `claims` (the previous epoch's rule: no floor).
+    /// Whether one more retry is granted at `now_ms`, with `current` and
+    /// `previous` the (claims, credit earned in millionths) of the epoch of
+    /// `now_ms` and of the one before.
     #[must_use]
-    pub fn leftover(claims: u64, earned_ppm: u64) -> bool {
-        u128::from(claims) * u128::from(PPM) + u128::from(PPM) <= u128::from(earned_ppm)
+    pub fn grants(&self, now_ms: u64, current: (u64, u64), previous: (u64, u64)) -> bool {
+        let weight = u128::from(self.previous_weight_ppm(now_ms));
+        let ppm = u128::from(PPM);
+        // Both sides in millionths of a retry.
+        let claims = u128::from(current.0) * ppm + u128::from(previous.0) * weight;
+        let earned = u128::from(current.1) + u128::from(previous.1) * weight / ppm;
+        claims + ppm <= (u128::from(self.floor) * ppm).max(earned)
     }
 }
 
@@ -1166,7 +1179,7 @@ struct Records {
     /// that still count, newest first.
     segments: HashMap<String, Vec<Segment>>,
     /// The fleets' retry budgets: per name, the current and the previous
-    /// epoch, each as (epoch, claims, credit earned in millionths).
+    /// epoch.
     budgets: HashMap<String, [Epoch; 2]>,
     /// When the next sweep of records long past their T is due.
     next_sweep: Instant,
@@ -1624,19 +1637,19 @@ impl Store for MemoryStore {
             let now_ms = self.ms(now);
             let epochs = records.budgets.entry(name.to_owned()).or_default();
             let current = Epoch::current(epochs, rule, now_ms);
-            if rule.grants(current.claims, current.earned) {
-                current.claims += 1;
-                return true;
+            let counts = (current.claims, current.earned);
+            let previous = &epochs[1];
+            let before = match rule.epoch(now_ms).checked_sub(1) {
+                Some(last) if previous.at_ms > 0 && previous.epoch == last => {
+                    (previous.claims, previous.earned)
+                }
+                _ => (0, 0),
+            };
+            let granted = rule.grants(now_ms, counts, before);
+            if granted {
+                epochs[0].claims += 1;
             }
-            let previous = &mut epochs[1];
-            let last = rule.epoch(now_ms).checked_sub(1);
-            if Some(previous.epoch) == last
-                && BudgetRule::leftover(previous.claims, previous.earned)
-            {
-                previous.claims += 1;
-                return true;
-            }
-            false
+            granted
         });
         Box::pin(async move { Ok(granted) })
     }

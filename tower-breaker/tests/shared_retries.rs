@@ -91,7 +91,7 @@ async fn the_memory_store_grants_the_floor_or_the_earnings_whichever_is_larger()
 }
 
 #[tokio::test(start_paused = true)]
-async fn credit_left_in_the_previous_epoch_is_spent_after_the_boundary_and_no_later() {
+async fn the_previous_epoch_counts_in_proportion_to_the_share_the_window_still_covers() {
     let store = MemoryStore::new();
     let rule = BudgetRule::new(WINDOW, 0);
     let fleet = tower_breaker::store::FleetRule::new(10, secs(1), secs(5))
@@ -102,16 +102,15 @@ async fn credit_left_in_the_previous_epoch_is_spent_after_the_boundary_and_no_la
     let report = Report::new(30, 0, 0).with_credit(3_000_000);
     store.report("dep", report, fleet).await.unwrap();
     assert!(store.claim_retry("dep", rule).await.unwrap());
-    // The next epoch earned nothing: the previous one's two left over.
-    tokio::time::advance(WINDOW).await;
-    assert!(store.claim_retry("dep", rule).await.unwrap());
+    // Halfway into the next epoch, half of the last one counts: 1.5
+    // retries earned, 0.5 claimed, so one more and no second.
+    tokio::time::advance(WINDOW * 3 / 2).await;
     assert!(store.claim_retry("dep", rule).await.unwrap());
     assert!(!store.claim_retry("dep", rule).await.unwrap());
-    // Two epochs later, nothing is left of it.
-    let report = Report::new(30, 0, 0).with_credit(3_000_000);
-    tokio::time::advance(WINDOW * 2).await;
+    // A whole window later, nothing of it is left.
+    tokio::time::advance(WINDOW).await;
+    let report = Report::new(5, 0, 0).with_credit(500_000);
     store.report("dep", report, fleet).await.unwrap();
-    tokio::time::advance(WINDOW * 2).await;
     assert!(!store.claim_retry("dep", rule).await.unwrap());
 }
 
