@@ -45,8 +45,8 @@ use tower_breaker::{Breaker, FleetConfig, State as CircuitState, Transition};
 
 use super::{
     after_election, breaker_config, breaker_store, ends_open_period, full_stack, stack_call,
-    stack_url, Args, FleetArgs, Outcome as Call, Record, Recorder, FAILURES_TO_TRIP, FAILURE_RATE,
-    WINDOW,
+    stack_url, Args, Budgets, FleetArgs, Outcome as Call, Record, Recorder, FAILURES_TO_TRIP,
+    FAILURE_RATE, WINDOW,
 };
 
 /// Set on a child process: `index processes dependency-address url prefix`.
@@ -726,10 +726,9 @@ pub(super) trait FleetOutcome {
         None
     }
 
-    /// The request rate of each process, each with a retry budget of its
-    /// own; `None` when the budgets cannot bound the retries (each allows
-    /// more than its process can make).
-    fn budget_rates(&self) -> Option<Vec<f64>>;
+    /// What bounds the fleet's retries: the budget its processes share
+    /// through their breakers' store.
+    fn budgets(&self) -> Budgets;
 
     /// Openings, all breakers together.
     fn opened(&self) -> u64;
@@ -860,8 +859,8 @@ impl FleetOutcome for Outcome {
         Some(half.0 - all[open].0)
     }
 
-    fn budget_rates(&self) -> Option<Vec<f64>> {
-        Some(self.rates.clone())
+    fn budgets(&self) -> Budgets {
+        Budgets::Fleet(self.rates.iter().sum())
     }
 
     fn learns_within(&self) -> (Duration, String) {

@@ -54,7 +54,7 @@ use super::fleet::{FleetOutcome, FleetSecond};
 use super::moto::{self, MotoServer};
 use super::{
     after_election, breaker_config, ends_open_period, full_stack, stack_call, stack_url, Args,
-    FleetArgs, Outcome as Call, Record, Recorder,
+    Budgets, FleetArgs, Outcome as Call, Record, Recorder,
 };
 
 /// Set on a child process: `index epoch-ms start-ms pace-us end-ms
@@ -924,9 +924,9 @@ impl FleetOutcome for LambdaOutcome {
         Some(probes[closing].0 - opened)
     }
 
-    fn budget_rates(&self) -> Option<Vec<f64>> {
-        // Each process's floor covers every retry of its calls.
-        None
+    fn budgets(&self) -> Budgets {
+        // The processes calling at a time, each at its pace.
+        Budgets::Fleet(self.concurrent as f64 / self.pace.as_secs_f64().max(1e-9))
     }
 
     fn print(&self, args: &Args) {

@@ -84,7 +84,9 @@ use tower_breaker::store::Store;
 use tower_breaker::{Breaker, BreakerConfig, State as CircuitState, Transition};
 use tower_breaker_redis::{RedisOptions, RedisStore};
 use tower_bulkhead::error::BulkheadFull;
-use tower_retry_budget::{RetryBudget, RetryLayer, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO};
+use tower_retry_budget::{
+    RetryBudget, RetryLayer, DEFAULT_FLEET_FLOOR, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO,
+};
 use tower_shield::reqwest::{Client, ReqwestService};
 use tower_shield::stack::client_stack;
 
@@ -126,6 +128,16 @@ struct Args {
     fleet: Option<FleetArgs>,
     /// `--quick`: the short run of CI.
     quick: bool,
+}
+
+/// What bounds the full stack's retries while a quarter of the calls fail.
+#[derive(Debug, Clone)]
+enum Budgets {
+    /// Each caller's own budget, at these request rates.
+    Own(Vec<f64>),
+    /// One budget for the whole fleet, through its breakers' store, at this
+    /// total request rate.
+    Fleet(f64),
 }
 
 /// What `--redis`, `--redis-url`, `--dynamodb` and `--processes` set.
@@ -1263,7 +1275,7 @@ async fn run(args: Args) -> i32 {
                 transitions,
                 open_everywhere: None,
                 probes: None,
-                budget_rates: Some(vec![f64::from(args.rate)]),
+                budgets: Budgets::Own(vec![f64::from(args.rate)]),
                 learn: (Duration::ZERO, String::new()),
                 call_interval: Duration::from_secs_f64(1.0 / f64::from(args.rate)),
             };
@@ -1279,7 +1291,7 @@ async fn run(args: Args) -> i32 {
                         outcome.probes_sent(out_start.as_secs_f64(), out_end.as_secs_f64()),
                     ),
                     open_in_force: outcome.open_period_in_force(),
-                    budget_rates: outcome.budget_rates(),
+                    budgets: outcome.budgets(),
                     learn: outcome.learns_within(),
                     call_interval: outcome.call_interval(),
                 };
@@ -1352,9 +1364,8 @@ struct StackSide {
     /// How long the circuit stayed open the last time before it closed
     /// after the hang, if known.
     open_in_force: Option<f64>,
-    /// The request rate of each caller with a retry budget of its own;
-    /// `None`: no budget bounds the retries below the attempts limit.
-    budget_rates: Option<Vec<f64>>,
+    /// What bounds the full stack's retries.
+    budgets: Budgets,
     /// How late, at most, a caller learns that the circuit closed (a
     /// fleet's refresh interval and store round trips), and why.
     learn: (Duration, String),
@@ -1711,8 +1722,8 @@ impl Report {
     fn budget_bound(&self, args: &Args) -> (f64, String) {
         let requests = self.figures[STACK].share.requests.max(1) as f64;
         let window = args.budget_window;
-        match &self.side.budget_rates {
-            Some(rates) => {
+        match &self.side.budgets {
+            Budgets::Own(rates) => {
                 let allowance = budget_allowance(rates, window);
                 let floor = f64::from(DEFAULT_MIN_PER_SEC) * window.as_secs_f64();
                 let how = if rates.len() == 1 {
@@ -1742,18 +1753,26 @@ impl Report {
                 };
                 (1.0 + allowance / requests, how)
             }
-            None => (
-                f64::from(tower_retry_budget::DEFAULT_MAX_ATTEMPTS),
-                format!(
-                    "no budget bound: each short-lived process has a budget of its own, whose \
-                     floor ({:.0} retries per {} s window) covers every retry its {} calls can \
-                     make; only the attempts limit ({}) bounds them",
-                    f64::from(DEFAULT_MIN_PER_SEC) * window.as_secs_f64(),
-                    window.as_secs(),
-                    lambda::CALLS,
-                    tower_retry_budget::DEFAULT_MAX_ATTEMPTS
-                ),
-            ),
+            Budgets::Fleet(rate) => {
+                // The fleet's budget slides over the store's epochs: a
+                // retry in the phase may also spend the credit of the
+                // healthy requests of the window before it.
+                let w = window.as_secs_f64();
+                let before = rate * self.share.0.min(w);
+                let floor = DEFAULT_FLEET_FLOOR as f64;
+                let allowance = (DEFAULT_RATIO * (requests + before)).max(floor);
+                (
+                    1.0 + allowance / requests,
+                    format!(
+                        "one budget for the whole fleet, shared through the store: at most 10% \
+                         of the fleet's requests in a sliding {} s window (or a fleet-wide \
+                         floor of {floor:.0}), which during the phase may still hold the {before:.0} \
+                         healthy requests before it: 10% of {requests:.0} + {before:.0} = \
+                         {allowance:.1} retries",
+                        window.as_secs()
+                    ),
+                )
+            }
         }
     }
 
@@ -1830,11 +1849,7 @@ impl Report {
                 self.share.0
             )),
             (
-                if self.side.budget_rates.is_some() {
-                    format!("calls per request (the budget allows {budget:.2}x)")
-                } else {
-                    format!("calls per request (no budget bound: {budget:.0} attempts)")
-                },
+                format!("calls per request (the budget allows {budget:.2}x)"),
                 times(b.share.per_request()),
                 times(s.share.per_request()),
             ),
@@ -1936,32 +1951,21 @@ impl Report {
             Some(at) => format!("the circuit opened at {at:.2} s (the figures stop there)"),
         };
         let retries = s.share.calls.saturating_sub(s.share.requests as u64);
-        if self.side.budget_rates.is_some() {
-            println!(
-                "\nWhile a quarter of the calls failed, {breaker}: the retry budget held the \
-                 load. The bare caller retries every failure, up to 3 attempts ({:.2} calls per \
-                 request); the full stack sent {} calls for {} requests, {retries} retries: \
-                 {budget_how}, so at most {budget:.2} calls per request (checked with \
-                 {BUDGET_SLACK} of slack: the dependency counts calls in 100 ms slots, and a \
-                 fleet process's budget starts a few ms after the dependency's clock). The \
-                 price: fewer failures rescued by a retry ({} of the requests succeeded, {} for \
-                 the bare caller).",
-                b.share.per_request(),
-                s.share.calls,
-                s.share.requests,
-                percent(s.share.ok_share()),
-                percent(b.share.ok_share()),
-            );
-        } else {
-            println!(
-                "\nWhile a quarter of the calls failed, {breaker}, and no retry budget held the \
-                 load: {budget_how}. The full stack sent {} calls for {} requests ({retries} \
-                 retries), as a caller without a budget would. Retry budgets bound long-lived \
-                 callers; a fleet of short-lived ones relies on the shared circuit, which opens \
-                 once enough calls fail.",
-                s.share.calls, s.share.requests,
-            );
-        }
+        println!(
+            "\nWhile a quarter of the calls failed, {breaker}: the retry budget held the \
+             load. The bare caller retries every failure, up to 3 attempts ({:.2} calls per \
+             request); the full stack sent {} calls for {} requests, {retries} retries: \
+             {budget_how}, so at most {budget:.2} calls per request (checked with \
+             {BUDGET_SLACK} of slack: the dependency counts calls in 100 ms slots, and a \
+             fleet process's budget starts a few ms after the dependency's clock). The \
+             price: fewer failures rescued by a retry ({} of the requests succeeded, {} for \
+             the bare caller).",
+            b.share.per_request(),
+            s.share.calls,
+            s.share.requests,
+            percent(s.share.ok_share()),
+            percent(b.share.ok_share()),
+        );
         let first_open = self
             .first_open
             .map_or("never".into(), |t| format!("{:.2} s", t - self.out.0));
@@ -2037,7 +2041,7 @@ impl Report {
                 s.share.per_request()
             ));
         }
-        if self.side.budget_rates.is_some() && b.share.per_request() <= s.share.per_request() {
+        if b.share.per_request() <= s.share.per_request() {
             failures.push(
                 "while a quarter of the calls failed the bare caller sent no more calls per \
                  request than the full stack"
