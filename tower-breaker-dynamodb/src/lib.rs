@@ -358,6 +358,21 @@ struct Counters {
     read_units: AtomicU64,
     write_units: AtomicU64,
     refused: AtomicU64,
+    /// Writes per item (at most [`MAX_STALE_KEYS`] items; the counts start
+    /// again when more are written).
+    per_item: Mutex<HashMap<String, u64>>,
+}
+
+impl Counters {
+    /// One write request to the item `key`.
+    fn wrote(&self, key: &str) {
+        self.writes.fetch_add(1, Relaxed);
+        let mut map = self.per_item.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_STALE_KEYS && !map.contains_key(key) {
+            map.clear();
+        }
+        *map.entry(key.to_owned()).or_default() += 1;
+    }
 }
 
 /// What a decision asks of the item.
@@ -562,6 +577,30 @@ impl DynamoDbStore {
             write_units: units(&self.usage.write_units),
             refused: self.usage.refused.load(Relaxed),
         }
+    }
+
+    /// The write requests this store sent to each item so far (the
+    /// items' keys; at most 1,024 items, then the counts start again): a
+    /// partition serves at most 1,000 write units a second, so sample it
+    /// to find a fleet's hot item (see the crate docs on capacity).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
+    /// # fn show(store: &DynamoDbStore) {
+    /// for (item, writes) in store.item_writes() {
+    ///     println!("{item}: {writes} writes");
+    /// }
+    /// # }
+    /// ```
+    pub fn item_writes(&self) -> Vec<(String, u64)> {
+        let map = self
+            .usage
+            .per_item
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.iter().map(|(k, v)| (k.clone(), *v)).collect()
     }
 
     /// Creates the table (partition key `pk`, on-demand billing) if it
@@ -787,7 +826,7 @@ impl DynamoDbStore {
                 .expression_attribute_values(":ver", AttributeValue::N(version.to_string())),
         };
         let out = put.send().await;
-        self.usage.writes.fetch_add(1, Relaxed);
+        self.usage.wrote(&key);
         match out {
             Ok(out) => {
                 add_units(&self.usage.write_units, out.consumed_capacity());
@@ -957,7 +996,7 @@ impl DynamoDbStore {
             )
             .send()
             .await;
-        self.usage.writes.fetch_add(1, Relaxed);
+        self.usage.wrote(&key);
         let old = match out {
             Ok(out) => {
                 add_units(&self.usage.write_units, out.consumed_capacity());
@@ -1358,7 +1397,7 @@ impl DynamoDbStore {
             )
             .send()
             .await;
-        self.usage.writes.fetch_add(1, Relaxed);
+        self.usage.wrote(&key);
         match out {
             Ok(out) => {
                 add_units(&self.usage.write_units, out.consumed_capacity());
