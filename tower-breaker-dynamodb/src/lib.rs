@@ -38,6 +38,11 @@
 //! | `expires_at` | the TTL, seconds since the epoch: some time ([`DynamoDbOptions::cleanup_after`]) after T, the lease or the close |
 //! | `w{tick}` | a bucket of the fleet's window: calls + failures x 10^12 + slow calls x 10^24, for the bucket starting at tick x the bucket's length (since the epoch) |
 //! | `g{at}`, `g{at}f` | a part of the fleet's count window (for breakers that count their calls), packed the same way: a report's calls before its failures in a row, placed at `at` (writer's clock, ms since the epoch), and those failures (`f`) |
+//! | `bl{epoch}`, `bc{epoch}` | the fleet's retry budget ([`Store::claim_retry`]) in an epoch of its window: the credit left in millionths of a retry (what the fleet's requests earned, less a million per claim) and the claims |
+//!
+//! With [`DynamoDbOptions::window_shards`], the window and the retry
+//! budget live in shard items instead (`pk` = the breaker's key, `%shard`
+//! and a number), and the breaker's item keeps the state alone.
 //!
 //! # Writes
 //!
@@ -80,7 +85,14 @@
 //!   fleet's newest calls are judged ([`FleetRule::judge_segments`]) and
 //!   the parts that no longer count are removed by the next report. The
 //!   SDK's retries are off for this write: a lost answer must not count a
-//!   report twice.
+//!   report twice. The report's retry credit ([`Report::credit`]) is
+//!   added in the same write.
+//! - **claim** ([`Store::claim_retry`]): one `UpdateItem` that adds a
+//!   claim to the current epoch and takes a million off its credit left,
+//!   on the condition that the fleet's budget grants it
+//!   ([`BudgetRule::grants`]: the previous epoch's counts, which no longer
+//!   change, enter the condition as numbers, from the last report's
+//!   answer). No retries by the SDK either.
 //!
 //! # Clocks
 //!
@@ -109,7 +121,7 @@
 //! window has its reports refused with an error (the `circuit_store_failed`
 //! alarm), so it keeps deciding alone.
 //!
-//! # Cost
+//! # Capacity
 //!
 //! Items stay under 1 KB: a write costs one write capacity unit, a
 //! (strongly consistent) read one read capacity unit. On the closed path
@@ -119,7 +131,38 @@
 //! [`flush_interval`](tower_breaker::FleetConfig::flush_interval) while failures
 //! arrive. On-demand tables bill per request: for large fleets, raise both.
 //! [`DynamoDbStore::usage`] counts requests and the capacity the service
-//! reported.
+//! reported; [`DynamoDbStore::item_writes`] the writes per item.
+//!
+//! **One item per breaker is the whole fleet's hot key.** A partition
+//! serves at most 1,000 write units and 3,000 read units a second, whatever
+//! the table's billing. The writes to a breaker's item, a second, are
+//! about:
+//!
+//! | the fleet | reports a second, one item |
+//! |---|---|
+//! | N long-lived processes, healthy | N / refresh interval (N at 1 s) |
+//! | N long-lived processes, failures arriving | N / flush interval (10 N at 100 ms) |
+//! | Lambda functions that flush after each invocation | the invocations a second that called the dependency |
+//!
+//! plus the retry claims (at most the budget: about a tenth of the
+//! requests, and one refused claim per process and refresh interval) and a
+//! few writes per change of state. So about 100 busy processes saturate an
+//! item while failures arrive, and a Lambda function saturates it at about
+//! 1,000 invocations a second. A throttled write is known not to be
+//! applied: its report is carried by the next one, never doubled, but the
+//! fleet learns late, and elections and openings, on the same item, are
+//! throttled too.
+//!
+//! Keep each item under about half the limit: past 500 reports a second,
+//! spread the window over `ceil(reports a second / 500)` items with
+//! [`DynamoDbOptions::window_shards`]. Each process then reports to one
+//! shard (one write there, and one strongly consistent read of the
+//! breaker's item: 3,000 a second before its read limit), and each shard
+//! judges its share of the calls with the minimum scaled down, so shard
+//! only a fleet large enough that every shard sees the rule's minimum
+//! quickly. The fleet's retry budget is sharded alike. A slower refresh
+//! and flush interval, for long-lived processes, lowers the rate too, at
+//! the price of learning later.
 //!
 //! DynamoDB has no pushes the store could use cheaply (Streams need a
 //! consumer): a breaker learns of another process's decision at its next
@@ -191,6 +234,10 @@ use tower_breaker::store::{
     BudgetRule, Decision, Election, FleetRule, ProbeToken, Report, Segment, Store, StoreError,
     StoreFuture, Tokens,
 };
+
+/// The most items a breaker's window can be spread over
+/// ([`DynamoDbOptions::window_shards`]).
+pub const MAX_WINDOW_SHARDS: u32 = 64;
 
 /// The default table name: `"tower-breaker"`.
 pub const DEFAULT_TABLE: &str = "tower-breaker";
@@ -280,6 +327,9 @@ pub struct DynamoDbStore {
     client: Client,
     options: DynamoDbOptions,
     tokens: Tokens,
+    /// This store's shard of every window, when they are sharded (a
+    /// random number, taken modulo the shards).
+    shard: u64,
     /// Per key, the elected prober's version this process saw last and
     /// when it first saw it (its own clock): the lock client's rule.
     seen: Mutex<HashMap<String, (u64, u64)>>,
@@ -319,6 +369,7 @@ pub struct DynamoDbOptions {
     cleanup_after: Duration,
     max_clock_skew: Duration,
     clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
+    window_shards: u64,
 }
 
 /// What a [`DynamoDbStore`] has asked of DynamoDB so far: requests, and
@@ -398,7 +449,44 @@ impl DynamoDbOptions {
             cleanup_after: DEFAULT_CLEANUP_AFTER,
             max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
             clock: Arc::new(SystemTime::now),
+            window_shards: 1,
         }
+    }
+
+    /// Spreads the fleet's window and retry budget of each breaker over
+    /// `shards` items (default 1, at most [`MAX_WINDOW_SHARDS`]), so that
+    /// the reports of a large fleet do not all write one item: each
+    /// process reports to one shard, chosen at random when its store is
+    /// built, and each shard judges its share of the fleet's calls by the
+    /// rule scaled to it (`minimum_calls` and the count window divided by
+    /// `shards`, rounded up; the rates unchanged); the retry budget's
+    /// claims are drawn from the process's shard, with the floor divided
+    /// alike. A shard that breaks the rule opens the breaker's own item,
+    /// and every decision is still that item's. A sharded report is two
+    /// requests (its shard's `UpdateItem`, then a read of the breaker's
+    /// item) instead of one. See the [crate docs](crate#capacity) for when
+    /// to shard: only fleets whose reports would pass a partition's write
+    /// limit need it, and a small fleet judged in shards opens on less
+    /// evidence.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker_dynamodb::DynamoDbOptions;
+    ///
+    /// let options = DynamoDbOptions::new().window_shards(8);
+    /// assert_eq!(options.window_shards_value(), 8);
+    /// assert_eq!(DynamoDbOptions::new().window_shards(0).window_shards_value(), 1);
+    /// ```
+    pub fn window_shards(mut self, shards: u32) -> Self {
+        self.window_shards = u64::from(shards.clamp(1, MAX_WINDOW_SHARDS));
+        self
+    }
+
+    /// The shards of each breaker's window (see
+    /// [`window_shards`](Self::window_shards)).
+    pub fn window_shards_value(&self) -> u32 {
+        u32::try_from(self.window_shards).unwrap_or(MAX_WINDOW_SHARDS)
     }
 
     /// The table (default [`DEFAULT_TABLE`]).
@@ -505,6 +593,7 @@ impl fmt::Debug for DynamoDbOptions {
             .field("timeout", &self.timeout)
             .field("cleanup_after", &self.cleanup_after)
             .field("max_clock_skew", &self.max_clock_skew)
+            .field("window_shards", &self.window_shards)
             .finish_non_exhaustive()
     }
 }
@@ -523,6 +612,7 @@ impl DynamoDbStore {
         Ok(Self {
             client,
             options,
+            shard: Tokens::new().draw(),
             tokens: Tokens::new(),
             seen: Mutex::new(HashMap::new()),
             stale: Mutex::new(HashMap::new()),
@@ -1031,6 +1121,8 @@ impl DynamoDbStore {
         rule: FleetRule,
     ) -> Result<Decision, StoreError> {
         let key = self.key(name)?;
+        let (item_key, rule) = self.shard_of(&key, rule);
+        let sharded = item_key != key;
         let now = self.options.now_ms();
         let window = Window::of(&rule);
         let counted = rule.count_window > 0;
@@ -1054,7 +1146,7 @@ impl DynamoDbStore {
             .stale
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&key)
+            .remove(&item_key)
             .unwrap_or_default();
         let mut adds = adds;
         if let Some(budget) = rule.budget {
@@ -1075,15 +1167,42 @@ impl DynamoDbStore {
                 }
             }
         }
-        let item = match self.add(&key, &adds, expires, &stale, now).await? {
+        let mut item = match self.add(&item_key, &adds, expires, &stale, now).await? {
             Ok(item) => item,
             Err(decision) => return Ok(decision),
         };
         if let Some(budget) = rule.budget {
             if let Some(before) = budget.epoch(now).checked_sub(1) {
-                self.remember_budget(&key, before, &item);
+                self.remember_budget(&item_key, before, &item);
             }
         }
+        // A shard holds no state: the breaker's item decides, and evidence
+        // from before its last change of state (an opening, an election, a
+        // close) never counts.
+        let mut older = Vec::new();
+        let main = if sharded {
+            let main = self.get(&key).await?;
+            let record = main.as_ref().map(Record::decode);
+            if record.as_ref().is_some_and(|r| r.phase == Phase::Open) {
+                return self.view(&key, record.as_ref(), now);
+            }
+            let since = main
+                .as_ref()
+                .and_then(|m| m.get(record::SINCE))
+                .and_then(|v| v.as_n().ok())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            item.retain(|attr, _| match part_start(attr, window.len_ms) {
+                Some(at) if at < since => {
+                    older.push(attr.clone());
+                    false
+                }
+                _ => true,
+            });
+            Some(record)
+        } else {
+            None
+        };
         let (sums, mut stale, behind) = if counted {
             let mut found = segments(&item);
             // Newest first, as the judge orders them, so that the names
@@ -1104,10 +1223,11 @@ impl DynamoDbStore {
             let stale = counts.stale.iter().map(|t| bucket_attr(*t)).collect();
             (counts.sums, stale, counts.newest >= tick + window.buckets)
         };
+        stale.extend(older);
         if !stale.is_empty() {
             stale.truncate(MAX_REMOVED);
             let mut map = self.stale.lock().unwrap_or_else(|e| e.into_inner());
-            remember_stale(&mut map, key.clone(), stale);
+            remember_stale(&mut map, item_key.clone(), stale);
         }
         if behind {
             // Counted where the others have left it behind (and will
@@ -1121,7 +1241,31 @@ impl DynamoDbStore {
             let remaining = self.open(name, rule.open_for).await?;
             return Ok(Decision::Open { remaining });
         }
-        self.view(&key, Some(&Record::decode(&item)), now)
+        match main {
+            Some(record) => self.view(&key, record.as_ref(), now),
+            None => self.view(&key, Some(&Record::decode(&item)), now),
+        }
+    }
+
+    /// The item a report or a claim of the breaker at `key` goes to, and
+    /// the rule scaled to it: `key` and `rule` themselves unless the
+    /// windows are sharded.
+    fn shard_of(&self, key: &str, rule: FleetRule) -> (String, FleetRule) {
+        let shards = self.options.window_shards;
+        if shards <= 1 {
+            return (key.to_owned(), rule);
+        }
+        let mut scaled = rule.with_minimum_calls(rule.minimum_calls.div_ceil(shards).max(1));
+        if rule.count_window > 0 {
+            scaled = scaled.with_count_window(rule.count_window.div_ceil(shards).max(1));
+        }
+        if let Some(budget) = rule.budget {
+            scaled = scaled.with_budget(BudgetRule::new(
+                budget.window,
+                budget.floor.div_ceil(shards),
+            ));
+        }
+        (shard_key(key, self.shard % shards), scaled)
     }
 }
 
@@ -1318,6 +1462,15 @@ impl DynamoDbStore {
     /// answer (or a read, once per epoch, without one).
     async fn claim(&self, name: &str, rule: BudgetRule) -> Result<bool, StoreError> {
         let key = self.key(name)?;
+        let shards = self.options.window_shards;
+        let (key, rule) = if shards > 1 {
+            (
+                shard_key(&key, self.shard % shards),
+                BudgetRule::new(rule.window, rule.floor.div_ceil(shards)),
+            )
+        } else {
+            (key, rule)
+        };
         let now = self.options.now_ms();
         let epoch = rule.epoch(now);
         let before = match epoch.checked_sub(1) {
@@ -1413,6 +1566,27 @@ impl DynamoDbStore {
             Err(e) => Err(self.sdk_error("claim a retry", e)),
         }
     }
+}
+
+/// The item of shard `shard` of the breaker at `key`: the key followed by
+/// `%shard` and the number. A breaker's name never holds a raw `%` (it is
+/// written `%25` in keys), so no breaker's key is another one's shard.
+fn shard_key(key: &str, shard: u64) -> String {
+    format!("{key}%shard{shard}")
+}
+
+/// When a part of a window starts (writer's clock, ms): a bucket's tick
+/// times its length, a count window's part where it was placed; `None`
+/// for other attributes.
+fn part_start(attr: &str, bucket_ms: u64) -> Option<u64> {
+    if let Some(tick) = attr.strip_prefix('w') {
+        return tick
+            .parse::<u64>()
+            .ok()
+            .map(|t| t.saturating_mul(bucket_ms));
+    }
+    let at = attr.strip_prefix('g')?;
+    at.strip_suffix('f').unwrap_or(at).parse().ok()
 }
 
 /// The attribute of a retry budget's epoch: `bl<epoch>` (credit left, in

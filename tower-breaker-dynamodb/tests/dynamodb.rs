@@ -1251,3 +1251,126 @@ async fn a_report_to_a_missing_table_is_known_not_applied() {
         .await
         .is_ok());
 }
+
+// --- windows in shards ---
+
+/// `n` processes' stores whose windows are spread over `shards` items.
+async fn sharded(server: &MotoServer, n: usize, shards: u32) -> Vec<Arc<DynamoDbStore>> {
+    let mut fleet = Vec::new();
+    for _ in 0..n {
+        let store = server.store(TABLE, options(0).window_shards(shards)).await;
+        fleet.push(Arc::new(store));
+    }
+    fleet
+}
+
+/// The write requests of `fleet` per item, summed over its stores.
+fn writes_per_item(fleet: &[Arc<DynamoDbStore>]) -> HashMap<String, u64> {
+    let mut all = HashMap::new();
+    for store in fleet {
+        for (item, n) in store.item_writes() {
+            *all.entry(item).or_default() += n;
+        }
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_reports_spread_over_items_and_a_shard_that_breaks_opens_the_breakers_item() {
+    let Some(server) = MotoServer::start_or_skip(
+        "sharded_reports_spread_over_items_and_a_shard_that_breaks_opens_the_breakers_item",
+    ) else {
+        return;
+    };
+    let fleet = sharded(&server, 16, 4).await;
+    // 40 calls before the fleet judges: 10 in a shard.
+    let rule = FleetRule::new(10, secs(1), ms(300)).with_minimum_calls(40);
+    let healthy = Report::new(2, 0, 0);
+    for store in &fleet {
+        assert_eq!(
+            store.report("sharded", healthy, rule).await.unwrap(),
+            Decision::Missing
+        );
+    }
+    let key = fleet[0].key("sharded").unwrap();
+    let writes = writes_per_item(&fleet);
+    assert!(
+        !writes.contains_key(&key),
+        "no report wrote the breaker's item: {writes:?}"
+    );
+    assert!(writes.len() >= 2, "the reports spread: {writes:?}");
+    assert!(writes.values().all(|n| *n < 16), "{writes:?}");
+    // Failures: a shard's window tips (10 calls in it, half failed), and
+    // the breaker's item opens for every process.
+    let failing = Report::new(3, 3, 0);
+    let mut opened = false;
+    for _ in 0..4 {
+        for store in &fleet {
+            if matches!(
+                store.report("sharded", failing, rule).await.unwrap(),
+                Decision::Open { .. }
+            ) {
+                opened = true;
+            }
+        }
+        if opened {
+            break;
+        }
+    }
+    assert!(opened, "a shard's window broke the rule");
+    for store in &fleet {
+        assert!(matches!(
+            store.read("sharded").await.unwrap(),
+            Decision::Open { .. }
+        ));
+    }
+    // After the close, the evidence from before it no longer counts in
+    // any shard, though it is within the window's 10 s.
+    sleep(ms(400)).await;
+    let token = match fleet[0]
+        .try_acquire_probe("sharded", ms(300), secs(2))
+        .await
+        .unwrap()
+    {
+        Election::Won(token) => token,
+        other => panic!("the election should be won, got {other:?}"),
+    };
+    assert!(fleet[0].close("sharded", token).await.unwrap());
+    for store in &fleet {
+        let decision = store
+            .report("sharded", Report::new(1, 1, 0), rule)
+            .await
+            .unwrap();
+        assert_eq!(
+            decision,
+            Decision::Closed,
+            "16 failures after the close, 4 a shard at most"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_retry_budgets_never_grant_more_than_the_fleet_earned() {
+    let Some(server) =
+        MotoServer::start_or_skip("sharded_retry_budgets_never_grant_more_than_the_fleet_earned")
+    else {
+        return;
+    };
+    let fleet = sharded(&server, 8, 2).await;
+    let budget = tower_breaker::store::BudgetRule::new(secs(86_400), 0);
+    let rule = rule().with_minimum_calls(1_000).with_budget(budget);
+    // 8 processes x 20 requests at 10%: 16 retries earned, in two shards.
+    for store in &fleet {
+        let report = Report::new(20, 0, 0).with_credit(2_000_000);
+        store.report("budget", report, rule).await.unwrap();
+    }
+    let mut granted = 0;
+    for _ in 0..4 {
+        for store in &fleet {
+            if store.claim_retry("budget", budget).await.unwrap() {
+                granted += 1;
+            }
+        }
+    }
+    assert_eq!(granted, 16, "each shard grants its own earnings, no more");
+}
