@@ -916,7 +916,7 @@ impl DynamoDbStore {
                 .expression_attribute_values(":ver", AttributeValue::N(version.to_string())),
         };
         let out = put.send().await;
-        self.usage.wrote(&key);
+        self.usage.wrote(key);
         match out {
             Ok(out) => {
                 add_units(&self.usage.write_units, out.consumed_capacity());
@@ -1086,7 +1086,7 @@ impl DynamoDbStore {
             )
             .send()
             .await;
-        self.usage.wrote(&key);
+        self.usage.wrote(key);
         let old = match out {
             Ok(out) => {
                 add_units(&self.usage.write_units, out.consumed_capacity());
