@@ -936,17 +936,24 @@ pub struct StoreError {
 /// with the clock, never by whether the record exists.
 pub const DEFAULT_CLEANUP_AFTER: Duration = Duration::from_secs(600);
 
-/// How many times [`within`] gives a call a fresh timeout after a freeze.
+/// How many freezes [`within`] leaves out of a call's time.
 const MAX_THAWS: u32 = 3;
+/// The steps [`within`] times a call in.
+const WITHIN_STEPS: u32 = 10;
+/// How much later than due a step of [`within`] may end and still count
+/// as run time (a busy machine), beyond twice its length.
+const WITHIN_SLACK: Duration = Duration::from_millis(10);
 
 /// A store call's timeout that a frozen process does not lapse: runs
 /// `call` until it answers or `timeout` has passed, as
-/// [`tokio::time::timeout`] does, except when the timer fires later than
-/// it was due by more than `timeout` itself. The process then did not run
-/// for a while (AWS Lambda froze it between invocations, a debugger or
-/// `SIGSTOP` stopped it, the machine was suspended), the store had no
-/// chance to answer, and the call gets one more `timeout` from then (up
-/// to three times).
+/// [`tokio::time::timeout`] does, except that time the process did not
+/// run is not counted. The timeout is timed in ten steps; a step whose
+/// timer fired much later than due (more than twice its length, plus
+/// 10 ms) spanned a freeze: AWS Lambda froze the process between
+/// invocations, a debugger or `SIGSTOP` stopped it, the machine was
+/// suspended. The store had no chance to answer meanwhile, so that step
+/// does not count (for up to three freezes a call): the call still has the
+/// rest of its timeout once thawed, however short the freeze.
 ///
 /// Without it, a call in flight when a process is frozen fails as soon
 /// as the process is thawed: a report of outcomes that may never have
@@ -973,18 +980,25 @@ const MAX_THAWS: u32 = 3;
 /// ```
 pub async fn within<F: Future>(timeout: Duration, call: F) -> Result<F::Output, TimedOut> {
     let mut call = std::pin::pin!(call);
-    let mut deadline = Instant::now() + timeout;
+    let step = (timeout / WITHIN_STEPS).max(Duration::from_millis(1));
+    let mut counted = Duration::ZERO;
     let mut thaws = 0;
     loop {
-        match tokio::time::timeout_at(deadline, call.as_mut()).await {
+        let left = timeout.saturating_sub(counted).min(step);
+        let started = Instant::now();
+        match tokio::time::timeout(left, call.as_mut()).await {
             Ok(output) => return Ok(output),
             Err(_) => {
-                let late = Instant::now().saturating_duration_since(deadline);
-                if late <= timeout || thaws == MAX_THAWS {
+                let took = started.elapsed();
+                if took > left * 2 + WITHIN_SLACK && thaws < MAX_THAWS {
+                    // Frozen meanwhile: not run time.
+                    thaws += 1;
+                    continue;
+                }
+                counted += took.max(left);
+                if counted >= timeout {
                     return Err(TimedOut { after: timeout });
                 }
-                thaws += 1;
-                deadline = Instant::now() + timeout;
             }
         }
     }
