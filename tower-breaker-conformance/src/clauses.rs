@@ -441,6 +441,13 @@ pub async fn a_count_window_judges_the_newest_calls_whatever_came_before(
     ));
 }
 
+/// Sends `report` (credit for the retry budget `budget`) under a rule that
+/// never opens the circuit.
+async fn report_credit(store: &Arc<dyn Store>, name: &str, report: Report, budget: BudgetRule) {
+    let rule = rule().with_minimum_calls(1_000).with_budget(budget);
+    store.report(name, report, rule).await.expect("report");
+}
+
 /// Racing claims of the fleet's retry budget are granted up to the larger
 /// of the floor and the reports' credit, never more; returned retries can
 /// be claimed again.
@@ -467,14 +474,7 @@ pub async fn racing_retry_claims_grant_the_larger_of_floor_and_credit(
     );
     // 50 requests at 10%: five retries, the larger of five and two.
     let report = Report::new(50, 0, 0).with_credit(5_000_000);
-    store
-        .report(
-            name,
-            report,
-            rule().with_minimum_calls(1_000).with_budget(budget),
-        )
-        .await
-        .expect("report");
+    report_credit(store, name, report, budget).await;
     let granted = racing(8).join_all().await;
     assert_eq!(
         granted.iter().filter(|g| **g).count(),
@@ -483,14 +483,7 @@ pub async fn racing_retry_claims_grant_the_larger_of_floor_and_credit(
     );
     // One granted retry was not sent: it comes back.
     let report = Report::new(1, 0, 0).with_returned(1);
-    store
-        .report(
-            name,
-            report,
-            rule().with_minimum_calls(1_000).with_budget(budget),
-        )
-        .await
-        .expect("report");
+    report_credit(store, name, report, budget).await;
     assert!(store.claim_retry(name, budget).await.expect("claim"));
     assert!(!store.claim_retry(name, budget).await.expect("claim"));
 }
@@ -500,14 +493,7 @@ pub async fn racing_retry_claims_grant_the_larger_of_floor_and_credit(
 pub async fn retry_credit_leaves_the_window_after_it(store: &Arc<dyn Store>, name: &str) {
     let budget = BudgetRule::new(Duration::from_millis(500), 0);
     let report = Report::new(100, 0, 0).with_credit(10_000_000);
-    store
-        .report(
-            name,
-            report,
-            rule().with_minimum_calls(1_000).with_budget(budget),
-        )
-        .await
-        .expect("report");
+    report_credit(store, name, report, budget).await;
     sleep(Duration::from_millis(500)).await;
     let mut granted = 0;
     while store.claim_retry(name, budget).await.expect("claim") {

@@ -37,6 +37,7 @@ use tower_breaker::store::Store;
 
 pub mod clauses;
 pub mod fleet;
+pub mod frozen;
 
 /// A store under test, and what keeps its server alive until the clause
 /// ends (a child process, say).

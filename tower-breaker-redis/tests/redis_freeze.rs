@@ -7,8 +7,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +14,7 @@ use support::redis_server::RedisServer;
 use support::*;
 use tower::{service_fn, BoxError, Service, ServiceExt};
 use tower_breaker::{Breaker, FleetConfig, FlushLayer, Outcome};
+use tower_breaker_conformance::frozen::{serve, Instance};
 use tower_breaker_redis::{RedisOptions, RedisStore, DEFAULT_PREFIX};
 
 const CHILD: &str = "TOWER_BREAKER_REDIS_FROZEN";
@@ -90,28 +89,14 @@ fn instance_process_role() {
         let mut handler = tower::ServiceBuilder::new()
             .option_layer(flush.then(|| FlushLayer::new(fleet.clone())))
             .service(handler);
-        let mut lines = BufReader::new(std::io::stdin()).lines();
-        while let Some(Ok(line)) = lines.next() {
-            if line == "exit" {
-                break;
-            }
-            let started = tokio::time::Instant::now();
+        serve(async || {
             handler.ready().await.unwrap().call(()).await.unwrap();
-            println!("took {} returned", started.elapsed().as_micros());
-            std::io::stdout().flush().unwrap();
-        }
+        })
+        .await;
         // The instance's last act before it is shut down.
         fleet.flush().await.unwrap();
         println!("flushed");
     });
-}
-
-fn signal(child: &Child, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {signal}");
 }
 
 /// Runs the instance through [`INVOCATIONS`] invocations, each followed by
@@ -123,51 +108,24 @@ async fn invocations(server: &RedisServer, mode: &str) -> (Vec<(u64, u64)>, (u64
         .arg(&key)
         .query(&mut server.raw())
         .unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "instance_process_role",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, format!("{} {mode}", server.url()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut took = Vec::new();
-    let mut wait_for = |word: &str| loop {
-        let line = out.next().expect("the instance ended early").unwrap();
-        // The first may follow the test harness's "test ... " on its line.
-        if line.ends_with(word) {
-            if let Some(us) = line.split("took ").nth(1) {
-                took.push(us.split(' ').next().unwrap().parse::<u64>().unwrap());
-            }
-            return;
-        }
-    };
+    let mut instance = Instance::spawn(
+        "instance_process_role",
+        CHILD,
+        &format!("{} {mode}", server.url()),
+    );
     let mut while_frozen = Vec::new();
     for _ in 0..INVOCATIONS {
-        writeln!(stdin, "go").unwrap();
-        wait_for("returned");
+        instance.invoke();
         // Frozen as soon as the handler returned.
-        signal(&child, "-STOP");
+        instance.freeze();
         tokio::time::sleep(FROZEN).await;
         while_frozen.push(window_calls(&server.record(&key)));
-        signal(&child, "-CONT");
+        instance.thaw();
     }
-    writeln!(stdin, "exit").unwrap();
-    wait_for("flushed");
-    assert!(child.wait().unwrap().success());
-    took.sort_unstable();
+    let took = instance.exit("flushed");
     println!(
-        "{mode}: an invocation of {CALLS} calls took {} us (median of {}; the first, a cold \
-         connection, included)",
-        took[took.len() / 2],
-        took.len()
+        "{mode}: an invocation of {CALLS} calls took {took} us (median of {INVOCATIONS}; the \
+         first, a cold connection, included)"
     );
     (while_frozen, window_calls(&server.record(&key)))
 }
