@@ -4,7 +4,7 @@
 //! figures of issue 29's targets, measured per store.
 //!
 //! ```text
-//! cargo run --release -p examples --bin fleet-sim                  # both stores, about 4 min
+//! cargo run --release -p examples --bin fleet-sim                  # both stores, about 7 min
 //! cargo run --release -p examples --bin fleet-sim -- --store redis
 //! scripts/fleet-sim                                                 # builds, runs both, times it
 //! ```
@@ -29,11 +29,16 @@
 //! race); nothing else runs between invocations, since each ends with
 //! [`Breaker::flush`], which awaits the environment's store calls.
 //!
-//! Invocations arrive open loop at a fleet-wide rate (`--rate`, 150 a
+//! Invocations arrive open loop at a fleet-wide rate (`--rate`, 10 a
 //! second by default: what one single-threaded `moto_server` keeps up with
-//! on a 2-core machine beside the fleet), each routed, as the emulator
-//! does, to the environment idle the longest: one event at a time per
-//! environment, about every 2 s each. An event that finds no idle
+//! beside the fleet on a 2-core machine; at 20 a second the breaker's item
+//! grows to 200+ attributes of count-window segments, each `UpdateItem`
+//! gets slower, requests queue past the store's 1 s timeout and moto
+//! never catches up; over a whole run of 3 to 4 minutes it may fall
+//! behind at 10 too, see the examples README), each routed, as the emulator does, to the
+//! environment idle the longest: one event at a time per environment,
+//! every 30 s each at the default rate, so every invocation finds its
+//! decision older than `max_staleness` (2 s) and reads before its call. An event that finds no idle
 //! environment is throttled (counted). Each invocation makes one `GET` to
 //! the dependency through the stack (which may retry it) and ends with
 //! `breaker.flush().await`, as a Lambda handler must. Environments are
@@ -95,6 +100,9 @@
 //!   the open period in force, with its jitter, plus one call timeout for
 //!   the probe, plus one refresh interval).
 //!
+//! `FLEET_SIM_DEBUG=1` prints every report an environment sends (calls,
+//! failures, tail and its span, the store's answer) to stderr.
+//!
 //! It prints a table per store and exits 1 when a target was missed (after
 //! reporting every figure), 2 on a usage or start-up error. A missing
 //! `redis-server` or `moto_server` is announced loudly and that store is
@@ -155,7 +163,8 @@ usage: fleet-sim [--store redis|dynamodb|both] [--environments N] [--rate N]
 
   --store S          which store(s) to run against (default both, Redis first)
   --environments N   execution environments in the fleet (default 300)
-  --rate N           invocations a second, fleet-wide (default 150)
+  --rate N           invocations a second, fleet-wide (default 10: what moto
+                     sustains with 300 environments on a 2-core machine)
   --churn N          environments scaled in and cold-started a second (default 2)
   --phase-secs S     length of the quarter-failing and outage phases; the
                      healthy phase is as long, half warm-up, half steady
@@ -196,7 +205,7 @@ impl Args {
         let mut args = Self {
             stores: vec![Kind::Redis, Kind::DynamoDb],
             environments: 300,
-            rate: 150.0,
+            rate: 10.0,
             churn: 2.0,
             phase: Duration::from_secs(20),
             hang: false,
