@@ -77,6 +77,10 @@ pub(super) struct StoreLink {
     /// The retry budget that shares the fleet's through this breaker,
     /// once a retry layer attached one.
     pub(super) budget: std::sync::OnceLock<super::retries::BudgetLink>,
+    /// When the newest call was admitted (the breaker's clock, to the
+    /// millisecond; 0: none yet): a report without failures in a row
+    /// places its calls there.
+    last_call_ns: AtomicU64,
 }
 
 /// The queue of a breaker's writes: one task at a time drains it, so the
@@ -152,6 +156,7 @@ impl StoreLink {
             idle: tokio::sync::Notify::new(),
             failed_reports: AtomicU64::new(0),
             budget: std::sync::OnceLock::new(),
+            last_call_ns: AtomicU64::new(0),
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {
@@ -168,6 +173,15 @@ impl StoreLink {
             }
         }
         link
+    }
+
+    /// A call admitted at `now`: remembered to the millisecond (at most
+    /// one write a millisecond to the shared word).
+    #[inline]
+    pub(super) fn note_call(&self, now: u64) {
+        if self.fleet.is_some() && now > self.last_call_ns.load(Relaxed) + NANOS_PER_MS {
+            self.last_call_ns.store(now, Relaxed);
+        }
     }
 
     /// Whether the breaker reports its outcomes to the fleet's window.
@@ -492,8 +506,18 @@ impl Core {
                 } else {
                     now - reported[3]
                 };
-                let span =
-                    u128::from(since) * u128::from(tail.max(1)) / u128::from(delta.calls.max(1));
+                let last_call = link.last_call_ns.load(Relaxed);
+                let span = if tail == 0 && last_call > 0 && last_call <= now {
+                    // No failures in a row: the calls are at least as old
+                    // as the newest one, and it is known. (Spread over the
+                    // time since the last report, a call of an instance
+                    // invoked every 30 s was placed 30 s back, behind the
+                    // other instances' newer failures: a fleet with a
+                    // quarter of its calls failing opened.)
+                    u128::from(now - last_call)
+                } else {
+                    u128::from(since) * u128::from(tail.max(1)) / u128::from(delta.calls.max(1))
+                };
                 delta = delta.with_tail(
                     tail,
                     Duration::from_nanos(u64::try_from(span).unwrap_or(u64::MAX)),

@@ -195,6 +195,7 @@ impl Core {
         let now = core.call_now_ns();
         if let Some(link) = &core.store {
             self.maybe_refresh(link, now);
+            link.note_call(now);
         }
         let decision = loop {
             let tracked = Raw {
