@@ -281,6 +281,14 @@ const MAX_TRIES: usize = 8;
 /// (more go with the next).
 const MAX_REMOVED: usize = 16;
 
+/// How many parts of a count window an item may hold before the report
+/// that finds more removes the stale ones at once (one more write), rather
+/// than leaving them for this process's next report: in a fleet of many
+/// rarely invoked processes, that next report comes late, and every other
+/// process's parts pile up meanwhile (an item of 300 environments grew to
+/// 230 parts, 7.5 KB, and moto fell behind).
+const MAX_PARTS: usize = 32;
+
 /// The most keys whose stale attributes a store remembers for their next
 /// report: keys that never report again (a keyed registry's evicted keys)
 /// must not grow the map without bound.
@@ -1224,6 +1232,15 @@ impl DynamoDbStore {
             (counts.sums, stale, counts.newest >= tick + window.buckets)
         };
         stale.extend(older);
+        let parts = item
+            .keys()
+            .filter(|a| a.starts_with('g') || a.starts_with('w'))
+            .count();
+        if parts > MAX_PARTS && !stale.is_empty() {
+            // Too many for this process's next report: now.
+            self.remove_now(&item_key, &stale).await;
+            stale.clear();
+        }
         if !stale.is_empty() {
             stale.truncate(MAX_REMOVED);
             let mut map = self.stale.lock().unwrap_or_else(|e| e.into_inner());
@@ -1244,6 +1261,33 @@ impl DynamoDbStore {
         match main {
             Some(record) => self.view(&key, record.as_ref(), now),
             None => self.view(&key, Some(&Record::decode(&item)), now),
+        }
+    }
+
+    /// Removes the attributes `stale` of the item `key`, if it exists: one
+    /// `UpdateItem` (at most 100 attributes). A failure is left to the next
+    /// report's removals.
+    async fn remove_now(&self, key: &str, stale: &[String]) {
+        let mut update = String::from("REMOVE ");
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.options.table)
+            .key(record::PK, AttributeValue::S(key.to_owned()))
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#pk", record::PK)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total);
+        for (i, attr) in stale.iter().take(100).enumerate() {
+            if i > 0 {
+                update.push_str(", ");
+            }
+            update.push_str(&format!("#r{i}"));
+            request = request.expression_attribute_names(format!("#r{i}"), attr);
+        }
+        let out = request.update_expression(update).send().await;
+        self.usage.wrote(key);
+        if let Ok(out) = out {
+            add_units(&self.usage.write_units, out.consumed_capacity());
         }
     }
 

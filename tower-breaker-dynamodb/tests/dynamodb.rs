@@ -1374,3 +1374,34 @@ async fn sharded_retry_budgets_never_grant_more_than_the_fleet_earned() {
     }
     assert_eq!(granted, 16, "each shard grants its own earnings, no more");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_window_item_stays_small_when_every_process_reports_once() {
+    let Some(server) = MotoServer::start_or_skip(
+        "a_count_window_item_stays_small_when_every_process_reports_once",
+    ) else {
+        return;
+    };
+    // 60 processes, each reporting once (as rarely invoked Lambda
+    // environments do): no process's next report removes what no longer
+    // counts, so the report that finds too many parts does.
+    let rule = rule().with_minimum_calls(1_000).with_count_window(20);
+    let mut fleet = Vec::new();
+    for _ in 0..60 {
+        fleet.push(process(&server, 0).await);
+    }
+    for store in &fleet {
+        store
+            .report("small", Report::new(2, 0, 0), rule)
+            .await
+            .unwrap();
+        sleep(ms(2)).await;
+    }
+    let key = fleet[0].key("small").unwrap();
+    let parts = item(&server, &key)
+        .await
+        .keys()
+        .filter(|a| a.starts_with('g'))
+        .count();
+    assert!(parts <= 34, "{parts} parts of a 20-call window in the item");
+}
