@@ -59,13 +59,11 @@ pin_project! {
             #[pin]
             future: F,
         },
-        // A retry claimed from the fleet's budget, during its backoff: the
-        // last outcome is kept, to be returned if the fleet refuses.
+        // A retry claimed from the fleet's budget, during its backoff (on
+        // the heap: only a call that retries with a shared budget pays
+        // for it, and the future moved by every layer stays small).
         Claiming {
-            claim: Pending<ClaimFuture>,
-            sleep: Pin<Box<Sleep>>,
-            last: Option<Result<R, BoxError>>,
-            at: Instant,
+            claiming: Box<Claiming<R>>,
         },
         // On the heap: allocated only when a retry is decided, so the
         // future (moved by every layer above) does not carry a `Sleep`.
@@ -127,6 +125,16 @@ enum Step<T> {
     Sleep(Duration),
     /// Claim the retry from the fleet during the backoff of `Duration`.
     Claim(Duration, ClaimFuture, Result<T, BoxError>, Instant),
+}
+
+/// A retry being claimed from the fleet: the claim, the backoff running
+/// meanwhile, the last outcome (returned if the fleet refuses) and when
+/// the retry was decided.
+struct Claiming<R> {
+    claim: Pending<ClaimFuture>,
+    sleep: Pin<Box<Sleep>>,
+    last: Option<Result<R, BoxError>>,
+    at: Instant,
 }
 
 /// A future only ever polled through `&mut`: in a `Mutex` (never locked,
@@ -242,19 +250,22 @@ where
                             sleep: Box::pin(tokio::time::sleep(delay)),
                         }),
                         Step::Claim(delay, claim, last, at) => this.state.set(State::Claiming {
-                            claim: Pending::new(claim),
-                            sleep: Box::pin(tokio::time::sleep(delay)),
-                            last: Some(last),
-                            at,
+                            claiming: Box::new(Claiming {
+                                claim: Pending::new(claim),
+                                sleep: Box::pin(tokio::time::sleep(delay)),
+                                last: Some(last),
+                                at,
+                            }),
                         }),
                     }
                 }
-                StateProj::Claiming {
-                    claim,
-                    sleep,
-                    last,
-                    at,
-                } => {
+                StateProj::Claiming { claiming } => {
+                    let Claiming {
+                        claim,
+                        sleep,
+                        last,
+                        at,
+                    } = &mut **claiming;
                     let answer = ready!(claim.poll(cx));
                     let budget = &this.shared.budget;
                     let granted = match answer {
