@@ -9,13 +9,10 @@ use std::time::Duration;
 use tower_breaker::store::{Decision, MemoryStore, Store};
 use tower_breaker::{Breaker, BreakerConfig, FleetConfig, Outcome, State};
 
-/// 41 instances, one invocation every 250 ms in turn (each instance about
-/// every 10 s), every fourth call failing: 25% of the fleet's calls and of
-/// each instance's, below the rule's 50%.
-#[tokio::test(start_paused = true)]
-async fn a_quarter_failing_across_rarely_invoked_instances_does_not_open_the_fleet() {
-    let store = Arc::new(MemoryStore::new());
-    let fleet: Vec<Breaker> = (0..41)
+/// 41 instances on `store`: a count window of 20, judged from 10 calls,
+/// open at 50%.
+fn instances(store: &Arc<MemoryStore>) -> Vec<Breaker> {
+    (0..41)
         .map(|_| {
             let config = BreakerConfig::new()
                 .count_window(20)
@@ -24,7 +21,16 @@ async fn a_quarter_failing_across_rarely_invoked_instances_does_not_open_the_fle
                 .fleet(FleetConfig::new(store.clone()));
             Breaker::with_config("dependency", config)
         })
-        .collect();
+        .collect()
+}
+
+/// 41 instances, one invocation every 250 ms in turn (each instance about
+/// every 10 s), every fourth call failing: 25% of the fleet's calls and of
+/// each instance's, below the rule's 50%.
+#[tokio::test(start_paused = true)]
+async fn a_quarter_failing_across_rarely_invoked_instances_does_not_open_the_fleet() {
+    let store = Arc::new(MemoryStore::new());
+    let fleet = instances(&store);
     for call in 0..400_u32 {
         let breaker = &fleet[call as usize % fleet.len()];
         let permit = breaker
@@ -54,16 +60,7 @@ async fn a_quarter_failing_across_rarely_invoked_instances_does_not_open_the_fle
 #[tokio::test(start_paused = true)]
 async fn half_failing_across_rarely_invoked_instances_opens_the_fleet() {
     let store = Arc::new(MemoryStore::new());
-    let fleet: Vec<Breaker> = (0..41)
-        .map(|_| {
-            let config = BreakerConfig::new()
-                .count_window(20)
-                .minimum_calls(10)
-                .failure_rate(0.5)
-                .fleet(FleetConfig::new(store.clone()));
-            Breaker::with_config("dependency", config)
-        })
-        .collect();
+    let fleet = instances(&store);
     let mut opened = None;
     for call in 0..80_u32 {
         let breaker = &fleet[call as usize % fleet.len()];
