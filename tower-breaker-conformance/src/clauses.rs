@@ -137,7 +137,7 @@ pub async fn one_caller_of_many_wins_the_election_once_t_has_passed(
             .expect("try_acquire_probe")
         {
             Election::Won(_) => won += 1,
-            Election::Lost { remaining } => {
+            Election::Lost { remaining } | Election::Probing { remaining, .. } => {
                 assert!(remaining <= PERIOD, "{remaining:?}");
                 lost += 1;
             }
@@ -158,9 +158,44 @@ pub async fn the_winners_lease_holds_off_other_candidates_past_t(
     win(&**store, name, Duration::from_millis(100), lease).await;
     sleep(Duration::from_millis(100) + SLACK).await;
     match store.try_acquire_probe(name, PERIOD, lease).await {
-        Ok(Election::Lost { remaining }) => assert!(remaining <= lease, "{remaining:?}"),
+        Ok(Election::Probing {
+            remaining,
+            lease: left,
+        }) => {
+            assert!(remaining <= lease, "{remaining:?}");
+            assert!(left <= lease && left > Duration::ZERO, "{left:?}");
+        }
         other => panic!("the lease still runs: {other:?}"),
     }
+}
+
+/// While the winner probes, a read says so ([`Decision::Probing`]): T the
+/// election wrote, and the time left of the lease; a candidate loses the
+/// same way. Once the probe ends, the reads say what it decided: open
+/// (re-opened) without a prober.
+pub async fn a_read_during_a_probe_says_probing_with_its_lease(store: &Arc<dyn Store>, name: &str) {
+    open_and_wait(&**store, name).await;
+    let (period, lease) = (Duration::from_secs(10), Duration::from_secs(2));
+    let token = win(&**store, name, period, lease).await;
+    match store.read(name).await.expect("read") {
+        Decision::Probing {
+            remaining,
+            lease: left,
+        } => {
+            assert!(remaining <= period && remaining > lease, "T: {remaining:?}");
+            assert!(left <= lease && left > lease - SLACK * 3, "lease: {left:?}");
+        }
+        other => panic!("the winner probes: {other:?}"),
+    }
+    match store.try_acquire_probe(name, period, lease).await {
+        Ok(Election::Probing { lease: left, .. }) => assert!(left <= lease, "{left:?}"),
+        other => panic!("the winner probes: {other:?}"),
+    }
+    store.reopen(name, token, period).await.expect("reopen");
+    assert!(
+        matches!(store.read(name).await.expect("read"), Decision::Open { .. }),
+        "a failed probe ends the lease"
+    );
 }
 
 /// On a store that [renews leases](Store::renews_leases): the winner's
@@ -196,7 +231,7 @@ pub async fn a_renewed_lease_holds_off_candidates_and_a_lapsed_one_is_fenced(
             other => panic!("renewal {round}: the winner renews, got {other:?}"),
         };
         match store.try_acquire_probe(name, PERIOD, lease).await {
-            Ok(Election::Lost { .. }) => {}
+            Ok(Election::Probing { .. }) => {}
             other => panic!("renewal {round}: the lease still runs, got {other:?}"),
         }
     }
@@ -205,7 +240,12 @@ pub async fn a_renewed_lease_holds_off_candidates_and_a_lapsed_one_is_fenced(
     let winner = loop {
         match store.try_acquire_probe(name, PERIOD, lease).await {
             Ok(Election::Won(next)) => break next,
-            Ok(Election::Lost { remaining }) if remaining <= Duration::from_secs(2) => {
+            Ok(
+                Election::Lost { remaining }
+                | Election::Probing {
+                    lease: remaining, ..
+                },
+            ) if remaining <= Duration::from_secs(2) => {
                 sleep(remaining + Duration::from_millis(10)).await;
             }
             other => panic!("the lapsed lease is taken over, got {other:?}"),

@@ -59,7 +59,11 @@
 //! - **elect** ([`Store::try_acquire_probe`]): exactly one winner per
 //!   version, whatever the clocks say, because the winner's write changes
 //!   the version every other contender is conditioned on. It moves T
-//!   forward one period and holds a short lease for its probe.
+//!   forward one period and holds a short lease for its probe. While that
+//!   lease runs, reads and lost elections say so ([`Decision::Probing`],
+//!   [`Election::Probing`]: T and the time left of the lease), so that the
+//!   fleet's breakers tell their refused callers to come back about when
+//!   the probe should have ended, not at T.
 //! - **renew** ([`Store::renew_probe`]): while its probe runs, the winner
 //!   renews its lease every third of it, fenced by its token; each
 //!   renewal writes a new version (handed back as the winner's new
@@ -164,9 +168,44 @@
 //! and flush interval, for long-lived processes, lowers the rate too, at
 //! the price of learning later.
 //!
+//! # How fast a fleet opens
+//!
 //! DynamoDB has no pushes the store could use cheaply (Streams need a
 //! consumer): a breaker learns of another process's decision at its next
-//! read, within one refresh interval.
+//! store call: a report (every
+//! [`flush_interval`](tower_breaker::FleetConfig::flush_interval), 100 ms,
+//! while its own failures arrive), its periodic read (every refresh
+//! interval), or the read before a call whose decision is older than
+//! [`max_staleness`](tower_breaker::FleetConfig::max_staleness). So, for N
+//! processes at r calls a second each, the calls that reach a dependency
+//! that starts failing fast, until every process refuses, are about
+//!
+//! ```text
+//! what the fleet's window needs to trip  +  N × r × (flush interval + a round trip)
+//! ```
+//!
+//! against about N × `minimum_calls` / failure-rate threshold when each
+//! process trips on its own window (N × 20 with the defaults, after
+//! healthy traffic):
+//!
+//! | per process | processes | the fleet on DynamoDB | each process alone |
+//! |---|---:|---:|---:|
+//! | 1 call/s | 20 | 10 (measured, `tests/dynamodb_fleet.rs`, max staleness 800 ms) | 200 |
+//! | 50 calls/s | 5 | 30 to 50 (measured on moto) | 50 |
+//! | 50 calls/s | 20 | about 140 (10 + 20 × 50 × 130 ms, computed) | 200 |
+//!
+//! At a few calls a second per process (the serverless fleet the store
+//! is built for) the fleet opens after about as many calls as one
+//! process's window needs. At tens of calls a second per process each
+//! process's own window trips nearly as soon as a report could tell it:
+//! there the Redis store, whose pushes reach every process within a round
+//! trip, opens a 20-process fleet at 50 calls a second after at most 30
+//! calls; on DynamoDB, a shorter flush interval lowers the bound in
+//! proportion, at that many more writes a second to the item while
+//! failures arrive (see the capacity table above). The 20-process run at
+//! 50 calls a second is computed, not measured: moto, the local DynamoDB
+//! the tests run against, serves about 80 reports a second, and that
+//! fleet sends 200.
 //!
 //! # Example
 //!
@@ -1000,6 +1039,14 @@ impl DynamoDbStore {
                 decide(record, now, millis(self.options.cleanup_after))?,
                 record,
             ) {
+                (Decision::Open { .. } | Decision::Expired, Some(r))
+                    if self.lease_left(key, r, now) > 0 =>
+                {
+                    Decision::Probing {
+                        remaining: ms(self.open_left(key, r, now)),
+                        lease: ms(self.lease_left(key, r, now)),
+                    }
+                }
                 (Decision::Open { .. }, Some(r)) => match self.open_left(key, r, now) {
                     0 => Decision::Expired,
                     left => Decision::Open {
@@ -1343,9 +1390,14 @@ impl Store for DynamoDbStore {
                     match r.phase {
                         Phase::Closed => return Ok(Step::Done(Election::Closed)),
                         Phase::Open => {
-                            let left = self
-                                .open_left(key, r, now)
-                                .max(self.lease_left(key, r, now));
+                            let (left, lease) =
+                                (self.open_left(key, r, now), self.lease_left(key, r, now));
+                            if lease > 0 {
+                                return Ok(Step::Done(Election::Probing {
+                                    remaining: ms(left),
+                                    lease: ms(lease),
+                                }));
+                            }
                             if left > 0 {
                                 return Ok(Step::Done(Election::Lost {
                                     remaining: ms(left),

@@ -27,8 +27,9 @@
 //!   keep the existing T. Either way return the time left until the
 //!   effective T. Concurrent openers never push T forward: the first one
 //!   wins, the others adopt its T.
-//! - **elect** ([`Store::try_acquire_probe`]): closed: closed. T in the
-//!   future, or an elected prober's lease still running: lost, with the
+//! - **elect** ([`Store::try_acquire_probe`]): closed: closed. An elected
+//!   prober's lease still running: lost to it ([`Election::Probing`], with
+//!   the time left of T and of the lease). T in the future: lost, with the
 //!   time left. T passed and no lease (or no record at all: a record lost
 //!   while processes knew the circuit open): this caller wins; T moves
 //!   forward by the longer of the caller's period and the last opening's,
@@ -50,8 +51,10 @@
 //!   from that count (never earlier than the election's T), the lease ends
 //!   and the count goes up by one; otherwise nothing is written (a stale
 //!   prober cannot re-create a circuit the fleet has closed since).
-//! - **read** ([`Store::read`]): closed (the mark), open with the time left,
-//!   expired (T passed: an election is due), or missing (no record: never
+//! - **read** ([`Store::read`]): closed (the mark), open with the time left
+//!   (while an elected prober's lease runs, [`Decision::Probing`], with the
+//!   time left of the lease too: callers refused meanwhile are told to come
+//!   back when the probe should have ended, not at T), expired (T passed: an election is due), or missing (no record: never
 //!   opened, or lost; a process that knows the circuit open keeps its
 //!   opening and writes it again). A record whose T is unreadable is an
 //!   error, so the alarm fires; the next **open** or election repairs it.
@@ -574,6 +577,10 @@ impl Store for RedisStore {
                 [1, remaining] => Ok(Election::Lost {
                     remaining: remaining_ms(remaining),
                 }),
+                [4, remaining, lease] => Ok(Election::Probing {
+                    remaining: remaining_ms(remaining),
+                    lease: remaining_ms(lease),
+                }),
                 [2, reopens, _] => Ok(Election::Won(
                     ProbeToken::new(token)
                         .with_reopens(u32::try_from(reopens.max(0)).unwrap_or(u32::MAX)),
@@ -785,6 +792,10 @@ fn decision(reply: &[i64], script: &str) -> Result<Decision, StoreError> {
         }),
         [2] => Ok(Decision::Expired),
         [3] => Ok(Decision::Missing),
+        [4, remaining, lease] => Ok(Decision::Probing {
+            remaining: remaining_ms(remaining),
+            lease: remaining_ms(lease),
+        }),
         ref other => Err(unexpected(script, other)),
     }
 }
@@ -917,7 +928,10 @@ mod tests {
     fn every_script_is_built_with_the_prelude_once_and_calls_only_its_helpers() {
         let prelude = code_only(PRELUDE);
         let helpers = defined(&prelude);
-        assert_eq!(helpers, ["now_ms", "int", "clear_window", "left", "write"]);
+        assert_eq!(
+            helpers,
+            ["now_ms", "int", "clear_window", "left", "probing", "write"]
+        );
         let mut hashes = std::collections::HashSet::new();
         for (name, body) in SCRIPTS {
             // `script` is what the store loads: exactly the prelude, once,

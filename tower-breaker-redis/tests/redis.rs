@@ -700,7 +700,12 @@ async fn exactly_one_election_winner_and_only_its_token_closes() {
     for t in tasks {
         match t.await.unwrap() {
             Election::Won(token) => won.push(token),
-            Election::Lost { remaining } => assert!(remaining <= OPEN),
+            Election::Probing { remaining, lease } => {
+                assert!(
+                    remaining <= OPEN && lease <= OPEN,
+                    "{remaining:?} {lease:?}"
+                )
+            }
             other => panic!("the record is there: {other:?}"),
         }
     }

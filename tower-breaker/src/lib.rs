@@ -382,7 +382,11 @@
 //!   the [`election_timeout`](FleetConfig::election_timeout), 500 ms) and,
 //!   won, is the probe itself: a quiet process does not hold the fleet
 //!   until its next call. Calls refused during the election are told to
-//!   retry when it ends; the losers, the fleet's new T. (A keyed breaker,
+//!   retry when it ends. While another process probes, the store says so
+//!   ([`Decision::Probing`](crate::store::Decision::Probing), on reads and
+//!   lost elections), and callers are told the time left of its lease (at
+//!   least a refresh interval), not the fleet's new T, which is where the
+//!   circuit re-opens to if the probe fails. (A keyed breaker,
 //!   whose `poll_ready` cannot know the key, and [`Breaker::try_acquire`]
 //!   do not wait: there the winner's next call probes.) Its success marks
 //!   the record closed, only if the record still holds its token; a record

@@ -377,6 +377,18 @@ pub enum Election {
     },
     /// The circuit is marked closed fleet-wide (a prober closed it).
     Closed,
+    /// Someone else won and its probe is in flight: its lease runs for
+    /// `lease` more (renewed while the probe lasts), and T is `remaining`
+    /// away (zero when a slow probe has outlived it). The fleet decides
+    /// again when that probe ends: a breaker asks again once both are
+    /// over, and tells the callers it refuses to come back about when the
+    /// lease ends, not at T.
+    Probing {
+        /// The time left until T.
+        remaining: Duration,
+        /// The time left of the prober's lease.
+        lease: Duration,
+    },
 }
 
 /// What a store pushes decisions to ([`Store::watch`]): every breaker
@@ -890,6 +902,19 @@ pub enum Decision {
     },
     /// A record whose T has passed: a probe may be elected.
     Expired,
+    /// Open, and the prober the fleet elected is probing: its lease runs
+    /// for `lease` more (renewed while the probe lasts), T is `remaining`
+    /// away (zero when a slow probe has outlived it). The fleet's decision
+    /// changes when that probe ends, which is usually long before T (T is
+    /// where the circuit re-opens to, should the probe fail): a breaker
+    /// tells the callers it refuses to come back about when the lease
+    /// ends. A store that cannot tell answers [`Open`](Self::Open).
+    Probing {
+        /// The time left until T.
+        remaining: Duration,
+        /// The time left of the prober's lease.
+        lease: Duration,
+    },
 }
 
 /// Proof of winning a probe election, handed back to [`Store::close`] or
@@ -1146,7 +1171,7 @@ impl Tokens {
 /// tokio::time::advance(secs(12)).await;
 /// assert_eq!(
 ///     store.try_acquire_probe("db", secs(10), secs(30)).await.unwrap(),
-///     Election::Lost { remaining: secs(18) }
+///     Election::Probing { remaining: Duration::ZERO, lease: secs(18) }
 /// );
 /// assert!(store.close("db", token).await.unwrap());
 /// assert_eq!(store.read("db").await.unwrap(), Decision::Closed);
@@ -1527,11 +1552,12 @@ impl Store for MemoryStore {
         let token = self.token();
         let result = self.with_all(|all, now| match all.map.get(name).copied() {
             Some(r) if !r.open => Election::Closed,
+            Some(r) if r.lease > now => Election::Probing {
+                remaining: r.until.saturating_duration_since(now),
+                lease: r.lease - now,
+            },
             Some(r) if r.until > now => Election::Lost {
                 remaining: r.until - now,
-            },
-            Some(r) if r.lease > now => Election::Lost {
-                remaining: r.lease - now,
             },
             previous => {
                 // At least as long as the last opening, whatever this
@@ -1750,6 +1776,10 @@ fn decision(records: &HashMap<String, Record>, name: &str, now: Instant) -> Deci
     match records.get(name) {
         None => Decision::Missing,
         Some(r) if !r.open => Decision::Closed,
+        Some(r) if r.lease > now => Decision::Probing {
+            remaining: r.until.saturating_duration_since(now),
+            lease: r.lease - now,
+        },
         Some(r) if r.until > now => Decision::Open {
             remaining: r.until - now,
         },

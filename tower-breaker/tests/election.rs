@@ -230,10 +230,81 @@ async fn a_lost_election_refuses_the_waiting_call() {
         .await
         .unwrap_err();
     let lost = lost.downcast_ref::<CircuitOpen>().expect("b refused");
-    assert!(lost.retry_after() <= secs(10), "{:?}", lost.retry_after());
+    // Told the winner's lease (2 s), not the fleet's new T (10 s).
+    assert_eq!(lost.retry_after(), secs(2) - ms(20));
     assert_eq!(calls.load(SeqCst), 0);
     assert_eq!(state(&b), State::Open);
     probe.record(Outcome::Success);
+}
+
+/// While another process's probe is in flight, a process refuses its
+/// callers with the time left of the prober's lease (at least a refresh
+/// interval), as its periodic reads of the store tell it, not with the
+/// fleet's T; over a probe slower than seven leases the hint stays within
+/// one lease, and the probe's success closes this process too.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn callers_refused_during_another_process_probe_are_told_its_lease() {
+    let shared = Arc::new(MemoryStore::new());
+    let (prober, other) = (
+        on(SlowElections::on(&shared), |f| f),
+        on(SlowElections::on(&shared), |f| f),
+    );
+    record(&prober, Outcome::Failure, 2);
+    settle().await;
+    assert_eq!(state(&other), State::Open, "the push reached it");
+    advance(secs(5)).await;
+    let probe = prober.acquire().await.expect("wins");
+    let mut hints = Vec::new();
+    for _ in 0..150 {
+        advance(ms(100)).await;
+        let refused = other.try_acquire().expect_err("no second probe");
+        settle().await;
+        hints.push(refused.retry_after());
+    }
+    let longest = hints.iter().max().copied().unwrap_or_default();
+    assert!(longest <= secs(2), "within one lease: {hints:?}");
+    assert!(
+        hints.iter().all(|h| *h >= ms(100)),
+        "at least a refresh interval: {hints:?}"
+    );
+    probe.record(Outcome::Success);
+    settle().await;
+    assert_eq!(state(&other), State::Closed);
+    other
+        .try_acquire()
+        .expect("closed")
+        .record(Outcome::Success);
+}
+
+/// Once the probe fails and the fleet re-opens, the hint is the time left
+/// of the new opening again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_failed_remote_probe_gives_back_the_opening_as_the_hint() {
+    let shared = Arc::new(MemoryStore::new());
+    let (prober, other) = (
+        on(SlowElections::on(&shared), |f| f),
+        on(SlowElections::on(&shared), |f| f),
+    );
+    record(&prober, Outcome::Failure, 2);
+    settle().await;
+    advance(secs(5)).await;
+    let probe = prober.acquire().await.expect("wins");
+    advance(ms(100)).await;
+    let during = other.try_acquire().expect_err("probing elsewhere");
+    settle().await;
+    assert!(
+        during.retry_after() <= secs(2),
+        "{:?}",
+        during.retry_after()
+    );
+    probe.record(Outcome::Failure);
+    settle().await;
+    let after = other.try_acquire().expect_err("re-opened");
+    assert!(
+        after.retry_after() > secs(5),
+        "the grown period: {:?}",
+        after.retry_after()
+    );
 }
 
 /// An election that never answers holds the waiting call for the

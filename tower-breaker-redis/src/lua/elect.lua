@@ -10,16 +10,18 @@
 --          (max(period, the record's)) and lease = now + lease; clears
 --          the window, as an opening does (evidence from before the
 --          election is not evidence after the probe)
--- Returns  {0} closed, {1, remaining} lost (the open period or another's
---          lease still runs), {2, reopens, period} won
+-- Returns  {0} closed, {1, remaining} lost (the open period still runs),
+--          {2, reopens, period} won, {4, remaining, lease} lost to the
+--          elected prober whose lease still runs (remaining: until T, 0
+--          once passed)
 
 local now = now_ms()
 local rec = redis.call('HMGET', KEYS[1], 'until', 'reopens', 'period', 'state', 'lease')
 if rec[4] == 'closed' then return {0} end
 local t = tonumber(rec[1])
+local p = probing(t, tonumber(rec[3]), rec[5], now)
+if p then return p end
 if t and t > now then return {1, left(t, tonumber(rec[3]), now)} end
-local lease = tonumber(rec[5]) or 0
-if lease > now then return {1, lease - now} end
 local reopens = tonumber(rec[2]) or 0
 local period = math.max(tonumber(ARGV[1]), tonumber(rec[3]) or 0)
 clear_window(KEYS[1])

@@ -41,6 +41,15 @@ local function left(t, period, now)
   if period and period > 0 and l > period then l = period end
   return l
 end
+-- {4, time left until T (0 once passed), time left of the lease} while
+-- an elected prober's lease runs; nil without one.
+local function probing(t, period, lease, now)
+  lease = tonumber(lease) or 0
+  if lease <= now then return nil end
+  local l = 0
+  if t and t > now then l = left(t, period, now) end
+  return {4, l, lease - now}
+end
 local function write(key, now, until_ms, period, token, reopens, lease, cleanup)
   redis.call('HSET', key, 'state', 'open', 'until', int(until_ms), 'token', token,
     'reopens', int(reopens), 'period', int(period), 'since', int(now), 'lease', int(lease))

@@ -27,7 +27,8 @@
 --          retries off bc<epoch> (the epoch of now), and deletes the
 --          fields of the epochs two and three before
 -- Returns  what read returns: {0} closed, {1, remaining} open (just now,
---          or already), {2} expired, {3} missing
+--          or already), {2} expired, {3} missing, {4, remaining, lease}
+--          open while an elected prober's lease runs
 
 local now = now_ms()
 local budget_ms = tonumber(ARGV[17]) or 0
@@ -44,9 +45,11 @@ if budget_ms > 0 then
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl < 2 * budget_ms then redis.call('PEXPIRE', KEYS[1], int(2 * budget_ms)) end
 end
-local rec = redis.call('HMGET', KEYS[1], 'until', 'state', 'reopens', 'period')
+local rec = redis.call('HMGET', KEYS[1], 'until', 'state', 'reopens', 'period', 'lease')
 if rec[2] == 'open' then
   local t = tonumber(rec[1])
+  local p = probing(t, tonumber(rec[4]), rec[5], now)
+  if p then return p end
   if t and t > now then return {1, left(t, tonumber(rec[4]), now)} end
   return {2}
 end

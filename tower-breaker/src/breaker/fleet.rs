@@ -81,6 +81,10 @@ pub(super) struct StoreLink {
     /// millisecond; 0: none yet): a report without failures in a row
     /// places its calls there.
     last_call_ns: AtomicU64,
+    /// When the lease of another process's probe in flight ends, as last
+    /// heard from the store (the breaker's clock; 0: no such probe known):
+    /// what a caller refused meanwhile is told to wait for.
+    probe_until_ns: AtomicU64,
 }
 
 /// The queue of a breaker's writes: one task at a time drains it, so the
@@ -157,6 +161,7 @@ impl StoreLink {
             failed_reports: AtomicU64::new(0),
             budget: std::sync::OnceLock::new(),
             last_call_ns: AtomicU64::new(0),
+            probe_until_ns: AtomicU64::new(0),
         });
         if let Some(link) = &link {
             if let Err(error) = link.store.check_name(name) {
@@ -182,6 +187,34 @@ impl StoreLink {
         if self.fleet.is_some() && now > self.last_call_ns.load(Relaxed) + NANOS_PER_MS {
             self.last_call_ns.store(now, Relaxed);
         }
+    }
+
+    /// Remembers whether the store said another process's probe is in
+    /// flight, and until when its lease runs (`now` is when the answer
+    /// came).
+    pub(super) fn heard_of_probe(&self, decision: &Decision, now: u64) {
+        let until = match decision {
+            Decision::Probing { lease, .. } => now.saturating_add(super::nanos(*lease)).max(1),
+            _ => 0,
+        };
+        self.probe_until_ns.store(until, Relaxed);
+    }
+
+    pub(super) fn forget_probe(&self) {
+        self.probe_until_ns.store(0, Relaxed);
+    }
+
+    /// What a caller refused while the circuit is open until `until_ns` is
+    /// told: the time left until then, or, while another process probes,
+    /// until its lease ends as last heard (at least a refresh interval:
+    /// this process hears of the probe's end no sooner).
+    pub(super) fn open_retry_after(&self, until_ns: u64, now: u64) -> Duration {
+        let left = until_ns.saturating_sub(now);
+        let probe = match self.probe_until_ns.load(Relaxed) {
+            0 => left,
+            until => until.saturating_sub(now).max(self.refresh_ns),
+        };
+        Duration::from_nanos(left.min(probe))
     }
 
     /// Whether the breaker reports its outcomes to the fleet's window.
@@ -601,10 +634,19 @@ impl Core {
     }
 
     fn adopt_read(self: &Arc<Self>, result: &Result<Decision, StoreError>, asked: Asked) {
+        if let (Ok(decision), Some(link)) = (result, &self.store) {
+            link.heard_of_probe(decision, self.now_ns());
+        }
         match result {
             Ok(Decision::Open { remaining }) => {
                 self.store_ok();
                 self.adopt_open(*remaining, asked);
+            }
+            Ok(Decision::Probing { remaining, lease }) => {
+                self.store_ok();
+                // Open here too, asking the fleet again once neither T nor
+                // the lease holds it (a dead prober's lease lapses).
+                self.adopt_open((*remaining).max(*lease), asked);
             }
             Ok(Decision::Closed) => {
                 self.store_ok();
@@ -961,8 +1003,19 @@ impl Core {
                     self.probe_on_held_lease(now);
                 }
             }
-            Ok(Election::Lost { remaining }) => {
-                let until = (now + nanos(remaining)) / NANOS_PER_MS;
+            Ok(Election::Lost { remaining } | Election::Probing { remaining, .. }) => {
+                let lease = match result {
+                    Ok(Election::Probing { lease, .. }) => {
+                        link.probe_until_ns
+                            .store(now.saturating_add(nanos(lease)).max(1), Relaxed);
+                        lease
+                    }
+                    _ => {
+                        link.probe_until_ns.store(0, Relaxed);
+                        Duration::ZERO
+                    }
+                };
+                let until = (now + nanos(remaining.max(lease))) / NANOS_PER_MS;
                 let current = Word(core.word.load(Acquire));
                 // Also after the timeout (open for a refresh interval):
                 // the fleet's time wins.
@@ -1103,6 +1156,12 @@ impl Core {
                 return;
             }
             Ok(Decision::Open { remaining }) => *remaining,
+            Ok(d @ Decision::Probing { remaining, lease }) => {
+                if let Some(link) = &self.store {
+                    link.heard_of_probe(d, now);
+                }
+                (*remaining).max(*lease)
+            }
             // Asks the fleet again at the next call.
             _ => Duration::ZERO,
         };

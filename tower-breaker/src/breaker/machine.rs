@@ -252,7 +252,10 @@ impl Core {
                 }
                 Phase::Open { until_ms } if now < ns(until_ms) => {
                     break Err(Rejection {
-                        retry_after: Duration::from_nanos(ns(until_ms) - now),
+                        retry_after: match &core.store {
+                            Some(link) => link.open_retry_after(ns(until_ms), now),
+                            None => Duration::from_nanos(ns(until_ms) - now),
+                        },
                         forced: false,
                     })
                 }
@@ -633,6 +636,15 @@ impl Core {
         let core = &**self;
         let now = core.now_ns();
         core.transitions.fetch_add(1, AcqRel);
+        if let Some(link) = core
+            .store
+            .as_ref()
+            .filter(|_| !matches!(cause, Cause::Store))
+        {
+            // This process moved on its own: what it heard of another
+            // process's probe no longer describes its state.
+            link.forget_probe();
+        }
         let previous = core.last_transition.swap(now + 1, AcqRel);
         // How long the circuit was in the state it leaves (since the
         // breaker was built, for its first transition).
