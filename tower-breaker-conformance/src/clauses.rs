@@ -259,6 +259,46 @@ pub async fn a_renewed_lease_holds_off_candidates_and_a_lapsed_one_is_fenced(
     assert!(store.close(name, winner).await.expect("close"));
 }
 
+/// A winner that gives its probe back ([`Store::release_probe`]) lets
+/// the next candidate win at once, with the count of re-opens kept; a
+/// stranger's token gives nothing back, and the old winner is fenced from
+/// then on. (The trait's default gives nothing back, and fails this
+/// clause: the fleet then waits for the election's T.)
+pub async fn a_probe_given_back_is_won_by_the_next_candidate_at_once(
+    store: &Arc<dyn Store>,
+    name: &str,
+) {
+    open_and_wait(&**store, name).await;
+    let (period, lease) = (Duration::from_secs(10), Duration::from_secs(10));
+    let token = win(&**store, name, period, lease).await;
+    let stranger = ProbeToken::new(token.get() ^ 1);
+    assert!(
+        !store
+            .release_probe(name, stranger)
+            .await
+            .expect("release_probe"),
+        "a stranger's token"
+    );
+    assert!(
+        store
+            .release_probe(name, token)
+            .await
+            .expect("release_probe"),
+        "the winner's token gives the probe back"
+    );
+    let next = win(&**store, name, period, lease).await;
+    assert_eq!(next.reopens(), token.reopens(), "no probe failed");
+    assert!(
+        !store
+            .release_probe(name, token)
+            .await
+            .expect("release_probe"),
+        "the old winner is fenced"
+    );
+    assert!(!store.close(name, token).await.expect("close"), "fenced");
+    assert!(store.close(name, next).await.expect("close"));
+}
+
 /// Only the winner's token closes the circuit, once.
 pub async fn the_winner_closes_and_a_stranger_cannot(store: &Arc<dyn Store>, name: &str) {
     open_and_wait(&**store, name).await;

@@ -132,6 +132,7 @@ macro_rules! tests {
             one_caller_of_many_wins_the_election_once_t_has_passed,
             the_winners_lease_holds_off_other_candidates_past_t,
             a_read_during_a_probe_says_probing_with_its_lease,
+            a_probe_given_back_is_won_by_the_next_candidate_at_once,
             a_renewed_lease_holds_off_candidates_and_a_lapsed_one_is_fenced,
             the_winner_closes_and_a_stranger_cannot,
             a_closed_circuit_refuses_elections_and_a_stale_reopen,

@@ -70,6 +70,9 @@
 //!   token), so contenders that time the lease by what they saw start
 //!   counting again. A prober that dies or freezes stops renewing and is
 //!   taken over one lease (plus the tolerated skew) later.
+//! - **release** ([`Store::release_probe`]): a winner with no call to
+//!   probe with gives the probe back, fenced by its token: T is now, no
+//!   lease, a fresh version; the next candidate wins at once.
 //! - **close** and **reopen** ([`Store::close`], [`Store::reopen`]):
 //!   fenced by the winner's token (the version its election wrote): a
 //!   stale prober cannot close or re-open a circuit the fleet re-opened or
@@ -1466,6 +1469,24 @@ impl Store for DynamoDbStore {
 
     fn renews_leases(&self) -> bool {
         true
+    }
+
+    fn release_probe<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            self.transact(name, |_, seen, now| {
+                Ok(match seen {
+                    Some(r) if r.phase == Phase::Open && r.version == Some(token.get()) => {
+                        // Open, its period over, no lease, a fresh version
+                        // (the old winner is fenced); the re-opens stay.
+                        let record =
+                            Record::open(now, now, r.period, r.reopens, None, self.tokens.draw());
+                        Step::Write(record, true)
+                    }
+                    _ => Step::Done(false),
+                })
+            })
+            .await
+        })
     }
 
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {

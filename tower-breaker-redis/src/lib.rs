@@ -40,6 +40,10 @@
 //!   extends its lease every third of it, if the record still holds its
 //!   token. So a slow live prober is never joined by a second one, and a
 //!   prober that dies or freezes holds the fleet back one lease past T.
+//! - **release** ([`Store::release_probe`]): the winner had no call to
+//!   probe with: if the record still holds its token, T is now and the
+//!   lease ends (the count of re-opens is kept), so the next candidate wins
+//!   at once.
 //! - **close** ([`Store::close`]): mark the circuit closed (with an empty
 //!   window) only if the record still holds the winner's token. The mark
 //!   stays for the
@@ -198,6 +202,9 @@ const CLOSE: &str = include_str!("lua/close.lua");
 /// fenced.
 const RENEW: &str = include_str!("lua/renew.lua");
 
+/// ARGV: the winner's token, cleanup. Returns {1} given back, {0} fenced.
+const RELEASE: &str = include_str!("lua/release.lua");
+
 /// Returns {0} closed, {1, remaining} open, {2} expired, {3} missing.
 const READ: &str = include_str!("lua/read.lua");
 /// Claims a retry of the fleet's budget (see the script's header).
@@ -307,6 +314,7 @@ struct Scripts {
     reopen: Script,
     close: Script,
     renew: Script,
+    release: Script,
     read: Script,
     report: Script,
     claim: Script,
@@ -418,6 +426,7 @@ impl RedisStore {
                 reopen: script(REOPEN),
                 close: script(CLOSE),
                 renew: script(RENEW),
+                release: script(RELEASE),
                 read: script(READ),
                 report: script(REPORT),
                 claim: script(CLAIM),
@@ -623,6 +632,17 @@ impl Store for RedisStore {
 
     fn renews_leases(&self) -> bool {
         true
+    }
+
+    fn release_probe<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let key = self.store_key(name)?;
+            let args = [token.get(), millis(self.options.cleanup_after)];
+            match self.run(&self.scripts.release, &key, &args).await?[..] {
+                [released] => Ok(released == 1),
+                ref other => Err(unexpected("release", other)),
+            }
+        })
     }
 
     fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
@@ -870,12 +890,13 @@ mod tests {
     }
 
     /// The scripts as the store builds them, with their bodies.
-    const SCRIPTS: [(&str, &str); 7] = [
+    const SCRIPTS: [(&str, &str); 8] = [
         ("open", OPEN),
         ("elect", ELECT),
         ("reopen", REOPEN),
         ("close", CLOSE),
         ("renew", RENEW),
+        ("release", RELEASE),
         ("read", READ),
         ("report", REPORT),
     ];

@@ -313,3 +313,71 @@ async fn twenty_slow_callers_open_together_from_the_fleets_window() {
     // its next read, each after at most one more call.
     assert!(calls <= 10 + 20 + 5, "{calls} calls");
 }
+
+/// The winner of the fleet's election that never calls (`try_acquire`
+/// does not wait for the election it starts; a keyed breaker's key
+/// without traffic; a caller that gave up while it waited) gives the probe
+/// back after two lease renewals without a probe in flight: another
+/// process probes about 1.3 s after the win (default 2 s lease), not after
+/// the election's T (here 20 s), and never while the winner lives, as
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_winner_gives_the_probe_back_to_the_fleet() {
+    let Some(server) =
+        RedisServer::start_or_skip("a_quiet_winner_gives_the_probe_back_to_the_fleet")
+    else {
+        return;
+    };
+    let mut fleet = Vec::new();
+    for _ in 0..2 {
+        let store = Arc::new(
+            RedisStore::connect(&server.url(), RedisOptions::new().timeout(ms(500)))
+                .await
+                .expect("connect"),
+        );
+        let b = Breaker::with_config("quiet", default_lease_config(store, secs(10)));
+        b.refresh().await.expect("first read");
+        fleet.push(b);
+    }
+    let (quiet, busy) = (&fleet[0], &fleet[1]);
+    // Opened for 300 ms by some process: both adopt it.
+    let store = RedisStore::connect(&server.url(), RedisOptions::new())
+        .await
+        .unwrap();
+    store.try_open("quiet", ms(300)).await.unwrap();
+    quiet.refresh().await.unwrap();
+    busy.refresh().await.unwrap();
+    assert_eq!(state(quiet), State::Open);
+    sleep(ms(400)).await;
+    assert!(quiet.try_acquire().is_err(), "the election starts");
+    let start = Instant::now();
+    while state(quiet) != State::HalfOpen {
+        assert!(start.elapsed() < secs(2), "the quiet process won");
+        sleep(ms(1)).await;
+    }
+    let won = Instant::now();
+    let probe = loop {
+        assert!(won.elapsed() < secs(8), "nobody else ever probed");
+        if let Ok(permit) = busy.acquire().await {
+            break permit;
+        }
+        sleep(ms(20)).await;
+    };
+    let after = won.elapsed();
+    assert!(probe.is_probe());
+    assert!(
+        after < secs(3),
+        "the other process probed {after:?} after the win"
+    );
+    probe.record(Outcome::Success);
+    let start = Instant::now();
+    while quiet
+        .try_acquire()
+        .map(|p| p.record(Outcome::Success))
+        .is_err()
+    {
+        assert!(start.elapsed() < secs(2), "the fleet closes");
+        sleep(ms(5)).await;
+    }
+    println!("a quiet winner gave the probe back: another process probed {after:?} after the win");
+}

@@ -388,7 +388,13 @@
 //!   least a refresh interval), not the fleet's new T, which is where the
 //!   circuit re-opens to if the probe fails. (A keyed breaker,
 //!   whose `poll_ready` cannot know the key, and [`Breaker::try_acquire`]
-//!   do not wait: there the winner's next call probes.) Its success marks
+//!   do not wait: there the winner's next call probes.) A winner that
+//!   has no probe in flight at two renewals in a row (no call came, or the
+//!   waiting caller gave up) gives the probe back
+//!   ([`Store::release_probe`](crate::store::Store::release_probe), about
+//!   1.3 s after the win with the default lease), so the next call
+//!   anywhere in the fleet probes; it never holds the fleet for as long as
+//!   it stays quiet. Its success marks
 //!   the record closed, only if the record still holds its token; a record
 //!   that vanished (a restart, a failover) is never taken for a close:
 //!   processes that know the circuit open keep it open and write it again.

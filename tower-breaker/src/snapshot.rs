@@ -207,6 +207,11 @@ pub enum Cause {
     ProbeFailed,
     /// No probe completed within the maximum half-open wait.
     ProbeTimedOut,
+    /// This process won the fleet's probe election and made no call to
+    /// probe with (a quiet process, a caller that gave up while it waited
+    /// for the election): it gave the probe back to the fleet
+    /// (half-open -> open).
+    ProbeGivenBack,
     /// Enough probes succeeded.
     ProbesSucceeded,
     /// The mode was changed by hand.

@@ -231,6 +231,22 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Gives back the probe the election `token` won, unused: the elected
+    /// process had no call to probe with (a quiet process, a caller that
+    /// gave up while it waited for the election). If the record still
+    /// holds `token`, the circuit stays open with its period over and no
+    /// lease (T and the lease end now, the count of re-opens is kept: no
+    /// probe failed), so the next candidate wins at once. Returns whether
+    /// it was given back (false when fenced, or when the store cannot).
+    ///
+    /// The default gives nothing back (`Ok(false)`): the fleet then waits
+    /// for the election's T and the lease's end, as for a prober that
+    /// died.
+    fn release_probe<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        let _ = (name, token);
+        Box::pin(async { Ok(false) })
+    }
+
     /// Adds this process's outcomes since its last report to the fleet's
     /// window of `name`, opens the circuit (as [`try_open`](Store::try_open)
     /// would, for `rule.open_for`) if the fleet's window now breaks `rule`,
@@ -1632,6 +1648,23 @@ impl Store for MemoryStore {
 
     fn renews_leases(&self) -> bool {
         true
+    }
+
+    fn release_probe<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        let fresh = self.token();
+        let result = self.with(|records, now| match records.get_mut(name) {
+            Some(r) if r.open && r.token == token.get() => {
+                r.until = now;
+                r.lease = now;
+                r.token = fresh;
+                true
+            }
+            _ => false,
+        });
+        if result {
+            self.notify(name, Decision::Expired);
+        }
+        Box::pin(async move { Ok(result) })
     }
 
     fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {

@@ -33,6 +33,8 @@ struct SlowElections {
     opens_fail: AtomicBool,
     /// Pushes are not forwarded (the process hears only its own reads).
     deaf: bool,
+    /// Probes are not given back (a store that cannot).
+    keeps_probes: bool,
 }
 
 impl SlowElections {
@@ -102,6 +104,12 @@ impl Store for SlowElections {
     }
     fn renews_leases(&self) -> bool {
         true
+    }
+    fn release_probe<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        if self.keeps_probes {
+            return Box::pin(async { Ok(false) });
+        }
+        self.inner.release_probe(name, token)
     }
     fn watch(&self, name: &str, watcher: std::sync::Weak<dyn tower_breaker::store::Watcher>) {
         if !self.deaf {
@@ -570,4 +578,64 @@ async fn a_close_is_never_overwritten_by_an_older_unshared_opening() {
         "the close stands"
     );
     assert!(fleet.try_acquire().is_ok(), "the fleet stays closed");
+}
+
+/// Two processes; `a` wins the election without a call to probe with
+/// (`try_acquire` does not wait for it) and stays quiet; `b` calls every
+/// 100 ms. Returns how long after the win `b` probed (it probes once and
+/// succeeds), and `a`'s state then.
+async fn quiet_winner(keeps_probes: bool) -> (Duration, State) {
+    let shared = Arc::new(MemoryStore::new());
+    let view = |keeps_probes| {
+        Arc::new(SlowElections {
+            inner: Arc::clone(&shared),
+            keeps_probes,
+            ..SlowElections::default()
+        })
+    };
+    let (a, b) = (on(view(keeps_probes), |f| f), on(view(keeps_probes), |f| f));
+    record(&a, Outcome::Failure, 2);
+    settle().await;
+    assert_eq!(state(&b), State::Open, "the push reached it");
+    advance(secs(5)).await;
+    assert!(a.try_acquire().is_err(), "the election starts");
+    settle().await;
+    assert_eq!(state(&a), State::HalfOpen, "a won");
+    let won = Instant::now();
+    loop {
+        assert!(won.elapsed() < secs(30), "b never probed");
+        advance(ms(100)).await;
+        settle().await;
+        if let Ok(permit) = b.try_acquire() {
+            assert!(permit.is_probe(), "b probes");
+            permit.record(Outcome::Success);
+            settle().await;
+            return (won.elapsed(), state(&a));
+        }
+    }
+}
+
+/// The winner of the fleet's election that makes no call (a quiet
+/// process, a keyed breaker's key without traffic, a caller that gave up
+/// while it waited) gives the probe back after two renewals without a
+/// probe in flight (1.3 s with the default 2 s lease): another process
+/// probes at its next call. Before, the winner renewed its lease for as
+/// long as it lived, and nobody probed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_winner_without_a_call_gives_the_probe_back() {
+    let (after, a) = quiet_winner(false).await;
+    assert!(after <= ms(1_500), "b probed {after:?} after the win");
+    assert_eq!(a, State::Closed, "b's success closed a too");
+}
+
+/// On a store that cannot take the probe back, the quiet winner stops
+/// renewing: the fleet elects again once the election's T (the grown
+/// period, 10 s) has passed, never later.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn on_a_store_that_keeps_probes_a_quiet_winner_holds_the_fleet_until_t_only() {
+    let (after, _) = quiet_winner(true).await;
+    assert!(
+        after > secs(9) && after <= secs(10) + ms(600),
+        "b probed {after:?} after the win"
+    );
 }

@@ -122,6 +122,11 @@ enum Write {
 /// of the fleet probe at once.
 const DOWN_REFRESHES_BEFORE_LOCAL_PROBE: u64 = 2;
 
+/// After how many renewals in a row (a third of the lease apart) that
+/// found no probe in flight an elected prober gives the probe back: no
+/// probe seen in flight for two thirds of a lease (1.3 s by default).
+const IDLE_RENEWALS: u32 = 2;
+
 /// The least interval between two `circuit_store_failed` warnings of the
 /// breakers that share a fleet configuration.
 const STORE_WARNING_INTERVAL_MS: u64 = 1_000;
@@ -1075,9 +1080,20 @@ impl Core {
         let every = Duration::from_nanos((link.lease_ns / 3).max(NANOS_PER_MS));
         let weak = Arc::downgrade(self);
         let spawned = spawn(async move {
+            // Renewals in a row that found no probe in flight.
+            let mut idle = 0;
             loop {
                 tokio::time::sleep(every).await;
                 let Some(core) = weak.upgrade() else { return };
+                idle = if core.probes_held(half_open.gen()) == 0 {
+                    idle + 1
+                } else {
+                    0
+                };
+                if idle >= IDLE_RENEWALS {
+                    core.give_probe_back(half_open).await;
+                    return;
+                }
                 if !core.heartbeat(half_open, lease).await {
                     return;
                 }
@@ -1085,6 +1101,59 @@ impl Core {
         });
         if !spawned {
             self.store_failed("renew_probe", &no_runtime());
+        }
+    }
+
+    /// half-open -> open: this process won the fleet's probe and has had
+    /// no probe in flight for a while (no call came, or the call that
+    /// waited for the election was dropped). Renewing on would hold every
+    /// process of the fleet for as long as this one stays quiet: the probe
+    /// is given back ([`Store::release_probe`]), so that the next
+    /// candidate anywhere wins at once, and this process asks the fleet
+    /// again at its next call. On a store that cannot give it back, the
+    /// lease lapses unrenewed and the fleet elects again after the
+    /// election's T.
+    async fn give_probe_back(self: &Arc<Self>, half_open: Word) {
+        let Some(link) = &self.store else { return };
+        let _renewing = link.renewal.lock().await;
+        let current = Word(self.word.load(Acquire));
+        if current.state() != HALF_OPEN
+            || current.gen() != half_open.gen()
+            || self.probes_held(current.gen()) > 0
+        {
+            return;
+        }
+        let now = self.now_ns();
+        // Until this process's lease has surely lapsed, unless the store
+        // takes the probe back sooner.
+        let lapsed = (now + link.lease_ns) / NANOS_PER_MS;
+        let to = current.next(OPEN, lapsed);
+        if self.cas(current, to).is_err() {
+            return;
+        }
+        link.shared_open.store(true, Relaxed);
+        self.after_transition(
+            current,
+            to,
+            Cause::ProbeGivenBack,
+            Default::default(),
+            Some(Duration::from_nanos(link.lease_ns)),
+        );
+        let Some(token) = link.take_token() else {
+            return;
+        };
+        match link.store.release_probe(&self.name, token).await {
+            Ok(true) => {
+                self.store_ok();
+                // The fleet's probe is due: the next call here takes part
+                // in the election.
+                let open = Word(self.word.load(Acquire));
+                if open == to {
+                    let _ = self.cas(open, open.with_deadline(self.now_ns() / NANOS_PER_MS));
+                }
+            }
+            Ok(false) => self.store_ok(),
+            Err(e) => self.store_failed("release_probe", &e),
         }
     }
 
