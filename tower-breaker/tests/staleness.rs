@@ -290,3 +290,33 @@ async fn a_read_asked_after_a_transition_in_the_same_tick_is_adopted() {
     b.refresh().await.unwrap();
     assert_eq!(state(&b), State::Open);
 }
+
+/// A thawed instance (a quiet process) whose read first finds the fleet's
+/// open period over, with no prober: the same call waits for the election
+/// it starts and, won, reaches the dependency as the probe; its success
+/// closes the fleet. Before, the call started the election without waiting
+/// for it, was refused, and the winner had no call to probe with (the
+/// 300-environment simulation on DynamoDB: 14 elections in a 20 s outage,
+/// none probed).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_read_first_that_finds_the_period_over_waits_for_the_election_and_probes() {
+    let store = Deaf::new(ms(20));
+    let thawed = process(&store, |f| f);
+    thawed.refresh().await.unwrap();
+    assert_eq!(state(&thawed), State::Closed);
+    // While it was frozen, the fleet opened for 5 s, and that is over.
+    store.inner.try_open("dep", secs(5)).await.unwrap();
+    advance(secs(30)).await;
+
+    let (refused, took, reached) = call(&thawed).await;
+    assert!(!refused, "the probe");
+    assert_eq!(reached, 1, "reached the dependency");
+    assert_eq!(took, ms(20), "one read, then an election at once");
+    assert_eq!(state(&thawed), State::Closed);
+    thawed.flush().await.expect("the close is written");
+    assert_eq!(
+        store.inner.read("dep").await.unwrap(),
+        Decision::Closed,
+        "its success closed the fleet"
+    );
+}

@@ -347,6 +347,11 @@ struct Counts {
     elections: AtomicU64,
     closes: AtomicU64,
     reopens: AtomicU64,
+    /// Of the re-opens, those the store fenced (answered zero).
+    reopens_fenced: AtomicU64,
+    /// Of the re-opens, those that failed.
+    reopens_failed: AtomicU64,
+    releases: AtomicU64,
     renewals: AtomicU64,
     errors: AtomicU64,
 }
@@ -374,6 +379,7 @@ impl Counts {
                 + self.elections.load(Relaxed)
                 + self.closes.load(Relaxed)
                 + self.reopens.load(Relaxed)
+                + self.releases.load(Relaxed)
                 + self.renewals.load(Relaxed),
             errors: self.errors.load(Relaxed),
         }
@@ -484,7 +490,15 @@ impl Store for Counting {
     ) -> StoreFuture<'a, Election> {
         self.count(|c| &c.elections);
         Box::pin(async move {
+            let asked = self.log.now();
             let answer = self.seen(self.inner.try_acquire_probe(name, open_for, lease).await);
+            if std::env::var_os("FLEET_SIM_DEBUG").is_some() {
+                eprintln!(
+                    "DBG {:.3} env {} election asked at {asked:.3} -> {answer:?}",
+                    self.log.now(),
+                    self.env,
+                );
+            }
             if let Ok(Election::Won(_)) = answer {
                 self.log.push(self.env, Event::Won);
             }
@@ -517,8 +531,10 @@ impl Store for Counting {
         self.count(|c| &c.reopens);
         Box::pin(async move {
             let answer = self.seen(self.inner.reopen(name, token, open_for).await);
-            if matches!(answer, Ok(left) if !left.is_zero()) {
-                self.log.push(self.env, Event::Reopened);
+            match answer {
+                Ok(left) if !left.is_zero() => self.log.push(self.env, Event::Reopened),
+                Ok(_) => self.count(|c| &c.reopens_fenced),
+                Err(_) => self.count(|c| &c.reopens_failed),
             }
             answer
         })
@@ -536,6 +552,21 @@ impl Store for Counting {
 
     fn renews_leases(&self) -> bool {
         self.inner.renews_leases()
+    }
+
+    fn release_probe<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+        self.count(|c| &c.releases);
+        Box::pin(async move {
+            let answer = self.seen(self.inner.release_probe(name, token).await);
+            if std::env::var_os("FLEET_SIM_DEBUG").is_some() {
+                eprintln!(
+                    "DBG {:.3} env {} gave the probe back -> {answer:?}",
+                    self.log.now(),
+                    self.env
+                );
+            }
+            answer
+        })
     }
 
     fn report<'a>(
@@ -803,6 +834,14 @@ impl Sim {
             Err(e) if e.downcast_ref::<CircuitOpen>().is_some() => Outcome::Rejected,
             Err(_) => Outcome::Failed,
         };
+        if std::env::var_os("FLEET_SIM_DEBUG").is_some() {
+            eprintln!(
+                "DBG {:.3} env {} invocation from {start:.3}: {outcome:?} ({:?})",
+                self.log.now(),
+                env.id,
+                env.breaker.snapshot().state
+            );
+        }
         // Lambda freezes the environment once the handler returns.
         let unflushed = env.breaker.flush().await.is_err();
         let end = self.log.now();
@@ -1565,6 +1604,14 @@ fn analyse(sim: &Sim, dep: &Dependency, starts: &[f64; 6], end: f64) -> Figures 
     f.notes.push(format!(
         "store errors (timeouts included) during invocations: {store_errors}; fleet-wide: {}",
         sim.fleet_counts.tally().errors
+    ));
+    let c = &sim.fleet_counts;
+    f.notes.push(format!(
+        "probes ended by re-opens: {} (fenced {}, failed {}); probes given back: {}",
+        c.reopens.load(Relaxed),
+        c.reopens_fenced.load(Relaxed),
+        c.reopens_failed.load(Relaxed),
+        c.releases.load(Relaxed)
     ));
     f
 }

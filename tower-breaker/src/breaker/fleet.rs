@@ -311,11 +311,12 @@ impl Core {
         self: &Arc<Self>,
         wait: &mut ElectionWait,
         cx: &mut Context<'_>,
+        read_first: bool,
     ) -> Poll<()> {
         let w = Word(self.word.load(Acquire));
         let until_ms = match w.phase() {
             Phase::Open { until_ms } => until_ms,
-            Phase::Closed { .. } => return self.poll_read_first(w, wait, cx),
+            Phase::Closed { .. } if read_first => return self.poll_read_first(w, wait, cx),
             _ => return Poll::Ready(()),
         };
         if w.mode() != Mode::Automatic || tokio::runtime::Handle::try_current().is_err() {

@@ -371,9 +371,17 @@ impl Breaker {
                 return Poll::Pending;
             }
             wait.0 = None;
-            return Poll::Ready(());
+            // What the wait found may call for another: a read first that
+            // found the fleet's period over (a thawed instance, a quiet
+            // process) leaves the circuit open with its period over, and
+            // this call then waits for the election it starts, as the
+            // call that ends an open period does. (Without this, the call
+            // started the election without waiting, was refused, and the
+            // winner had no call to probe with.) Never a second read
+            // first: one that timed out is not waited for again.
+            return self.core.poll_start_election(wait, cx, false);
         }
-        self.core.poll_start_election(wait, cx)
+        self.core.poll_start_election(wait, cx, true)
     }
 
     #[inline]
