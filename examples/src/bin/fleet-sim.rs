@@ -159,7 +159,7 @@ const REQUIRE: &str = "TOWER_REQUIRE_SERVERS";
 
 const USAGE: &str = "\
 usage: fleet-sim [--store redis|dynamodb|both] [--environments N] [--rate N]
-                 [--churn N] [--phase-secs S] [--hang]
+                 [--churn N] [--phase-secs S] [--hang] [--no-read-first]
 
   --store S          which store(s) to run against (default both, Redis first)
   --environments N   execution environments in the fleet (default 300)
@@ -169,7 +169,10 @@ usage: fleet-sim [--store redis|dynamodb|both] [--environments N] [--rate N]
   --phase-secs S     length of the quarter-failing and outage phases; the
                      healthy phase is as long, half warm-up, half steady
                      (default 20)
-  --hang             the outage hangs (no answer) instead of answering 503";
+  --hang             the outage hangs (no answer) instead of answering 503
+  --no-read-first    FleetConfig::max_staleness(Duration::MAX): an invocation
+                     never reads before its call (one store request per
+                     invocation, on a decision as old as the last one)";
 
 // ================================================================== args
 
@@ -198,6 +201,7 @@ struct Args {
     churn: f64,
     phase: Duration,
     hang: bool,
+    read_first: bool,
 }
 
 impl Args {
@@ -209,6 +213,7 @@ impl Args {
             churn: 2.0,
             phase: Duration::from_secs(20),
             hang: false,
+            read_first: true,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -233,6 +238,7 @@ impl Args {
                 "--churn" => args.churn = number(value()?)?,
                 "--phase-secs" => args.phase = Duration::from_secs_f64(number(value()?)?.max(4.0)),
                 "--hang" => args.hang = true,
+                "--no-read-first" => args.read_first = false,
                 "-h" | "--help" => return Err(String::new()),
                 other => return Err(format!("unknown flag {other}")),
             }
@@ -759,9 +765,12 @@ impl Sim {
             fleet: self.fleet_counts.clone(),
             log: self.log.clone(),
         });
-        let fleet = FleetConfig::new(store)
+        let mut fleet = FleetConfig::new(store)
             .flush_timeout(Duration::from_secs(2))
             .election_timeout(Duration::from_secs(2));
+        if !self.args.read_first {
+            fleet = fleet.max_staleness(Duration::MAX);
+        }
         let log = self.log.clone();
         let config = BreakerConfig::new()
             .fleet(fleet)
@@ -1164,12 +1173,17 @@ async fn run(
     while starting.join_next().await.is_some() {}
     let ready = lock(&sim.live).len();
     println!(
-        "   {ready} ready in {:.1} s; {} invocations/s, {} cold starts/s, phases of {} s{}",
+        "   {ready} ready in {:.1} s; {} invocations/s, {} cold starts/s, phases of {} s{}{}",
         cold.elapsed().as_secs_f64(),
         args.rate,
         args.churn,
         args.phase.as_secs_f64(),
-        if args.hang { ", the outage hangs" } else { "" }
+        if args.hang { ", the outage hangs" } else { "" },
+        if args.read_first {
+            ""
+        } else {
+            ", no read before a call"
+        },
     );
     if ready == 0 {
         return Err("no environment could cold-start".to_owned());
