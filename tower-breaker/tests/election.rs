@@ -245,13 +245,10 @@ async fn a_lost_election_refuses_the_waiting_call() {
     probe.record(Outcome::Success);
 }
 
-/// While another process's probe is in flight, a process refuses its
-/// callers with the time left of the prober's lease (at least a refresh
-/// interval), as its periodic reads of the store tell it, not with the
-/// fleet's T; over a probe slower than seven leases the hint stays within
-/// one lease, and the probe's success closes this process too.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn callers_refused_during_another_process_probe_are_told_its_lease() {
+/// Two processes on one memory store: the first opens the circuit, wins
+/// the election once the period is over and holds its probe; returns the
+/// prober, the other process and that probe.
+async fn another_process_probes() -> (Breaker, Breaker, tower_breaker::Permit) {
     let shared = Arc::new(MemoryStore::new());
     let (prober, other) = (
         on(SlowElections::on(&shared), |f| f),
@@ -262,6 +259,17 @@ async fn callers_refused_during_another_process_probe_are_told_its_lease() {
     assert_eq!(state(&other), State::Open, "the push reached it");
     advance(secs(5)).await;
     let probe = prober.acquire().await.expect("wins");
+    (prober, other, probe)
+}
+
+/// While another process's probe is in flight, a process refuses its
+/// callers with the time left of the prober's lease (at least a refresh
+/// interval), as its periodic reads of the store tell it, not with the
+/// fleet's T; over a probe slower than seven leases the hint stays within
+/// one lease, and the probe's success closes this process too.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn callers_refused_during_another_process_probe_are_told_its_lease() {
+    let (_prober, other, probe) = another_process_probes().await;
     let mut hints = Vec::new();
     for _ in 0..150 {
         advance(ms(100)).await;
@@ -288,15 +296,7 @@ async fn callers_refused_during_another_process_probe_are_told_its_lease() {
 /// of the new opening again.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_failed_remote_probe_gives_back_the_opening_as_the_hint() {
-    let shared = Arc::new(MemoryStore::new());
-    let (prober, other) = (
-        on(SlowElections::on(&shared), |f| f),
-        on(SlowElections::on(&shared), |f| f),
-    );
-    record(&prober, Outcome::Failure, 2);
-    settle().await;
-    advance(secs(5)).await;
-    let probe = prober.acquire().await.expect("wins");
+    let (_prober, other, probe) = another_process_probes().await;
     advance(ms(100)).await;
     let during = other.try_acquire().expect_err("probing elsewhere");
     settle().await;
