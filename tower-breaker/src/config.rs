@@ -603,6 +603,62 @@ impl BreakerConfig {
     /// share of slow calls in the window reaches `rate` (clamped to
     /// 0.0..=1.0). It costs two clock reads per call (two atomic loads
     /// with [`coarse_clock`](Self::coarse_clock)).
+    ///
+    /// **Hung calls count while they hang.** A call still in flight after
+    /// `duration` is already evidence, so a dependency that starts hanging
+    /// opens the circuit in about `duration` plus the time to gather
+    /// [`minimum_calls`](Self::minimum_calls) of evidence, not at the
+    /// deadline. Precisely:
+    ///
+    /// - Closed-state calls are counted by the *bucket* of their start
+    ///   time, buckets of `w` nanoseconds since the breaker was built, `w`
+    ///   the largest power of two at most `duration / 8`. A call is *stuck*
+    ///   while it is in flight and its bucket ended at least `duration`
+    ///   ago (so it has been in flight for at least `duration`, and is
+    ///   seen at most `w` late). Only calls of the current closed state
+    ///   count.
+    /// - Every judgement of the closed window (after a failure or slow
+    ///   call, and the one below) weighs the stuck calls `k` as slow calls:
+    ///   a time window adds them to its calls; a count window of size `n`
+    ///   holds the last `n` calls, and stuck calls are among the latest, so
+    ///   they displace its oldest outcomes: it keeps `c' = min(c, n - k)`
+    ///   of its `c` outcomes with its failures and slow calls scaled by
+    ///   `c' / c` (rounded down), then adds the `k` calls (at most `n`).
+    /// - The first call to start in a bucket later than any before makes
+    ///   that judgement; if it opens the circuit (cause `SlowCallRate`),
+    ///   that call is refused too.
+    /// - A call is counted once: stuck while in flight, then, once it
+    ///   ends, in the window as what it turned out to be. A call cancelled
+    ///   (or whose timing ended at its head) stops being counted.
+    ///
+    /// The cost is one compare-and-swap when a call starts and one when it
+    /// ends (no timer per call, no allocation). The snapshot shows the
+    /// stuck calls as [`WindowCounts::slow_in_flight`](crate::snapshot::WindowCounts::slow_in_flight).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::{Breaker, BreakerConfig, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let breaker = Breaker::with_config(
+    ///     "search",
+    ///     BreakerConfig::new()
+    ///         .minimum_calls(4)
+    ///         .slow_calls(Duration::from_millis(200), 0.5),
+    /// );
+    /// // Four calls hang...
+    /// let hung: Vec<_> = (0..4).map(|_| breaker.try_acquire().unwrap()).collect();
+    /// tokio::time::advance(Duration::from_millis(230)).await;
+    /// assert_eq!(breaker.snapshot().window.slow_in_flight, 4);
+    /// // ...and the next call, before any of them ends, finds the circuit open.
+    /// assert!(breaker.try_acquire().is_err());
+    /// assert_eq!(breaker.snapshot().state, State::Open);
+    /// # drop(hung);
+    /// # }
+    /// ```
     pub fn slow_calls(mut self, duration: Duration, rate: f64) -> Self {
         self.slow_call_duration = Some(duration);
         self.slow_call_rate = clamp_rate(rate);

@@ -78,8 +78,14 @@ pub(crate) fn stripe(stripes: &HookStripes) -> &Arc<dyn AttemptHook> {
 
 /// The token of an admission: the admission and the start time (for
 /// slow-call detection; 0 when not needed).
-pub(crate) fn token(breaker: &Breaker, raw: Raw) -> AttemptToken {
-    AttemptToken::new(pack(raw), breaker.core.started_ns(raw))
+pub(crate) fn token(
+    breaker: &Breaker,
+    raw: Raw,
+) -> Result<AttemptToken, crate::error::CircuitOpen> {
+    match breaker.core.started_ns(raw) {
+        Ok(started_ns) => Ok(AttemptToken::new(pack(raw), started_ns)),
+        Err(rejection) => Err(breaker.open_error(rejection)),
+    }
 }
 
 impl<C, Res> AttemptHook for BreakerHook<C, Res>
@@ -89,7 +95,7 @@ where
 {
     fn admit(&self) -> Result<AttemptToken, BoxError> {
         match self.breaker.admit() {
-            Ok(raw) => Ok(token(&self.breaker, raw)),
+            Ok(raw) => token(&self.breaker, raw).map_err(|open| Box::new(open) as BoxError),
             Err(rejection) => Err(Box::new(self.breaker.open_error(rejection))),
         }
     }
@@ -147,12 +153,15 @@ where
             body::defer(self.breaker.permit_started(raw, started_ns));
             return;
         }
+        self.breaker.stop_timing(raw, started_ns);
         let elapsed = self.breaker.core.elapsed(started_ns);
         self.breaker.complete(raw, outcome, elapsed);
     }
 
     fn cancel(&self, token: AttemptToken) {
-        if let Some(raw) = unpack(token.parts().0) {
+        let (packed, started_ns) = token.parts();
+        if let Some(raw) = unpack(packed) {
+            self.breaker.stop_timing(raw, started_ns);
             self.breaker.cancel(raw);
         }
     }

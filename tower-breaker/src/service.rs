@@ -470,7 +470,7 @@ where
 #[inline]
 fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, CircuitOpen> {
     match breaker.admit() {
-        Ok(raw) => Ok(tracker(breaker, classifier, raw)),
+        Ok(raw) => tracker(breaker, classifier, raw),
         Err(rejection) => Err(breaker.open_error(rejection)),
     }
 }
@@ -499,7 +499,10 @@ where
     };
     match hook {
         Some(hook) if raw.kind != Kind::Untracked => {
-            let first = token(breaker, raw);
+            let first = match token(breaker, raw) {
+                Ok(first) => first,
+                Err(open) => return ResponseFuture::rejected(open),
+            };
             let attempts = match spare.take() {
                 Some(mut attempts) => {
                     attempts.restart(first);
@@ -537,23 +540,30 @@ where
             };
             future
         }
-        _ => {
-            let tracker = tracker(breaker, classifier, raw);
-            ResponseFuture::called(inner.call(request), tracker)
-        }
+        _ => match tracker(breaker, classifier, raw) {
+            Ok(tracker) => ResponseFuture::called(inner.call(request), tracker),
+            Err(open) => ResponseFuture::rejected(open),
+        },
     }
 }
 
 /// What counts an admitted call: nothing when the breaker does not track
 /// it (a manual mode), else a permit and the classifier.
 #[inline]
-fn tracker<C: Clone>(breaker: &Breaker, classifier: &C, raw: Raw) -> Tracker<C> {
+fn tracker<C: Clone>(
+    breaker: &Breaker,
+    classifier: &C,
+    raw: Raw,
+) -> Result<Tracker<C>, CircuitOpen> {
     if raw.kind == Kind::Untracked {
-        Tracker::Done
+        Ok(Tracker::Done)
     } else {
-        Tracker::Permit {
-            permit: breaker.permit(raw),
-            classifier: classifier.clone(),
+        match breaker.permit(raw) {
+            Ok(permit) => Ok(Tracker::Permit {
+                permit,
+                classifier: classifier.clone(),
+            }),
+            Err(rejection) => Err(breaker.open_error(rejection)),
         }
     }
 }

@@ -88,6 +88,12 @@ pub struct WindowCounts {
     pub failures: u64,
     /// Slow successes among them.
     pub slow: u64,
+    /// Calls still in flight that have been for longer than the slow-call
+    /// threshold (closed state, slow-call detection on): not in `calls`,
+    /// but weighed as slow calls by every judgement of the window until
+    /// they end, when they are counted in it once, as what they turn out
+    /// to be.
+    pub slow_in_flight: u64,
 }
 
 /// Totals since the breaker was created, in the spirit of "calls, successes,

@@ -61,6 +61,14 @@ impl Window {
         }
     }
 
+    /// How many outcomes a count window holds; `None` for a time window.
+    pub(crate) fn size(&self) -> Option<u64> {
+        match self {
+            Window::Count(w) => Some(w.slots.len() as u64),
+            Window::Time(_) => None,
+        }
+    }
+
     /// The failures in a row at the end of a count window (up to `max`);
     /// 0 for a time window, which does not keep the order.
     pub(crate) fn tail(&self, epoch: u32, max: u64) -> u64 {

@@ -26,6 +26,15 @@
 //!   admission attempt re-opens (streak + 1). With no probe out, half-open
 //!   waits for traffic as long as it takes (sparse successes all count).
 //! - Outcomes of calls admitted before the last transition are discarded.
+//! - With slow calls on, a closed-state call in flight is *stuck* once the
+//!   bucket of its start (buckets of the largest power of two of
+//!   nanoseconds at most an eighth of the threshold) ended at least the
+//!   threshold ago. Every judgement of the window weighs the stuck calls of
+//!   the current closed period as slow calls (a count window keeps its
+//!   newest `min(c, n - k)` outcomes' share, rounded down, then adds them;
+//!   a time window adds them), and the first admission in a bucket later
+//!   than any before judges; if that opens the circuit, the admission is
+//!   refused. The snapshot shows them as `slow_in_flight`.
 //!
 //! Besides admissions (probe or not, and an open rejection's exact
 //! `retry_after`), every step compares the snapshot (state, window counts,
@@ -51,6 +60,9 @@ use tower_breaker::{Breaker, Outcome, Permit, State, Transition};
 const OPEN_MS: u64 = 1000;
 const MAX_OPEN_MS: u64 = 8000;
 const SLOW_MS: u64 = 50;
+/// The in-flight buckets for `SLOW_MS`: 2^22 ns (4.19 ms), the largest
+/// power of two at most 50 ms / 8.
+const BUCKET_SHIFT: u32 = 22;
 
 /// Proptest's own default is 256 cases; `PROPTEST_CASES` overrides it, as
 /// it does for a test without an explicit configuration.
@@ -188,6 +200,8 @@ struct Model {
     flights: Vec<Flight>,
     totals: ModelTotals,
     transitions: Vec<Expected>,
+    /// The latest start bucket an admission judged the calls in flight at.
+    swept: u64,
 }
 
 impl Model {
@@ -203,7 +217,73 @@ impl Model {
             flights: Vec::new(),
             totals: ModelTotals::default(),
             transitions: Vec::new(),
+            swept: 0,
         }
+    }
+
+    /// The start-time bucket of a call started at `ms`.
+    fn bucket(ms: u64) -> u64 {
+        (ms * 1_000_000) >> BUCKET_SHIFT
+    }
+
+    /// Calls of the current closed period in flight whose start bucket
+    /// ended at least the slow-call threshold ago.
+    fn stuck(&self) -> u64 {
+        if self.p.slow_ppm.is_none() || self.state != ModelState::Closed {
+            return 0;
+        }
+        let now_ns = self.now * 1_000_000;
+        self.flights
+            .iter()
+            .filter(|f| f.gen == self.gen && f.kind == Kind::Counted)
+            .filter(|f| {
+                ((Self::bucket(f.started) + 1) << BUCKET_SHIFT) + SLOW_MS * 1_000_000 <= now_ns
+            })
+            .count() as u64
+    }
+
+    /// The window's counts with the stuck calls weighed as slow calls.
+    fn evidence(&self) -> (u64, u64, u64) {
+        let (mut calls, mut failures, mut slow) = self.counts();
+        let stuck = self.stuck();
+        if stuck == 0 {
+            return (calls, failures, slow);
+        }
+        match self.p.window {
+            WindowP::Count(size) => {
+                let size = size as u64;
+                let stuck = stuck.min(size);
+                let keep = calls.min(size - stuck);
+                if keep < calls {
+                    failures = failures * keep / calls;
+                    slow = slow * keep / calls;
+                    calls = keep;
+                }
+                (calls + stuck, failures, slow + stuck)
+            }
+            WindowP::Time { .. } => (calls + stuck, failures, slow + stuck),
+        }
+    }
+
+    /// The documented rate rules on `counts`: the causes that apply.
+    fn rate_causes(&self, (calls, failures, slow): (u64, u64, u64)) -> Vec<Cause> {
+        let minimum = match self.p.window {
+            WindowP::Count(size) => u64::from(self.p.minimum).min(size as u64),
+            WindowP::Time { .. } => u64::from(self.p.minimum),
+        };
+        let mut causes = Vec::new();
+        if calls >= minimum && failures * 1_000_000 >= self.p.failure_ppm * calls {
+            causes.push(Cause::FailureRate);
+        }
+        if calls >= minimum
+            && self
+                .p
+                .slow_ppm
+                .is_some_and(|ppm| slow * 1_000_000 >= ppm * calls)
+        {
+            causes.push(Cause::SlowCallRate);
+        }
+        causes
     }
 
     fn period(&self, streak: u32) -> u64 {
@@ -313,6 +393,25 @@ impl Model {
             kind,
             started: self.now,
         });
+        let bucket = Self::bucket(self.now);
+        if kind == Kind::Counted && self.p.slow_ppm.is_some() && bucket > self.swept {
+            self.swept = bucket;
+            if self.stuck() > 0 {
+                let counts = self.evidence();
+                let causes = self.rate_causes(counts);
+                if !causes.is_empty() {
+                    self.flights.pop();
+                    self.open(0, causes, counts);
+                    let ModelState::Open { until } = self.state else {
+                        unreachable!("just opened")
+                    };
+                    self.totals.rejected += 1;
+                    return Err(Rejection::Open {
+                        retry_after: until - self.now,
+                    });
+                }
+            }
+        }
         Ok(kind)
     }
 
@@ -389,24 +488,8 @@ impl Model {
                 if code == Code::Ok {
                     return;
                 }
-                let counts = self.counts();
-                let (calls, failures, slow) = counts;
-                let minimum = match self.p.window {
-                    WindowP::Count(size) => u64::from(self.p.minimum).min(size as u64),
-                    WindowP::Time { .. } => u64::from(self.p.minimum),
-                };
-                let mut causes = Vec::new();
-                if calls >= minimum && failures * 1_000_000 >= self.p.failure_ppm * calls {
-                    causes.push(Cause::FailureRate);
-                }
-                if calls >= minimum
-                    && self
-                        .p
-                        .slow_ppm
-                        .is_some_and(|ppm| slow * 1_000_000 >= ppm * calls)
-                {
-                    causes.push(Cause::SlowCallRate);
-                }
+                let counts = self.evidence();
+                let mut causes = self.rate_causes(counts);
                 if self.p.consecutive.is_some_and(|n| self.run >= u64::from(n)) {
                     causes.push(Cause::ConsecutiveFailures);
                 }
@@ -780,6 +863,13 @@ fn check(breaker: &Breaker, model: &Model, step: usize) -> Result<(), TestCaseEr
         (s.window.calls, s.window.failures, s.window.slow),
         (calls, failures, slow),
         "window at step {}: {:?}",
+        step,
+        model
+    );
+    prop_assert_eq!(
+        s.window.slow_in_flight,
+        model.stuck(),
+        "calls in flight past the threshold at step {}: {:?}",
         step,
         model
     );

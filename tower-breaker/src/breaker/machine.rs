@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tower_resilience_base::clock::CoarseClock;
 
 use super::fleet::StoreLink;
+use super::in_flight::InFlight;
 use super::{nanos, thread_index, Kind, Raw, Rejection, NANOS_PER_MS, NANOS_PER_SEC, PPM, STRIPES};
 use crate::classify::Outcome;
 use crate::config::{BreakerConfig, WindowKind, DEFAULT_REFRESH_INTERVAL};
@@ -46,6 +47,9 @@ pub(crate) struct Core {
     pub(super) next_rejection_event_ms: AtomicU64,
     pub(super) store_errors: AtomicU64,
     pub(super) stripes: Box<[Stripe]>,
+    /// Closed-state calls in flight by start time, when slow-call
+    /// detection is on: hung calls are slow evidence before they end.
+    pub(super) in_flight: Option<InFlight>,
     pub(crate) name: Arc<str>,
     pub(super) base: Instant,
     /// The coarse clock and the offset of `base` on it, when configured
@@ -162,6 +166,7 @@ impl Core {
             next_rejection_event_ms: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+            in_flight: (s.slow_ns != 0).then(|| InFlight::new(s.slow_ns)),
             name,
             base,
             coarse,
@@ -463,7 +468,11 @@ impl Core {
             let now = if now == 0 { core.now_ns() } else { now };
             self.flush_failures(now);
         }
-        let counts = core.window.counts(gen, now);
+        let counts = if core.in_flight.is_some() {
+            core.evidence(gen, now, if now == 0 { core.now_ns() } else { now })
+        } else {
+            core.window.counts(gen, now)
+        };
         if let Some(cause) = core.trip_cause(counts, in_a_row) {
             let mut w = w;
             while w.gen() == gen && w.state() == CLOSED {
@@ -733,14 +742,113 @@ impl Core {
         }
     }
 
-    /// The start time of a call, if slow-call detection needs it.
+    /// The start time of a call, if slow-call detection needs it. A
+    /// closed-state call is then counted in flight (see [`InFlight`]) until
+    /// [`stop_timing`](Self::stop_timing); the first call of a new bucket
+    /// judges the calls in flight for longer than the threshold.
+    ///
+    /// When that judgement opens the circuit, this call, admitted a moment
+    /// before, is refused as the calls after it are (the rejection an
+    /// admission now gives).
     #[inline]
-    pub(crate) fn started_ns(&self, raw: Raw) -> u64 {
-        if self.s.slow_ns != 0 && raw.kind != Kind::Untracked {
-            self.call_now_ns()
-        } else {
-            0
+    pub(crate) fn started_ns(self: &Arc<Self>, raw: Raw) -> Result<u64, Rejection> {
+        if self.s.slow_ns == 0 || raw.kind == Kind::Untracked {
+            return Ok(0);
         }
+        let now = self.call_now_ns();
+        if raw.kind == Kind::Tracked {
+            if let Some(in_flight) = &self.in_flight {
+                if in_flight.enter(raw.gen, now) && self.judge_in_flight(raw.gen, now) {
+                    in_flight.leave(raw.gen, now);
+                    // Open now: the admission is refused and counted as a
+                    // rejection. (Closed again already, which takes a
+                    // probe's round trip, it goes on, its outcome stale.)
+                    self.admit()?;
+                }
+            }
+        }
+        Ok(now)
+    }
+
+    /// The call admitted as `raw` at `started_ns` is no longer timed (it
+    /// ended, was cancelled, or its timing ended at its head): it leaves
+    /// the calls in flight. Call it once per [`started_ns`](Self::started_ns).
+    #[inline]
+    pub(crate) fn stop_timing(&self, raw: Raw, started_ns: u64) {
+        if raw.kind == Kind::Tracked {
+            if let Some(in_flight) = &self.in_flight {
+                in_flight.leave(raw.gen, started_ns);
+            }
+        }
+    }
+
+    /// The calls of closed generation `gen` in flight for longer than the
+    /// slow-call threshold at `now` (0 without slow-call detection).
+    pub(super) fn slow_in_flight(&self, gen: u32, now: u64) -> u64 {
+        self.in_flight
+            .as_ref()
+            .map_or(0, |in_flight| in_flight.stuck(gen, now))
+    }
+
+    /// The window's counts with the calls in flight for longer than the
+    /// threshold added as slow calls: the evidence a judgement weighs.
+    ///
+    /// A count window holds the last `N` calls, and calls in flight are
+    /// among the latest: they displace the window's oldest outcomes, whose
+    /// mix is taken to be the window's (the order of outcomes is not kept
+    /// by their kind). A time window holds every call of its span, and
+    /// calls in flight started in it: they are added.
+    pub(super) fn evidence(&self, gen: u32, window_now: u64, now: u64) -> Counts {
+        let mut counts = self.window.counts(gen, window_now);
+        let stuck = self.slow_in_flight(gen, now);
+        if stuck == 0 {
+            return counts;
+        }
+        if let Some(size) = self.window.size() {
+            let stuck = stuck.min(size);
+            let keep = counts.calls.min(size - stuck);
+            if keep < counts.calls {
+                counts.failures = counts.failures * keep / counts.calls;
+                counts.slow = counts.slow * keep / counts.calls;
+                counts.calls = keep;
+            }
+            counts.calls += stuck;
+            counts.slow += stuck;
+            return counts;
+        }
+        counts.calls += stuck;
+        counts.slow += stuck;
+        counts
+    }
+
+    /// A sweep: with the calls of `gen` in flight for longer than the
+    /// threshold counted as slow, does the closed window say open?
+    /// (closed -> open, before any of those calls ends.)
+    /// Returns whether the circuit of `gen` is no longer closed.
+    #[cold]
+    fn judge_in_flight(self: &Arc<Self>, gen: u32, now: u64) -> bool {
+        let core = &**self;
+        let mut w = Word(core.word.load(Acquire));
+        if w.gen() != gen || w.state() != CLOSED || !w.is_automatic() {
+            return false;
+        }
+        if core.slow_in_flight(gen, now) == 0 {
+            return false;
+        }
+        let window_now = if core.window.needs_clock() { now } else { 0 };
+        let counts = core.evidence(gen, window_now, now);
+        // Usually the slow-call rate; the failure rate when outcomes that
+        // left a time window made it reach its threshold meanwhile.
+        let Some(cause) = core.trip_cause(counts, 0) else {
+            return false;
+        };
+        while w.gen() == gen && w.state() == CLOSED {
+            if self.open(w, cause, counts) {
+                return true;
+            }
+            w = Word(core.word.load(Acquire));
+        }
+        true
     }
 
     /// The duration of a call that started at `started_ns` and whose head
@@ -983,6 +1091,7 @@ pub(super) fn window_counts(c: Counts) -> WindowCounts {
         calls: c.calls,
         failures: c.failures,
         slow: c.slow,
+        slow_in_flight: 0,
     }
 }
 

@@ -3,6 +3,7 @@
 //! through a shared store ([`fleet`]).
 
 mod fleet;
+mod in_flight;
 mod machine;
 mod retries;
 
@@ -21,7 +22,7 @@ use std::time::Duration;
 use crate::classify::Outcome;
 use crate::config::BreakerConfig;
 use crate::error::CircuitOpen;
-use crate::snapshot::{Cause, Snapshot};
+use crate::snapshot::{Cause, Snapshot, WindowCounts};
 use crate::state::{Word, CLOSED, HALF_OPEN, OPEN};
 use crate::store::StoreError;
 use crate::window::Counts;
@@ -295,10 +296,9 @@ impl Breaker {
     ///
     /// [`CircuitOpen`] when the call must not be made.
     pub fn try_acquire(&self) -> Result<Permit, CircuitOpen> {
-        match self.admit() {
-            Ok(raw) => Ok(self.permit(raw)),
-            Err(rejection) => Err(self.open_error(rejection)),
-        }
+        self.admit()
+            .and_then(|raw| self.permit(raw))
+            .map_err(|rejection| self.open_error(rejection))
     }
 
     /// Asks to make one call, as [`try_acquire`](Self::try_acquire) does,
@@ -389,9 +389,11 @@ impl Breaker {
         self.core.admit()
     }
 
+    /// The permit of admission `raw`, its start time taken; refused if
+    /// the calls in flight that this start judged opened the circuit.
     #[inline]
-    pub(crate) fn permit(&self, raw: Raw) -> Permit {
-        self.permit_started(raw, self.core.started_ns(raw))
+    pub(crate) fn permit(&self, raw: Raw) -> Result<Permit, Rejection> {
+        Ok(self.permit_started(raw, self.core.started_ns(raw)?))
     }
 
     /// A permit for an admission whose start time was already taken.
@@ -434,6 +436,12 @@ impl Breaker {
 
     pub(crate) fn cancel(&self, raw: Raw) {
         self.core.cancel(raw);
+    }
+
+    /// See [`Core::stop_timing`].
+    #[inline]
+    pub(crate) fn stop_timing(&self, raw: Raw, started_ns: u64) {
+        self.core.stop_timing(raw, started_ns);
     }
 
     /// Whether a call would be refused now for certain (open before the end
@@ -586,7 +594,14 @@ impl Breaker {
             name: core.name.clone(),
             state: w.public_state(),
             mode: w.mode(),
-            window: window_counts(counts),
+            window: WindowCounts {
+                slow_in_flight: if w.state() == CLOSED {
+                    core.slow_in_flight(w.gen(), now)
+                } else {
+                    0
+                },
+                ..window_counts(counts)
+            },
             failure_rate: rate(counts.failures),
             slow_rate: rate(counts.slow),
             consecutive_failures,
@@ -637,6 +652,7 @@ impl Permit {
             return self.record_with_elapsed(outcome, elapsed);
         }
         self.armed = false;
+        self.shard.core.stop_timing(self.raw(), self.started_ns);
         let (elapsed, now_ns) = self.shard.core.elapsed(self.started_ns);
         self.shard.core.complete_at(
             usize::from(self.stripe),
@@ -653,6 +669,7 @@ impl Permit {
     #[inline]
     pub(crate) fn stop_at_head(&mut self) {
         if let Some(elapsed) = self.shard.core.head_elapsed(self.started_ns) {
+            self.shard.core.stop_timing(self.raw(), self.started_ns);
             self.started_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
             self.at_head = true;
         }
@@ -662,6 +679,9 @@ impl Permit {
     /// caller.
     pub fn record_with_elapsed(mut self, outcome: Outcome, elapsed: Duration) {
         self.armed = false;
+        if !self.at_head {
+            self.shard.core.stop_timing(self.raw(), self.started_ns);
+        }
         self.shard.core.complete_at(
             usize::from(self.stripe),
             self.raw(),
@@ -675,6 +695,9 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.armed {
+            if !self.at_head {
+                self.shard.core.stop_timing(self.raw(), self.started_ns);
+            }
             self.shard.core.cancel(self.raw());
         }
     }

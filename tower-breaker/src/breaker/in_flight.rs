@@ -1,0 +1,345 @@
+//! Calls in flight, by start time: a hung call is slow evidence while it
+//! hangs, not only once it ends.
+//!
+//! With slow-call detection on, every closed-state call already reads the
+//! clock when it starts. [`InFlight`] counts those calls by the bucket of
+//! their start time (buckets of a power of two of nanoseconds, at most an
+//! eighth of the slow-call threshold): one compare-and-swap on a slot when
+//! a call starts and one when it ends, no timer and no allocation. The
+//! first call to start in a new bucket *sweeps*: it adds up the calls of
+//! the buckets that ended at least the threshold ago (every call counted
+//! has been in flight for at least the threshold) and hands the figure to
+//! the judgement, which adds it to the window's calls and slow calls.
+//!
+//! Nothing provisional is ever written to the window: a call leaves the
+//! slots before its outcome is counted, so it is counted once, first as in
+//! flight, then (if it ends slow) as a slow call of the window.
+//!
+//! Each slot holds a tag (the closed state's generation and the bucket)
+//! beside its count. A call counts only in its own generation, so calls
+//! left over from before the circuit last opened are no evidence against
+//! the closed state that followed. A slot reused for a newer bucket of the
+//! same generation (its calls in flight for longer than the ring's span,
+//! 32 buckets, so between two and four thresholds) first moves its calls
+//! to one overflow counter of the generation, where they count as stuck
+//! until they leave. The slots are split in four rings by start time, so
+//! that calls on different threads seldom touch the same slot.
+
+use crate::sync::{AtomicU64, Ordering::Relaxed};
+
+/// Slots per ring: buckets of start time, the ring's span.
+const SLOTS: usize = 32;
+/// Rings, chosen by a hash of the start time.
+const RINGS: usize = 4;
+const COUNT_BITS: u32 = 32;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const BUCKET_BITS: u32 = 20;
+const BUCKET_MASK: u64 = (1 << BUCKET_BITS) - 1;
+const GEN_MASK: u64 = (1 << 12) - 1;
+
+/// The calls in flight of one breaker, by start-time bucket (present only
+/// when slow-call detection is on).
+#[derive(Debug)]
+pub(super) struct InFlight {
+    /// Bucket width: `1 << shift` nanoseconds.
+    shift: u32,
+    /// The slow-call threshold, in nanoseconds.
+    threshold_ns: u64,
+    /// `RINGS * SLOTS` slots: tag (generation, bucket) << 32 | count.
+    slots: Box<[AtomicU64]>,
+    /// The bucket of the last sweep.
+    swept: AtomicU64,
+    /// Calls moved out of reused slots: generation << 40 | count.
+    overflow: AtomicU64,
+}
+
+const OVERFLOW_COUNT: u64 = (1 << 40) - 1;
+
+// === impl InFlight ===
+
+impl InFlight {
+    /// Counters for a slow-call threshold of `threshold_ns` (at least 1).
+    pub(super) fn new(threshold_ns: u64) -> Self {
+        // The widest power of two at most an eighth of the threshold: a
+        // call is counted at most an eighth of the threshold late.
+        let shift = 63 - (threshold_ns / 8).max(1).leading_zeros();
+        Self {
+            shift,
+            threshold_ns,
+            slots: (0..RINGS * SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            swept: AtomicU64::new(0),
+            overflow: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    fn slot(&self, start_ns: u64) -> (&AtomicU64, u64) {
+        let bucket = start_ns >> self.shift;
+        // Readings of a real clock differ in their low bits; those of a
+        // coarse clock (whole milliseconds) above bit 20.
+        let ring = ((start_ns ^ (start_ns >> 20)) as usize) & (RINGS - 1);
+        let index = ring * SLOTS + (bucket as usize & (SLOTS - 1));
+        (&self.slots[index], bucket)
+    }
+
+    /// A call of generation `gen` started at `start_ns`. Returns whether
+    /// this call should sweep (the first to start in a new bucket).
+    #[inline]
+    pub(super) fn enter(&self, gen: u32, start_ns: u64) -> bool {
+        let (slot, bucket) = self.slot(start_ns);
+        let tag = tag(gen, bucket);
+        let mut v = slot.load(Relaxed);
+        loop {
+            if v & !COUNT_MASK == tag {
+                match slot.compare_exchange_weak(v, v + 1, Relaxed, Relaxed) {
+                    Ok(_) => break,
+                    Err(actual) => v = actual,
+                }
+                continue;
+            }
+            match age(v, gen, bucket) {
+                Age::OlderGeneration => {
+                    // Calls of a closed state that is over: forgotten.
+                    match slot.compare_exchange_weak(v, tag | 1, Relaxed, Relaxed) {
+                        Ok(_) => break,
+                        Err(actual) => v = actual,
+                    }
+                }
+                Age::OlderBucket => {
+                    // Still in flight a lap later: moved to the overflow
+                    // first, so that one of them leaving meanwhile finds
+                    // itself in the slot (and the exchange fails) or in
+                    // the overflow, never in neither.
+                    let moved = v & COUNT_MASK;
+                    self.add_overflow(gen, moved);
+                    match slot.compare_exchange(v, tag | 1, Relaxed, Relaxed) {
+                        Ok(_) => break,
+                        Err(actual) => {
+                            self.sub_overflow(gen, moved);
+                            v = actual;
+                        }
+                    }
+                }
+                Age::NewerBucket => {
+                    // This call's start was read a lap before the slot's
+                    // latest: it belongs with the moved calls.
+                    self.add_overflow(gen, 1);
+                    break;
+                }
+                // This call's closed state is already over.
+                Age::NewerGeneration => break,
+            }
+        }
+        let swept = self.swept.load(Relaxed);
+        bucket > swept
+            && self
+                .swept
+                .compare_exchange(swept, bucket, Relaxed, Relaxed)
+                .is_ok()
+    }
+
+    /// The call of generation `gen` that started at `start_ns` has ended
+    /// (or stopped being timed): it leaves its slot, unless the slot was
+    /// reused since.
+    #[inline]
+    pub(super) fn leave(&self, gen: u32, start_ns: u64) {
+        let (slot, bucket) = self.slot(start_ns);
+        let tag = tag(gen, bucket);
+        let mut v = slot.load(Relaxed);
+        while v & !COUNT_MASK == tag && v & COUNT_MASK != 0 {
+            match slot.compare_exchange_weak(v, v - 1, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(actual) => v = actual,
+            }
+        }
+        // Not in its slot: moved to the overflow (or its generation is
+        // over, and nothing counts it any more).
+        self.sub_overflow(gen, 1);
+    }
+
+    fn add_overflow(&self, gen: u32, n: u64) {
+        let gen = u64::from(gen) & GEN_MASK;
+        let mut v = self.overflow.load(Relaxed);
+        loop {
+            let next = if v >> 40 == gen { v + n } else { gen << 40 | n };
+            match self
+                .overflow
+                .compare_exchange_weak(v, next, Relaxed, Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => v = actual,
+            }
+        }
+    }
+
+    fn sub_overflow(&self, gen: u32, n: u64) {
+        let gen = u64::from(gen) & GEN_MASK;
+        let mut v = self.overflow.load(Relaxed);
+        while v >> 40 == gen && v & OVERFLOW_COUNT >= n && n != 0 {
+            match self
+                .overflow
+                .compare_exchange_weak(v, v - n, Relaxed, Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => v = actual,
+            }
+        }
+    }
+
+    /// The calls of generation `gen` in flight at `now_ns` that have been
+    /// for at least the threshold (their whole bucket ended at least the
+    /// threshold ago).
+    pub(super) fn stuck(&self, gen: u32, now_ns: u64) -> u64 {
+        let Some(cutoff) = now_ns.checked_sub(self.threshold_ns) else {
+            return 0;
+        };
+        // Bucket b ended at (b + 1) << shift; it counts when that is at
+        // most `cutoff`, that is when b < cutoff >> shift.
+        let limit = cutoff >> self.shift;
+        let current = now_ns >> self.shift;
+        // Moved calls have been in flight for a lap: more than the
+        // threshold.
+        let overflow = self.overflow.load(Relaxed);
+        let mut stuck = if overflow >> 40 == u64::from(gen) & GEN_MASK {
+            overflow & OVERFLOW_COUNT
+        } else {
+            0
+        };
+        for slot in self.slots.iter() {
+            let v = slot.load(Relaxed);
+            let count = v & COUNT_MASK;
+            if count == 0 || (v >> (COUNT_BITS + BUCKET_BITS)) != u64::from(gen) & GEN_MASK {
+                continue;
+            }
+            // The slot keeps the bucket's low bits: the bucket is the
+            // latest one with those bits, at most `current`.
+            let low = (v >> COUNT_BITS) & BUCKET_MASK;
+            let bucket = current.wrapping_sub(current.wrapping_sub(low) & BUCKET_MASK);
+            if bucket < limit {
+                stuck += count;
+            }
+        }
+        stuck
+    }
+}
+
+/// The tag of generation `gen`'s bucket `bucket`, in place above the count.
+#[inline]
+fn tag(gen: u32, bucket: u64) -> u64 {
+    (((u64::from(gen) & GEN_MASK) << BUCKET_BITS) | (bucket & BUCKET_MASK)) << COUNT_BITS
+}
+
+/// How slot value `v` compares with generation `gen`'s bucket `bucket`.
+#[derive(Debug, PartialEq, Eq)]
+enum Age {
+    OlderGeneration,
+    NewerGeneration,
+    OlderBucket,
+    NewerBucket,
+}
+
+#[inline]
+fn age(v: u64, gen: u32, bucket: u64) -> Age {
+    let slot_gen = v >> (COUNT_BITS + BUCKET_BITS);
+    let gen = u64::from(gen) & GEN_MASK;
+    if slot_gen != gen {
+        // Generations only grow: a tag that is not ours is older unless
+        // it is within half the tag space ahead of ours (an empty slot is
+        // older than anything).
+        let ahead = slot_gen.wrapping_sub(gen) & GEN_MASK;
+        return if v == 0 || ahead > GEN_MASK / 2 {
+            Age::OlderGeneration
+        } else {
+            Age::NewerGeneration
+        };
+    }
+    let low = (v >> COUNT_BITS) & BUCKET_MASK;
+    let behind = (bucket & BUCKET_MASK).wrapping_sub(low) & BUCKET_MASK;
+    if behind <= BUCKET_MASK / 2 {
+        Age::OlderBucket
+    } else {
+        Age::NewerBucket
+    }
+}
+
+#[cfg(all(test, not(tower_resilience_loom)))]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_call_counts_only_once_its_whole_bucket_is_past_the_threshold() {
+        let f = InFlight::new(200 * MS);
+        // Width: 2^24 ns, about 16.8 ms.
+        assert_eq!(f.shift, 24);
+        let start = 1_000 * MS;
+        f.enter(1, start);
+        assert_eq!(f.stuck(1, start + 199 * MS), 0, "not yet at the threshold");
+        let bucket_end = ((start >> 24) + 1) << 24;
+        assert_eq!(f.stuck(1, bucket_end + 200 * MS - 1), 0);
+        assert_eq!(f.stuck(1, bucket_end + 200 * MS), 1);
+        assert_eq!(f.stuck(2, bucket_end + 200 * MS), 0, "another generation");
+        f.leave(1, start);
+        assert_eq!(
+            f.stuck(1, bucket_end + 300 * MS),
+            0,
+            "left: not counted again"
+        );
+    }
+
+    #[test]
+    fn a_newer_generation_replaces_the_slot_and_the_old_call_leaving_changes_nothing() {
+        let f = InFlight::new(80 * MS);
+        let start = 500 * MS;
+        f.enter(3, start);
+        f.enter(4, start);
+        f.leave(3, start);
+        assert_eq!(
+            f.stuck(4, start + 200 * MS),
+            1,
+            "gen 4's call is still in flight"
+        );
+        // A stale admission of gen 3 after gen 4 took the slot is not counted.
+        f.enter(3, start);
+        assert_eq!(f.stuck(4, start + 200 * MS), 1);
+        assert_eq!(f.stuck(3, start + 200 * MS), 0);
+    }
+
+    #[test]
+    fn calls_in_flight_for_more_than_a_lap_move_to_the_overflow_and_still_count() {
+        let f = InFlight::new(80 * MS);
+        let width = 1u64 << f.shift;
+        // Two calls in bucket 1, then a call a whole lap later in the same
+        // slot (the ring is chosen by the start's bits above bit 20, kept).
+        let start = width;
+        let lap = start + SLOTS as u64 * width;
+        assert_eq!(f.slot(start).0 as *const _, f.slot(lap).0 as *const _);
+        f.enter(1, start);
+        f.enter(1, start);
+        f.enter(1, lap);
+        let later = lap + 100 * MS;
+        assert_eq!(f.stuck(1, later), 3, "two moved, one in its slot");
+        f.leave(1, start);
+        assert_eq!(f.stuck(1, later), 2, "a moved call leaves the overflow");
+        f.leave(1, start);
+        f.leave(1, lap);
+        assert_eq!(f.stuck(1, later), 0);
+        f.leave(1, start);
+        assert_eq!(
+            f.stuck(1, later),
+            0,
+            "an extra leave takes nothing below zero"
+        );
+    }
+
+    #[test]
+    fn the_first_call_of_each_new_bucket_sweeps() {
+        let f = InFlight::new(80 * MS);
+        let width = 1u64 << f.shift;
+        assert!(f.enter(1, 10 * width), "first call of a new bucket");
+        assert!(!f.enter(1, 10 * width + 1), "same bucket");
+        assert!(f.enter(1, 11 * width));
+        assert!(!f.enter(1, 10 * width), "an older bucket never sweeps");
+    }
+}
