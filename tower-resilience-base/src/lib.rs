@@ -69,6 +69,7 @@ pub mod answer;
 pub mod classify;
 pub mod clock;
 pub mod context;
+pub mod criticality;
 mod deadline;
 pub mod error;
 pub mod fleet;

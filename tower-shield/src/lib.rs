@@ -73,6 +73,7 @@
 //! is noted in the changelog.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod criticality;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;
