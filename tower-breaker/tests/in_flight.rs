@@ -316,3 +316,50 @@ async fn racing_calls_leave_nothing_in_flight() {
         32_000
     );
 }
+
+/// A dependency that sends its head at once and stalls its bodies: with the
+/// default `CallEnd::Body`, the stalled bodies are calls in flight and open
+/// the circuit; with `CallEnd::Head`, a call stops being timed at its head.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn stalled_bodies_are_stuck_calls_unless_timing_ends_at_the_head() {
+    use tower_breaker::config::CallEnd;
+    use tower_breaker::BreakerLayer;
+
+    for (end, opens) in [(CallEnd::Body, true), (CallEnd::Head, false)] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let breaker = Breaker::with_config(
+            "bodies",
+            config()
+                .count_window(20)
+                .minimum_calls(10)
+                .slow_calls(ms(100), 0.5)
+                .slow_call_end(end),
+        );
+        let client = BreakerLayer::new(breaker.clone())
+            .layer(streaming(vec![Step::Data("a"), Step::Stall], &calls));
+        let mut bodies = Vec::new();
+        for _ in 0..10 {
+            let response = client
+                .clone()
+                .oneshot(http::Request::new(String::new()))
+                .await
+                .expect("a head");
+            bodies.push(response.into_body());
+        }
+        advance(ms(150)).await;
+        let s = breaker.snapshot();
+        assert_eq!(
+            s.window.slow_in_flight,
+            if opens { 10 } else { 0 },
+            "{end:?}"
+        );
+        let next = client
+            .clone()
+            .oneshot(http::Request::new(String::new()))
+            .await;
+        assert_eq!(next.is_err(), opens, "{end:?}");
+        assert_eq!(state(&breaker) == State::Open, opens, "{end:?}");
+        drop(bodies);
+        assert_eq!(breaker.snapshot().window.slow_in_flight, 0, "{end:?}");
+    }
+}
