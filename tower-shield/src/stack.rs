@@ -45,9 +45,10 @@
 //! ```
 //!
 //! A server stack for `axum::Router::layer`, outermost first: the caller's
-//! deadline (504 when it passes), a bulkhead (503 + `Retry-After` when
-//! full), a breaker (503 + `Retry-After` while open); every rejection is a
-//! response, so the error type stays the router's:
+//! criticality (read from `x-criticality`, clamped, in scope for the
+//! handler), the caller's deadline (504 when it passes), a bulkhead (503 +
+//! `Retry-After` when full), a breaker (503 + `Retry-After` while open);
+//! every rejection is a response, so the error type stays the router's:
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -109,6 +110,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::criticality::{AcceptCriticality, AcceptCriticalityLayer};
 use tower_breaker::store::BudgetRule;
 use tower_bulkhead::partition::Single;
 use tower_bulkhead::release::{BodyEnd, Release};
@@ -136,7 +138,7 @@ pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd> =
 
 /// The service a [`ServerStack`] builds around a handler or router `S`.
 pub type ServerStackService<S, R = BodyEnd> =
-    ServerDeadline<HttpBulkhead<HttpCircuitBreaker<S>, Single, R>>;
+    AcceptCriticality<ServerDeadline<HttpBulkhead<HttpCircuitBreaker<S>, Single, R>>>;
 
 /// The recommended client stack for one dependency, as one [`Layer`]; see
 /// the [module docs](self) for the order and the hand-built equivalent.
@@ -212,6 +214,7 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
 #[must_use]
 pub struct ServerStack<R = BodyEnd> {
     name: Arc<str>,
+    criticality: AcceptCriticalityLayer,
     deadline: ServerDeadlineLayer,
     bulkhead: HttpBulkheadLayer<Single, R>,
     breaker: HttpBreakerLayer,
@@ -264,6 +267,7 @@ pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
 pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
     let name = name.into();
     ServerStack {
+        criticality: AcceptCriticalityLayer::new(),
         deadline: ServerDeadlineLayer::new().name(Arc::clone(&name)),
         bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY)
             .hold_until_body_end(),
@@ -545,6 +549,7 @@ impl<R: Release> ServerStack<R> {
     pub fn bulkhead<N>(self, layer: HttpBulkheadLayer<Single, N>) -> ServerStack<N> {
         ServerStack {
             name: self.name,
+            criticality: self.criticality,
             deadline: self.deadline,
             bulkhead: layer,
             breaker: self.breaker,
@@ -554,6 +559,29 @@ impl<R: Release> ServerStack<R> {
     /// Use `breaker`.
     pub fn breaker(mut self, breaker: Breaker) -> Self {
         self.breaker = HttpBreakerLayer::new(breaker);
+        self
+    }
+
+    /// How requests' criticality is read (default
+    /// [`AcceptCriticalityLayer::new`]: callers may claim at most
+    /// `Critical`, which is also the criticality of a request that says
+    /// nothing). The stack's bulkhead sheds the lowest criticality first,
+    /// and the handler's calls through a [`ClientStack`] carry it on.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_resilience_base::criticality::Criticality;
+    /// use tower_shield::criticality::AcceptCriticalityLayer;
+    /// use tower_shield::stack::server_stack;
+    ///
+    /// // An internal service: its callers may claim `critical-plus`.
+    /// let stack = server_stack("ledger")
+    ///     .criticality(AcceptCriticalityLayer::new().max(Criticality::CriticalPlus));
+    /// # let _ = stack;
+    /// ```
+    pub fn criticality(mut self, layer: AcceptCriticalityLayer) -> Self {
+        self.criticality = layer;
         self
     }
 
@@ -585,6 +613,6 @@ impl<S, R> Layer<S> for ServerStack<R> {
     fn layer(&self, inner: S) -> Self::Service {
         let breaker = self.breaker.layer(inner);
         let bulkhead = self.bulkhead.layer(breaker);
-        self.deadline.layer(bulkhead)
+        self.criticality.layer(self.deadline.layer(bulkhead))
     }
 }

@@ -25,6 +25,7 @@ use tower_deadline::error::DeadlineExceeded;
 use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer, DEFAULT_GRPC_LEAD};
 use tower_retry_budget::body::ReplayBody;
 use tower_retry_budget::{Counters, RetryLayer, NO_RETRY_HEADER, RETRY_ATTEMPT_HEADER};
+use tower_shield::criticality::AcceptCriticalityLayer;
 use tower_shield::stack::{
     client_stack, server_stack, ClientStack, ClientStackService, ServerStackService,
     DEFAULT_CLIENT_CONCURRENCY, DEFAULT_SERVER_CONCURRENCY,
@@ -742,6 +743,7 @@ fn server<S>(build: Build, concurrency: usize, handler: S) -> (ServerStackServic
         Build::ByHand => {
             let breaker = Breaker::new(NAME);
             let service = ServiceBuilder::new()
+                .layer(AcceptCriticalityLayer::new())
                 .layer(ServerDeadlineLayer::new())
                 .layer(HttpBulkheadLayer::new(NAME, concurrency).hold_until_body_end())
                 .layer(HttpBreakerLayer::new(breaker.clone()))
