@@ -212,6 +212,23 @@ impl<S> Layer<S> for PropagateCriticalityLayer {
 
 // === impl PropagateCriticality ===
 
+impl<S> PropagateCriticality<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S, B> Service<Request<B>> for PropagateCriticality<S>
 where
     S: Service<Request<B>>,
@@ -227,10 +244,12 @@ where
 
     #[inline]
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        if !request.headers().contains_key(CRITICALITY_HEADER) {
-            if let Some(c) =
-                Criticality::from_extensions(request.extensions()).or_else(Criticality::current)
-            {
+        // The criticality first: most clients run outside any scope and
+        // carry no extension, and then the header map is not searched.
+        if let Some(c) =
+            Criticality::from_extensions(request.extensions()).or_else(Criticality::current)
+        {
+            if !request.headers().contains_key(CRITICALITY_HEADER) {
                 request
                     .headers_mut()
                     .insert(CRITICALITY_HEADER, c.header_value());

@@ -3,6 +3,9 @@
 //! A client stack, outermost first:
 //!
 //! ```text
+//! PropagateCriticality          the caller's criticality (request extension,
+//!                               or the scope a server stack set) goes out in
+//!                               `x-criticality`, as the deadline does
 //! ClientDeadline (whole call)   one budget for the logical call; enforces it,
 //!                               writes nothing (the per-attempt layer does)
 //! CircuitBreaker                fails fast while open; counts every attempt
@@ -87,8 +90,10 @@
 //! use tower_bulkhead::BulkheadLayer;
 //! use tower_deadline::ClientDeadlineLayer;
 //! use tower_retry_budget::RetryLayer;
+//! use tower_shield::criticality::PropagateCriticalityLayer;
 //!
 //! let by_hand = ServiceBuilder::new()
+//!     .layer(PropagateCriticalityLayer::new())
 //!     .layer(
 //!         ClientDeadlineLayer::new()
 //!             .default_timeout(Duration::from_secs(2))
@@ -110,7 +115,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::criticality::{AcceptCriticality, AcceptCriticalityLayer};
+use crate::criticality::{
+    AcceptCriticality, AcceptCriticalityLayer, PropagateCriticality, PropagateCriticalityLayer,
+};
 use tower_breaker::store::BudgetRule;
 use tower_bulkhead::partition::Single;
 use tower_bulkhead::release::{BodyEnd, Release};
@@ -133,8 +140,9 @@ pub const DEFAULT_CLIENT_CONCURRENCY: usize = 64;
 pub const DEFAULT_SERVER_CONCURRENCY: usize = 512;
 
 /// The service a [`ClientStack`] builds around a transport `S`.
-pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd> =
-    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>, Single, R>, P, M>>, Head>;
+pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd> = PropagateCriticality<
+    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>, Single, R>, P, M>>, Head>,
+>;
 
 /// The service a [`ServerStack`] builds around a handler or router `S`.
 pub type ServerStackService<S, R = BodyEnd> =
@@ -486,7 +494,7 @@ impl<S, P: Clone, M, R> Layer<S> for ClientStack<P, M, R> {
         let bulkhead = self.bulkhead.layer(attempt);
         let retry = self.retry.layer(bulkhead);
         let breaker = self.breaker.layer(retry);
-        self.call.layer(breaker)
+        PropagateCriticalityLayer::new().layer(self.call.layer(breaker))
     }
 }
 

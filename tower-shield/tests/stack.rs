@@ -23,9 +23,10 @@ use tower_bulkhead::error::BulkheadFull;
 use tower_bulkhead::{BulkheadLayer, HttpBulkheadLayer, DEFAULT_RETRY_AFTER};
 use tower_deadline::error::DeadlineExceeded;
 use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer, DEFAULT_GRPC_LEAD};
+use tower_resilience_base::criticality::{Criticality, CRITICALITY_HEADER};
 use tower_retry_budget::body::ReplayBody;
 use tower_retry_budget::{Counters, RetryLayer, NO_RETRY_HEADER, RETRY_ATTEMPT_HEADER};
-use tower_shield::criticality::AcceptCriticalityLayer;
+use tower_shield::criticality::{AcceptCriticalityLayer, PropagateCriticalityLayer};
 use tower_shield::stack::{
     client_stack, server_stack, ClientStack, ClientStackService, ServerStackService,
     DEFAULT_CLIENT_CONCURRENCY, DEFAULT_SERVER_CONCURRENCY,
@@ -119,6 +120,7 @@ fn client<S>(build: Build, knobs: &Knobs, transport: S) -> Client<S> {
             }
             let retry = RetryLayer::new();
             let service = ServiceBuilder::new()
+                .layer(PropagateCriticalityLayer::new())
                 .layer(call.enforce_only().head_only())
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(retry.clone())
@@ -484,6 +486,85 @@ async fn a_deadline_in_scope_reaches_the_dependency_in_one_header() {
         seen.push(values);
     }
     assert_eq!(seen[0], seen[1], "one line and by hand differ");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_criticality_in_scope_reaches_every_attempt_in_one_header() {
+    let mut seen = Vec::new();
+    for build in BUILDS {
+        let dependency = Dependency::default();
+        // Two 503s and a 200: three attempts, each must carry it.
+        let c = client(
+            build,
+            &Knobs::new(config()),
+            dependency.serve(|n| std::future::ready(Ok(status(if n < 2 { 503 } else { 200 })))),
+        );
+        let answer = Criticality::Sheddable
+            .scope(send(&c.service))
+            .await
+            .map(|r| r.status());
+        assert_eq!(answer.unwrap(), 200, "{build:?}");
+        let values = dependency.values(CRITICALITY_HEADER.as_str());
+        assert_eq!(
+            values,
+            vec![vec!["sheddable".to_owned()]; 3],
+            "{build:?}: one value on each attempt"
+        );
+        // Outside any scope and without an extension nothing is written.
+        let quiet = Dependency::default();
+        let c = client(build, &Knobs::new(config()), quiet.serve(answers(200)));
+        send(&c.service).await.unwrap();
+        assert_eq!(
+            quiet.values(CRITICALITY_HEADER.as_str()),
+            vec![Vec::<String>::new()]
+        );
+        seen.push(values);
+    }
+    assert_eq!(seen[0], seen[1], "one line and by hand differ");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_server_stack_hands_the_callers_criticality_to_its_client_stacks() {
+    let dependency = Dependency::default();
+    let downstream = client(
+        Build::OneLine,
+        &Knobs::new(config()),
+        dependency.serve(answers(200)),
+    );
+    let downstream = downstream.service;
+    let handler = service_fn(move |_req: Request<String>| {
+        let downstream = downstream.clone();
+        async move {
+            let status = send(&downstream).await.unwrap().status();
+            Ok::<_, std::convert::Infallible>(Response::new(status.to_string()))
+        }
+    });
+    let server = server_stack(NAME).layer(handler);
+    // A caller claiming more than the server grants is clamped to Critical.
+    for (claimed, expected) in [
+        ("sheddable-plus", "sheddable-plus"),
+        ("critical-plus", "critical"),
+    ] {
+        let response = server
+            .clone()
+            .oneshot(
+                Request::get("/stock")
+                    .header(CRITICALITY_HEADER, claimed)
+                    .body(String::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            dependency
+                .values(CRITICALITY_HEADER.as_str())
+                .last()
+                .unwrap(),
+            &vec![expected.to_owned()],
+            "claimed {claimed}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

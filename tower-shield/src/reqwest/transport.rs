@@ -5,11 +5,13 @@ use tower_deadline::ClientDeadline;
 use tower_retry_budget::Retry;
 
 use super::service::ReqwestService;
+use crate::criticality::PropagateCriticality;
 use tower_breaker::CircuitBreaker;
 
-/// A stack of this crate's client layers (the client deadline, the
-/// breaker, the retry layer, the bulkhead, in any order and number) with a
-/// [`ReqwestService`] at the bottom: what
+/// A stack of this crate's client layers (the criticality's
+/// propagation, the client deadline, the breaker, the retry layer, the
+/// bulkhead, in any order and number) with a [`ReqwestService`] at the
+/// bottom: what
 /// [`client_stack`](crate::stack::client_stack)`(..).layer(ReqwestService::new(..))`
 /// and the same layers put together by hand build.
 /// [`Client::new`](super::Client::new) takes the `reqwest::Client` it
@@ -65,6 +67,12 @@ impl<S: ReqwestStack, K, R> ReqwestStack for Bulkhead<S, K, R> {
     }
 }
 
+impl<S: ReqwestStack> ReqwestStack for PropagateCriticality<S> {
+    fn reqwest_client(&self) -> &::reqwest::Client {
+        self.get_ref().reqwest_client()
+    }
+}
+
 mod sealed {
     use super::*;
 
@@ -78,4 +86,5 @@ mod sealed {
     impl<S: Sealed, C> Sealed for CircuitBreaker<S, C> {}
     impl<S: Sealed, P, M> Sealed for Retry<S, P, M> {}
     impl<S: Sealed, K, R> Sealed for Bulkhead<S, K, R> {}
+    impl<S: Sealed> Sealed for PropagateCriticality<S> {}
 }
