@@ -1,0 +1,363 @@
+//! The shared state of a throttle: its window, its rule and its figures.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_resilience_base::criticality::Criticality;
+use tower_resilience_base::error::Throttled;
+use tower_resilience_base::outcome::Outcome;
+use tower_resilience_base::random::{unit, ProcessRandom, RandomSource};
+
+use super::config::{ThrottleConfig, ThrottleConfigError, BUCKETS};
+use super::metrics::ThrottleMetrics;
+use super::window::{Sums, Window};
+
+/// The least time between two `throttling_started` / `throttling_stopped`
+/// events of one throttle.
+const EVENT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A throttle: the window of requests and accepts, the rule that turns
+/// them into a rejection probability, and the figures; shared by every
+/// service built from it.
+///
+/// Build one per dependency and hand it to a
+/// [`ThrottleLayer`](super::ThrottleLayer) (or let the layer build it, and
+/// read it back with [`ThrottleLayer::handle`](super::ThrottleLayer::handle)).
+/// It also works without a service: [`try_acquire`](Self::try_acquire)
+/// before a call, [`ThrottlePermit::record`] after it.
+///
+/// # Clone
+///
+/// Clones share everything (one `Arc`).
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::throttle::ThrottleHandle;
+/// use tower_breaker::Outcome;
+/// use tower_resilience_base::criticality::Criticality;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let throttle = ThrottleHandle::new("search");
+/// for _ in 0..20 {
+///     let permit = throttle.try_acquire(Criticality::Critical).expect("healthy: never throttled");
+///     permit.record(Outcome::Success);
+/// }
+/// let snapshot = throttle.snapshot();
+/// assert_eq!((snapshot.requests, snapshot.accepts), (20, 20));
+/// assert_eq!(snapshot.rejection_probability, 0.0);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ThrottleHandle {
+    pub(crate) core: Arc<Core>,
+}
+
+/// The right to make one call, given by
+/// [`ThrottleHandle::try_acquire`]: say how it went with
+/// [`record`](Self::record). A permit dropped without a record counts as a
+/// request the dependency did not accept (a call the caller gave up on is
+/// congestion, not nothing).
+#[must_use = "a permit counts as not accepted unless recorded"]
+pub struct ThrottlePermit {
+    core: Arc<Core>,
+    epoch: u64,
+}
+
+/// The figures of a throttle at one moment; see
+/// [`ThrottleHandle::snapshot`].
+///
+/// The window's figures are exact: every request and accept counted in the
+/// buckets the window covers now.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ThrottleSnapshot {
+    /// Requests in the window: every call that reached the throttle,
+    /// rejected ones included (as the SRE book counts them), less those a
+    /// layer below refused locally.
+    pub requests: u64,
+    /// Requests in the window that the dependency accepted.
+    pub accepts: u64,
+    /// The probability with which the next `Critical` request is rejected.
+    pub rejection_probability: f64,
+    /// The probability with which the next request of each criticality is
+    /// rejected, indexed by [`Criticality::index`].
+    pub probabilities: [f64; 4],
+    /// Requests rejected since the throttle was built.
+    pub rejected: u64,
+    /// Requests rejected since the throttle was built, by criticality
+    /// ([`Criticality::index`]).
+    pub rejected_by_criticality: [u64; 4],
+    /// Whether the throttle rejects any share of some criticality now.
+    pub throttling: bool,
+}
+
+pub(crate) struct Core {
+    name: Arc<str>,
+    config: ThrottleConfig,
+    /// Each criticality's K, ordered (`ks[0]` is the smallest).
+    ks: [f64; 4],
+    max_rejection: f64,
+    min_requests: u64,
+    width_ns: u64,
+    base: Instant,
+    window: Window,
+    random: Arc<dyn RandomSource>,
+    rejected: [AtomicU64; 4],
+    /// Whether the last event said throttling (started) or not (stopped).
+    announced: AtomicBool,
+    /// The earliest time (nanoseconds since `base`) of the next event.
+    next_event_ns: AtomicU64,
+    metrics: ThrottleMetrics,
+}
+
+// === impl ThrottleHandle ===
+
+impl ThrottleHandle {
+    /// A throttle named `name` with the default settings
+    /// ([`ThrottleConfig::new`]: the SRE book's rule, K = 2 over two
+    /// minutes, at most 90% rejected).
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self::build(name.into(), ThrottleConfig::new())
+    }
+
+    /// A throttle named `name` with `config`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ThrottleConfigError`] when a setting is out of range
+    /// ([`ThrottleConfig::validate`]).
+    pub fn try_with_config(
+        name: impl Into<Arc<str>>,
+        config: ThrottleConfig,
+    ) -> Result<Self, ThrottleConfigError> {
+        config.validate()?;
+        Ok(Self::build(name.into(), config))
+    }
+
+    /// A throttle with `config` brought into range.
+    pub(crate) fn clamped(name: Arc<str>, config: ThrottleConfig) -> Self {
+        Self::build(name, config.clamped())
+    }
+
+    fn build(name: Arc<str>, config: ThrottleConfig) -> Self {
+        let width_ns = (config.window.as_nanos() / BUCKETS as u128).max(1) as u64;
+        let random = config
+            .random
+            .clone()
+            .unwrap_or_else(|| Arc::new(ProcessRandom::new()));
+        let core = Core {
+            metrics: ThrottleMetrics::new(&name),
+            name,
+            ks: config.ks(),
+            max_rejection: config.max_rejection,
+            min_requests: config.min_requests,
+            width_ns,
+            base: Instant::now(),
+            window: Window::new(),
+            random,
+            rejected: Default::default(),
+            announced: AtomicBool::new(false),
+            next_event_ns: AtomicU64::new(0),
+            config,
+        };
+        Self {
+            core: Arc::new(core),
+        }
+    }
+
+    /// The throttle's name (in its errors, events and metrics).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// Its settings.
+    #[must_use]
+    pub fn config(&self) -> &ThrottleConfig {
+        &self.core.config
+    }
+
+    /// Asks to make one call of `criticality`: counts a request, and
+    /// rejects it with the rule's probability for that criticality.
+    ///
+    /// # Errors
+    ///
+    /// [`Throttled`] when the draw rejects the call (a local rejection:
+    /// the call must not be made).
+    pub fn try_acquire(&self, criticality: Criticality) -> Result<ThrottlePermit, Throttled> {
+        let epoch = self.core.admit(criticality)?;
+        Ok(ThrottlePermit {
+            core: Arc::clone(&self.core),
+            epoch,
+        })
+    }
+
+    /// The probability with which the next request of `criticality` would
+    /// be rejected.
+    #[must_use]
+    pub fn rejection_probability(&self, criticality: Criticality) -> f64 {
+        let sums = self.core.window.sums(self.core.epoch_now());
+        self.core.probability(self.core.ks[criticality.index()], sums)
+    }
+
+    /// The figures now: the window's requests and accepts, the rejection
+    /// probability of each criticality, and the rejections so far.
+    #[must_use]
+    pub fn snapshot(&self) -> ThrottleSnapshot {
+        let core = &self.core;
+        let sums = core.window.sums(core.epoch_now());
+        let probabilities = core.ks.map(|k| core.probability(k, sums));
+        let rejected_by_criticality = core.rejected.each_ref().map(|n| n.load(Relaxed));
+        ThrottleSnapshot {
+            requests: sums.requests,
+            accepts: sums.accepts,
+            rejection_probability: probabilities[Criticality::Critical.index()],
+            probabilities,
+            rejected: rejected_by_criticality.iter().sum(),
+            rejected_by_criticality,
+            throttling: probabilities[0] > 0.0,
+        }
+    }
+}
+
+impl fmt::Debug for ThrottleHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottleHandle")
+            .field("name", &&*self.core.name)
+            .field("config", &self.core.config)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl ThrottlePermit ===
+
+impl ThrottlePermit {
+    /// Counts how the call went: a [`Success`](Outcome::Success) is an
+    /// accept; a [`Failure`](Outcome::Failure) leaves a request that was
+    /// not accepted; [`Ignored`](Outcome::Ignored) (a layer below refused
+    /// the call locally: the dependency never saw it) takes the request
+    /// back.
+    pub fn record(self, outcome: Outcome) {
+        match outcome {
+            Outcome::Success => {
+                self.core.window.accept(self.epoch);
+                self.core.metrics.accept();
+            }
+            Outcome::Failure => {}
+            Outcome::Ignored => self.core.window.forget(self.epoch),
+        }
+    }
+}
+
+impl fmt::Debug for ThrottlePermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottlePermit")
+            .field("throttle", &&*self.core.name)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Core ===
+
+impl Core {
+    #[inline]
+    fn now_ns(&self) -> u64 {
+        crate::sync::call_since(self.base).as_nanos() as u64
+    }
+
+    fn epoch_now(&self) -> u64 {
+        crate::sync::since(self.base).as_nanos() as u64 / self.width_ns
+    }
+
+    /// The rule: `max(0, (requests - K * accepts) / (requests + 1))`, at
+    /// most the cap, and zero below the least number of requests.
+    #[inline]
+    fn probability(&self, k: f64, sums: Sums) -> f64 {
+        if sums.requests < self.min_requests {
+            return 0.0;
+        }
+        let requests = sums.requests as f64;
+        let excess = requests - k * sums.accepts as f64;
+        if excess <= 0.0 {
+            0.0
+        } else {
+            (excess / (requests + 1.0)).min(self.max_rejection)
+        }
+    }
+
+    /// Counts a request of `criticality` and draws its fate; the epoch it
+    /// was counted at.
+    #[inline]
+    pub(crate) fn admit(&self, criticality: Criticality) -> Result<u64, Throttled> {
+        let now = self.now_ns();
+        let (epoch, sums, moved) = self.window.request(now / self.width_ns);
+        self.metrics.request();
+        // The smallest K rejects first: nothing to draw while it does not.
+        let throttling = self.probability(self.ks[0], sums) > 0.0;
+        if throttling != self.announced.load(Relaxed) || moved {
+            self.announce(throttling, now, sums, moved);
+        }
+        if !throttling {
+            return Ok(epoch);
+        }
+        let p = self.probability(self.ks[criticality.index()], sums);
+        if p > 0.0 && unit(&*self.random) < p {
+            self.rejected[criticality.index()].fetch_add(1, Relaxed);
+            self.metrics.rejected(criticality);
+            return Err(Throttled::new(Arc::clone(&self.name), p));
+        }
+        Ok(epoch)
+    }
+
+    /// The events and the gauge: when throttling starts or stops (at most
+    /// one event per [`EVENT_INTERVAL`]; a change within it is told by the
+    /// first call after it), and the gauge each time the window moves.
+    #[cold]
+    fn announce(&self, throttling: bool, now: u64, sums: Sums, moved: bool) {
+        let critical = self.probability(self.ks[Criticality::Critical.index()], sums);
+        if moved {
+            self.metrics.probability(critical);
+        }
+        if throttling == self.announced.load(Relaxed) {
+            return;
+        }
+        let next = self.next_event_ns.load(Relaxed);
+        if now < next
+            || self
+                .next_event_ns
+                .compare_exchange(next, now + EVENT_INTERVAL.as_nanos() as u64, Relaxed, Relaxed)
+                .is_err()
+            || self
+                .announced
+                .compare_exchange(!throttling, throttling, Relaxed, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.metrics.probability(critical);
+        let sheddable = self.probability(self.ks[0], sums);
+        if throttling {
+            tracing::warn!(
+                throttle = %self.name,
+                requests = sums.requests,
+                accepts = sums.accepts,
+                sheddable_probability = sheddable,
+                critical_probability = critical,
+                "throttling_started: the dependency accepts too few of the requests sent to it; \
+                 rejecting a share of them locally"
+            );
+        } else {
+            tracing::info!(
+                throttle = %self.name,
+                requests = sums.requests,
+                accepts = sums.accepts,
+                "throttling_stopped: the dependency accepts enough requests again"
+            );
+        }
+    }
+}
