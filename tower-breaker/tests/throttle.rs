@@ -412,6 +412,7 @@ async fn lower_criticalities_are_rejected_first() {
         share(Criticality::Critical),
         share(Criticality::CriticalPlus),
     );
+    eprintln!("rejected of 2000 each (sheddable .. critical-plus): {rejected:?}");
     assert!(sheddable > 0.3, "{rejected:?}");
     assert!(sheddable > plus && plus > critical, "{rejected:?}");
     assert!(sheddable > 4.0 * critical + 0.1, "{rejected:?}");
@@ -419,7 +420,8 @@ async fn lower_criticalities_are_rejected_first() {
     let s = handle.snapshot();
     assert!(s.probabilities[0] >= s.probabilities[1]);
     assert!(s.probabilities[1] >= s.probabilities[2]);
-    assert_eq!(s.probabilities[2], s.probabilities[3]);
+    assert!(s.probabilities[2] >= s.probabilities[3]);
+    assert_eq!(s.requests_by_criticality.iter().sum::<u64>(), s.requests);
     assert_eq!(s.rejected_by_criticality.iter().sum::<u64>(), s.rejected);
 }
 

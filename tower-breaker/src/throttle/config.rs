@@ -165,8 +165,9 @@ impl ThrottleConfig {
     /// as [`k`](Self::k)). Defaults: `CriticalPlus` takes `Critical`'s K;
     /// `SheddablePlus` three quarters of it and `Sheddable` half of it, at
     /// least 1.0 each, so that less critical requests are rejected first
-    /// and more often (with K = 2 and half of the requests failing,
-    /// `Critical` is not throttled while `Sheddable` is, at 50%).
+    /// and more often. Each criticality's rule reads the requests and
+    /// accepts of that criticality and the ones above it (see the
+    /// [module docs](super#criticality)).
     ///
     /// The Ks must be ordered: `Sheddable` ≤ `SheddablePlus` ≤ `Critical`
     /// ≤ `CriticalPlus`, each at least 1.0

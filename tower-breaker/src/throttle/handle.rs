@@ -66,6 +66,7 @@ pub struct ThrottleHandle {
 pub struct ThrottlePermit {
     core: Arc<Core>,
     epoch: u64,
+    criticality: usize,
 }
 
 /// The figures of a throttle at one moment; see
@@ -82,6 +83,12 @@ pub struct ThrottleSnapshot {
     pub requests: u64,
     /// Requests in the window that the dependency accepted.
     pub accepts: u64,
+    /// [`requests`](Self::requests) by criticality
+    /// ([`Criticality::index`]).
+    pub requests_by_criticality: [u64; 4],
+    /// [`accepts`](Self::accepts) by criticality
+    /// ([`Criticality::index`]).
+    pub accepts_by_criticality: [u64; 4],
     /// The probability with which the next `Critical` request is rejected.
     pub rejection_probability: f64,
     /// The probability with which the next request of each criticality is
@@ -92,7 +99,8 @@ pub struct ThrottleSnapshot {
     /// Requests rejected since the throttle was built, by criticality
     /// ([`Criticality::index`]).
     pub rejected_by_criticality: [u64; 4],
-    /// Whether the throttle rejects any share of some criticality now.
+    /// Whether the throttle would reject a share of some criticality now
+    /// (the least critical one's probability is above zero).
     pub throttling: bool,
 }
 
@@ -108,7 +116,7 @@ pub(crate) struct Core {
     window: Window,
     random: Arc<dyn RandomSource>,
     rejected: [AtomicU64; 4],
-    /// Whether the last event said throttling (started) or not (stopped).
+    /// Whether the last event said throttling started (true) or stopped.
     announced: AtomicBool,
     /// The earliest time (nanoseconds since `base`) of the next event.
     next_event_ns: AtomicU64,
@@ -194,6 +202,7 @@ impl ThrottleHandle {
         Ok(ThrottlePermit {
             core: Arc::clone(&self.core),
             epoch,
+            criticality: criticality.index(),
         })
     }
 
@@ -202,7 +211,7 @@ impl ThrottleHandle {
     #[must_use]
     pub fn rejection_probability(&self, criticality: Criticality) -> f64 {
         let sums = self.core.window.sums(self.core.epoch_now());
-        self.core.probability(self.core.ks[criticality.index()], sums)
+        self.core.probabilities(&sums)[criticality.index()]
     }
 
     /// The figures now: the window's requests and accepts, the rejection
@@ -211,11 +220,13 @@ impl ThrottleHandle {
     pub fn snapshot(&self) -> ThrottleSnapshot {
         let core = &self.core;
         let sums = core.window.sums(core.epoch_now());
-        let probabilities = core.ks.map(|k| core.probability(k, sums));
+        let probabilities = core.probabilities(&sums);
         let rejected_by_criticality = core.rejected.each_ref().map(|n| n.load(Relaxed));
         ThrottleSnapshot {
-            requests: sums.requests,
-            accepts: sums.accepts,
+            requests: sums.requests.iter().sum(),
+            accepts: sums.accepts.iter().sum(),
+            requests_by_criticality: sums.requests,
+            accepts_by_criticality: sums.accepts,
             rejection_probability: probabilities[Criticality::Critical.index()],
             probabilities,
             rejected: rejected_by_criticality.iter().sum(),
@@ -245,11 +256,11 @@ impl ThrottlePermit {
     pub fn record(self, outcome: Outcome) {
         match outcome {
             Outcome::Success => {
-                self.core.window.accept(self.epoch);
+                self.core.window.accept(self.epoch, self.criticality);
                 self.core.metrics.accept();
             }
             Outcome::Failure => {}
-            Outcome::Ignored => self.core.window.forget(self.epoch),
+            Outcome::Ignored => self.core.window.forget(self.epoch, self.criticality),
         }
     }
 }
@@ -277,55 +288,88 @@ impl Core {
     /// The rule: `max(0, (requests - K * accepts) / (requests + 1))`, at
     /// most the cap, and zero below the least number of requests.
     #[inline]
-    fn probability(&self, k: f64, sums: Sums) -> f64 {
-        if sums.requests < self.min_requests {
+    fn rule(&self, k: f64, requests: u64, accepts: u64) -> f64 {
+        if requests < self.min_requests {
             return 0.0;
         }
-        let requests = sums.requests as f64;
-        let excess = requests - k * sums.accepts as f64;
+        let r = requests as f64;
+        let excess = r - k * accepts as f64;
         if excess <= 0.0 {
             0.0
         } else {
-            (excess / (requests + 1.0)).min(self.max_rejection)
+            (excess / (r + 1.0)).min(self.max_rejection)
         }
+    }
+
+    /// Each criticality's rejection probability: its own K's rule on the
+    /// requests and accepts of that criticality and the ones above it,
+    /// never above the probability of a less critical one.
+    fn probabilities(&self, sums: &Sums) -> [f64; 4] {
+        let mut requests: u64 = sums.requests.iter().sum();
+        let mut accepts: u64 = sums.accepts.iter().sum();
+        let mut ceiling = f64::INFINITY;
+        let mut p = [0.0; 4];
+        for c in 0..4 {
+            ceiling = ceiling.min(self.rule(self.ks[c], requests, accepts));
+            p[c] = ceiling;
+            requests -= sums.requests[c];
+            accepts -= sums.accepts[c];
+        }
+        p
     }
 
     /// Counts a request of `criticality` and draws its fate; the epoch it
     /// was counted at.
     #[inline]
     pub(crate) fn admit(&self, criticality: Criticality) -> Result<u64, Throttled> {
+        let c = criticality.index();
         let now = self.now_ns();
-        let (epoch, sums, moved) = self.window.request(now / self.width_ns);
+        let (epoch, sums, moved) = self.window.request(now / self.width_ns, c);
         self.metrics.request();
-        // The smallest K rejects first: nothing to draw while it does not.
-        let throttling = self.probability(self.ks[0], sums) > 0.0;
-        if throttling != self.announced.load(Relaxed) || moved {
-            self.announce(throttling, now, sums, moved);
-        }
-        if !throttling {
+        // The least critical requests' rule, on every request, rejects
+        // first: nothing to draw while it does not.
+        let requests = sums.requests.iter().sum();
+        let accepts = sums.accepts.iter().sum();
+        if self.rule(self.ks[0], requests, accepts) <= 0.0 {
+            if moved || self.announced.load(Relaxed) {
+                self.quiet(now, moved);
+            }
             return Ok(epoch);
         }
-        let p = self.probability(self.ks[criticality.index()], sums);
+        let p = self.probabilities(&sums);
+        if moved {
+            self.metrics.probability(p[Criticality::Critical.index()]);
+        }
+        let p = p[c];
         if p > 0.0 && unit(&*self.random) < p {
-            self.rejected[criticality.index()].fetch_add(1, Relaxed);
+            self.rejected[c].fetch_add(1, Relaxed);
             self.metrics.rejected(criticality);
+            if !self.announced.load(Relaxed) {
+                self.announce(true, now, &sums);
+            }
             return Err(Throttled::new(Arc::clone(&self.name), p));
         }
         Ok(epoch)
     }
 
-    /// The events and the gauge: when throttling starts or stops (at most
-    /// one event per [`EVENT_INTERVAL`]; a change within it is told by the
-    /// first call after it), and the gauge each time the window moves.
+    /// Nothing is throttled: the gauge says so when the window moves, and
+    /// an event when throttling had been announced.
     #[cold]
-    fn announce(&self, throttling: bool, now: u64, sums: Sums, moved: bool) {
-        let critical = self.probability(self.ks[Criticality::Critical.index()], sums);
+    fn quiet(&self, now: u64, moved: bool) {
         if moved {
-            self.metrics.probability(critical);
+            self.metrics.probability(0.0);
         }
-        if throttling == self.announced.load(Relaxed) {
-            return;
+        if self.announced.load(Relaxed) {
+            self.announce(false, now, &Sums::default());
         }
+    }
+
+    /// The events: throttling started (the first rejection after a quiet
+    /// spell) or stopped (no criticality would be rejected any more); at
+    /// most one per [`EVENT_INTERVAL`]; a change within it is told by the
+    /// first call after it that sees it still.
+    #[cold]
+    fn announce(&self, throttling: bool, now: u64, sums: &Sums) {
         let next = self.next_event_ns.load(Relaxed);
         if now < next
             || self
@@ -339,23 +383,22 @@ impl Core {
         {
             return;
         }
-        self.metrics.probability(critical);
-        let sheddable = self.probability(self.ks[0], sums);
         if throttling {
+            let p = self.probabilities(sums);
+            self.metrics.probability(p[Criticality::Critical.index()]);
             tracing::warn!(
                 throttle = %self.name,
-                requests = sums.requests,
-                accepts = sums.accepts,
-                sheddable_probability = sheddable,
-                critical_probability = critical,
+                requests = sums.requests.iter().sum::<u64>(),
+                accepts = sums.accepts.iter().sum::<u64>(),
+                sheddable_probability = p[0],
+                critical_probability = p[Criticality::Critical.index()],
                 "throttling_started: the dependency accepts too few of the requests sent to it; \
                  rejecting a share of them locally"
             );
         } else {
+            self.metrics.probability(0.0);
             tracing::info!(
                 throttle = %self.name,
-                requests = sums.requests,
-                accepts = sums.accepts,
                 "throttling_stopped: the dependency accepts enough requests again"
             );
         }

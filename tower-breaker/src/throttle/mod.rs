@@ -86,8 +86,9 @@
 //!   request nor an accept, since it never reached the dependency.
 //! - A call this throttle rejects stays a request.
 //!
-//! The counts are kept in a ring of 60 time buckets of atomics (two words
-//! a bucket, each stamped with its bucket's epoch); a call makes one
+//! The counts are kept in a ring of 60 time buckets of atomics (eight
+//! words a bucket: requests and accepts of each criticality, each word
+//! stamped with its bucket's epoch); a call makes one
 //! clock reading (or takes the one a layer above made for it), one atomic
 //! add for its request and one for its accept, reads the window's totals
 //! from a cache that the first call of each bucket recomputes, and draws a
@@ -96,21 +97,35 @@
 //!
 //! # Criticality
 //!
-//! Each request's [`Criticality`] picks its K: less critical requests get
-//! a smaller K, so they are rejected earlier and more often; the SRE book
-//! sheds the lowest criticality first. [`Throttle`] (for `http::Request`s)
-//! reads [`Criticality::of`] (the request's extension, else the one in
-//! scope), [`PlainThrottle`] (any request type) reads
-//! [`Criticality::current`] (the one in scope); both default to
-//! `Critical`. Two flavours rather than one generic service: a service
-//! cannot ask "is the request HTTP?" without specialization, so, as for
-//! the breaker's flavours, each request family has its type.
+//! Requests are counted per [`Criticality`], and each criticality has its
+//! own K and its own rule: **criticality `c` is rejected with the rule
+//! applied to the requests and accepts of `c` and every criticality above
+//! it, with `c`'s K, and never with a higher probability than a less
+//! critical one.** Less critical requests get a smaller K (by default
+//! `Sheddable` 1, `SheddablePlus` 1.5, `Critical` and `CriticalPlus` K),
+//! so they are rejected earlier and more often; the SRE book sheds the
+//! lowest criticality first.
 //!
-//! With the defaults (K = 2), a dependency that fails half of the
-//! requests it gets throttles `Sheddable` requests (K = 1: rejected with
-//! about the failure share) and not `Critical` ones. `CriticalPlus` is
-//! never throttled below `Critical`'s rule: its K is at least `Critical`'s
-//! (a higher one is allowed).
+//! Why counts "from `c` up": `Sheddable` requests are judged on all the
+//! evidence (any failure makes them rejectable), while the requests the
+//! throttle rejects at a low criticality, which count as requests without
+//! accepts, never raise the rejection of a higher one. With one shared
+//! count, a dependency that fails half of its requests would let the
+//! sheddable rejections drag `Critical` (K = 2, on the rule's edge there)
+//! up to the cap. Measured in `tests/throttle.rs` (half of the calls
+//! failing, the four criticalities mixed evenly): `Sheddable` 65% rejected,
+//! `SheddablePlus` 38%, `Critical` 8%, `CriticalPlus` 7%.
+//!
+//! `CriticalPlus` is never throttled beyond `Critical`'s rule: its
+//! probability is at most `Critical`'s, and its K at least `Critical`'s (a
+//! higher one is allowed).
+//!
+//! [`Throttle`] (for `http::Request`s) reads [`Criticality::of`] (the
+//! request's extension, else the one in scope), [`PlainThrottle`] (any
+//! request type) reads [`Criticality::current`] (the one in scope); both
+//! default to `Critical`. Two flavours rather than one generic service: a
+//! service cannot ask "is the request HTTP?" without specialization, so,
+//! as for the breaker's flavours, each request family has its type.
 //!
 //! # Errors
 //!

@@ -1,4 +1,5 @@
-//! The sliding window of requests and accepts: a ring of time buckets,
+//! The sliding window of requests and accepts, per criticality: a ring of
+//! time buckets,
 //! each count an atomic word that carries the bucket's epoch beside the
 //! count, so a bucket is reused by the first add of a new epoch without a
 //! lock, a clearing pass or a timer.
@@ -28,10 +29,12 @@ const COUNT_MASK: u64 = u32::MAX as u64;
 #[derive(Debug, Default)]
 struct Word(AtomicU64);
 
+/// One bucket: requests and accepts of each criticality (by
+/// `Criticality::index`), one cache line.
 #[derive(Debug, Default)]
 struct Bucket {
-    requests: Word,
-    accepts: Word,
+    requests: [Word; 4],
+    accepts: [Word; 4],
 }
 
 /// Cache-line padding for the words that every call touches.
@@ -45,16 +48,16 @@ pub(super) struct Window {
     /// The newest epoch a call has moved the window to.
     head: Padded<AtomicU64>,
     /// The sums of requests and accepts of the buckets before `head`
-    /// within the window.
-    past_requests: AtomicU64,
-    past_accepts: AtomicU64,
+    /// within the window, per criticality.
+    past_requests: [AtomicU64; 4],
+    past_accepts: [AtomicU64; 4],
 }
 
-/// Window counts.
+/// Window counts, per criticality (by `Criticality::index`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct Sums {
-    pub(super) requests: u64,
-    pub(super) accepts: u64,
+    pub(super) requests: [u64; 4],
+    pub(super) accepts: [u64; 4],
 }
 
 // === impl Word ===
@@ -125,8 +128,8 @@ impl Window {
         Self {
             buckets: (0..BUCKETS).map(|_| Padded::default()).collect(),
             head: Padded(AtomicU64::new(0)),
-            past_requests: AtomicU64::new(0),
-            past_accepts: AtomicU64::new(0),
+            past_requests: Default::default(),
+            past_accepts: Default::default(),
         }
     }
 
@@ -134,12 +137,12 @@ impl Window {
         &self.buckets[(epoch % BUCKETS as u64) as usize].0
     }
 
-    /// Counts a request at `epoch` (the caller's clock reading, in
-    /// buckets); returns the epoch it was counted at (never before the
-    /// newest epoch seen), the window's sums as they stood before it, and
-    /// whether this call moved the window on.
+    /// Counts a request of criticality `c` at `epoch` (the caller's clock
+    /// reading, in buckets); returns the epoch it was counted at (never
+    /// before the newest epoch seen), the window's sums as they stood
+    /// before it, and whether this call moved the window on.
     #[inline]
-    pub(super) fn request(&self, epoch: u64) -> (u64, Sums, bool) {
+    pub(super) fn request(&self, epoch: u64, c: usize) -> (u64, Sums, bool) {
         let head = self.head.0.load(Relaxed);
         let (epoch, moved) = if epoch > head {
             self.advance(head, epoch)
@@ -147,35 +150,41 @@ impl Window {
             (head, false)
         };
         let bucket = self.bucket(epoch);
-        let before = bucket.requests.add(epoch).unwrap_or(0);
-        let sums = Sums {
-            requests: self.past_requests.load(Relaxed) + before,
-            accepts: self.past_accepts.load(Relaxed) + bucket.accepts.count(epoch),
-        };
+        let before = bucket.requests[c].add(epoch).unwrap_or(0);
+        let mut sums = Sums::default();
+        for i in 0..4 {
+            sums.requests[i] = self.past_requests[i].load(Relaxed)
+                + if i == c {
+                    before
+                } else {
+                    bucket.requests[i].count(epoch)
+                };
+            sums.accepts[i] = self.past_accepts[i].load(Relaxed) + bucket.accepts[i].count(epoch);
+        }
         (epoch, sums, moved)
     }
 
-    /// Counts an accept of a request counted at `epoch`.
+    /// Counts an accept of a request of criticality `c` counted at `epoch`.
     #[inline]
-    pub(super) fn accept(&self, epoch: u64) {
+    pub(super) fn accept(&self, epoch: u64, c: usize) {
         if self.is_gone(epoch) {
             return;
         }
-        if self.bucket(epoch).accepts.add(epoch).is_some() && self.is_past(epoch) {
-            self.past_accepts.fetch_add(1, Relaxed);
+        if self.bucket(epoch).accepts[c].add(epoch).is_some() && self.is_past(epoch) {
+            self.past_accepts[c].fetch_add(1, Relaxed);
         }
     }
 
-    /// Takes back a request counted at `epoch` (it turned out not to reach
-    /// the dependency).
-    pub(super) fn forget(&self, epoch: u64) {
+    /// Takes back a request of criticality `c` counted at `epoch` (it
+    /// turned out not to reach the dependency).
+    pub(super) fn forget(&self, epoch: u64, c: usize) {
         if self.is_gone(epoch) {
             return;
         }
-        if self.bucket(epoch).requests.sub(epoch) && self.is_past(epoch) {
-            let _ = self
-                .past_requests
-                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        if self.bucket(epoch).requests[c].sub(epoch) && self.is_past(epoch) {
+            let _ = self.past_requests[c].fetch_update(Relaxed, Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
         }
     }
 
@@ -208,8 +217,10 @@ impl Window {
             {
                 Ok(_) => {
                     let past = self.scan(epoch, false);
-                    self.past_requests.store(past.requests, Relaxed);
-                    self.past_accepts.store(past.accepts, Relaxed);
+                    for i in 0..4 {
+                        self.past_requests[i].store(past.requests[i], Relaxed);
+                        self.past_accepts[i].store(past.accepts[i], Relaxed);
+                    }
                     return (epoch, true);
                 }
                 Err(now) => head = now,
@@ -228,8 +239,10 @@ impl Window {
         }
         for e in first..=last {
             let bucket = self.bucket(e);
-            sums.requests += bucket.requests.count(e);
-            sums.accepts += bucket.accepts.count(e);
+            for i in 0..4 {
+                sums.requests[i] += bucket.requests[i].count(e);
+                sums.accepts[i] += bucket.accepts[i].count(e);
+            }
         }
         sums
     }
@@ -245,44 +258,62 @@ impl Window {
 mod tests {
     use super::*;
 
+    fn sums(requests: u64, accepts: u64) -> Sums {
+        Sums {
+            requests: [0, 0, requests, 0],
+            accepts: [0, 0, accepts, 0],
+        }
+    }
+
     #[test]
     fn counts_slide_out_bucket_by_bucket() {
         let w = Window::new();
         for _ in 0..3 {
-            w.request(1);
+            w.request(1, 2);
         }
-        w.accept(1);
-        let (_, before, _) = w.request(2);
-        assert_eq!(before, Sums { requests: 3, accepts: 1 });
-        assert_eq!(w.sums(2), Sums { requests: 4, accepts: 1 });
+        w.accept(1, 2);
+        let (_, before, _) = w.request(2, 2);
+        assert_eq!(before, sums(3, 1));
+        assert_eq!(w.sums(2), sums(4, 1));
         // Epoch 1 leaves the window when epoch 1 + BUCKETS begins.
         let last = BUCKETS as u64;
-        assert_eq!(w.request(last).1, Sums { requests: 4, accepts: 1 });
-        assert_eq!(w.request(last + 1).1, Sums { requests: 2, accepts: 0 });
-        assert_eq!(w.sums(last + 1), Sums { requests: 3, accepts: 0 });
-        // A reused bucket starts from zero, and a stale add is dropped.
-        w.accept(1);
-        assert_eq!(w.sums(last + 1), Sums { requests: 3, accepts: 0 });
-        assert_eq!(w.request(10 * last).1, Sums::default());
+        assert_eq!(w.request(last, 2).1, sums(4, 1));
+        assert_eq!(w.request(last + 1, 2).1, sums(2, 0));
+        assert_eq!(w.sums(last + 1), sums(3, 0));
+        // A stale add is dropped.
+        w.accept(1, 2);
+        assert_eq!(w.sums(last + 1), sums(3, 0));
+        assert_eq!(w.request(10 * last, 2).1, Sums::default());
+    }
+
+    #[test]
+    fn criticalities_are_counted_apart() {
+        let w = Window::new();
+        w.request(1, 0);
+        w.request(1, 3);
+        w.accept(1, 3);
+        let (_, before, _) = w.request(1, 0);
+        assert_eq!(before.requests, [1, 0, 0, 1]);
+        assert_eq!(before.accepts, [0, 0, 0, 1]);
     }
 
     #[test]
     fn late_accepts_and_forgotten_requests_reach_the_cache() {
         let w = Window::new();
-        let (e, _, _) = w.request(5);
-        w.request(6); // moves on: epoch 5 is in the cache
-        w.accept(e);
-        w.forget(e);
-        assert_eq!(w.request(6).1, Sums { requests: 1, accepts: 1 });
-        assert_eq!(w.sums(6), Sums { requests: 2, accepts: 1 });
+        let (e, _, _) = w.request(5, 2);
+        w.request(6, 2); // moves on: epoch 5 is in the cache
+        w.accept(e, 2);
+        w.forget(e, 2);
+        assert_eq!(w.request(6, 2).1, sums(1, 1));
+        assert_eq!(w.sums(6), sums(2, 1));
     }
 
     #[test]
     fn an_old_clock_reading_counts_at_the_newest_epoch() {
         let w = Window::new();
-        w.request(9);
-        assert_eq!(w.request(3).0, 9);
-        assert!(!w.request(9).2);
-        assert!(w.request(10).2);
+        w.request(9, 2);
+        assert_eq!(w.request(3, 2).0, 9);
+        assert!(!w.request(9, 2).2);
+        assert!(w.request(10, 2).2);
     }
 }
