@@ -13,8 +13,8 @@ use http::{Request, Response, StatusCode};
 use support::{advance, ms, secs, Events};
 use tower::{service_fn, BoxError, Layer, ServiceBuilder, ServiceExt};
 use tower_breaker::throttle::{
-    Criticality, PlainThrottle, ThrottleConfig, ThrottleConfigError, ThrottleHandle,
-    ThrottleLayer, Throttled, MAX_WINDOW, MIN_WINDOW,
+    Criticality, PlainThrottle, ThrottleConfig, ThrottleConfigError, ThrottleHandle, ThrottleLayer,
+    Throttled, MAX_WINDOW, MIN_WINDOW,
 };
 use tower_breaker::{Breaker, BreakerConfig, DefaultClassifier, Outcome, PlainBreakerLayer};
 use tower_resilience_base::answer::LocalAnswer;
@@ -143,8 +143,8 @@ async fn at_half_failures_with_k_2_rejections_follow_the_formula() {
     );
     // And the snapshot's probability is the formula on its counts.
     let s = handle.snapshot();
-    let formula = ((s.requests as f64 - 2.0 * s.accepts as f64) / (s.requests as f64 + 1.0))
-        .clamp(0.0, 0.9);
+    let formula =
+        ((s.requests as f64 - 2.0 * s.accepts as f64) / (s.requests as f64 + 1.0)).clamp(0.0, 0.9);
     assert!((s.rejection_probability - formula).abs() < 1e-12, "{s:?}");
 }
 
@@ -186,10 +186,7 @@ async fn against_a_fixed_capacity_the_client_sends_k_times_the_accepts() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn max_rejection_caps_the_share() {
-    let handle = throttle(
-        ThrottleConfig::new().window(secs(10)).max_rejection(0.5),
-        6,
-    );
+    let handle = throttle(ThrottleConfig::new().window(secs(10)).max_rejection(0.5), 6);
     let svc = PlainThrottle::new(Flaky::new(1.0, 7).service(), handle.clone());
     offer(&svc, &handle, Criticality::Critical, 100, 10).await;
     assert_eq!(handle.snapshot().rejection_probability, 0.5);
@@ -222,7 +219,10 @@ async fn failures_leave_the_window_when_it_has_passed() {
     assert!(s.rejection_probability > 0.0);
     advance(ms(300)).await;
     let s = handle.snapshot();
-    assert_eq!((s.requests, s.accepts, s.rejection_probability), (0, 0, 0.0));
+    assert_eq!(
+        (s.requests, s.accepts, s.rejection_probability),
+        (0, 0, 0.0)
+    );
     assert!(!s.throttling);
 }
 
@@ -289,7 +289,9 @@ async fn a_breaker_outside_does_not_count_rejections() {
     let handle = throttle(ThrottleConfig::new().window(secs(10)), 13);
     let breaker = Breaker::with_config(
         "dep",
-        BreakerConfig::new().minimum_calls(1_000_000).count_window(1_000),
+        BreakerConfig::new()
+            .minimum_calls(1_000_000)
+            .count_window(1_000),
     );
     let flaky = Flaky::new(1.0, 14);
     let svc = ServiceBuilder::new()
@@ -318,7 +320,9 @@ async fn a_breaker_outside_does_not_count_rejections() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn local_rejections_from_below_are_not_counted() {
     let handle = ThrottleHandle::new("dep");
-    let full = service_fn(|_n: u32| async { Err::<u32, BoxError>(Box::new(BulkheadFull::new("b", 1, None))) });
+    let full = service_fn(|_n: u32| async {
+        Err::<u32, BoxError>(Box::new(BulkheadFull::new("b", 1, None)))
+    });
     let svc = PlainThrottle::new(full, handle.clone());
     for _ in 0..5 {
         assert!(svc.clone().oneshot(1).await.is_err());
@@ -330,7 +334,14 @@ async fn local_rejections_from_below_are_not_counted() {
     });
     let http = ThrottleLayer::with_handle(handle.clone()).layer(local);
     for _ in 0..5 {
-        assert_eq!(http.clone().oneshot(Request::new(())).await.unwrap().status(), 503);
+        assert_eq!(
+            http.clone()
+                .oneshot(Request::new(()))
+                .await
+                .unwrap()
+                .status(),
+            503
+        );
     }
     let s = handle.snapshot();
     assert_eq!((s.requests, s.accepts), (0, 0));
@@ -384,10 +395,11 @@ async fn lower_criticalities_are_rejected_first() {
     let handle = throttle(ThrottleConfig::new().window(secs(10)), 15);
     let flaky = Flaky::new(0.5, 16);
     let inner = flaky.service();
-    let svc = ThrottleLayer::with_handle(handle.clone()).layer(service_fn(move |req: Request<u32>| {
-        let call = inner.clone().oneshot(*req.body());
-        async move { call.await.map(Response::new) }
-    }));
+    let svc =
+        ThrottleLayer::with_handle(handle.clone()).layer(service_fn(move |req: Request<u32>| {
+            let call = inner.clone().oneshot(*req.body());
+            async move { call.await.map(Response::new) }
+        }));
     let mut rejected = [0u32; 4];
     let mut offered = [0u32; 4];
     for i in 0..8_000usize {
@@ -447,12 +459,16 @@ fn critical_plus_is_never_below_critical() {
         .is_ok());
     // The layer's setters clamp instead: raised to Critical's.
     let layer = ThrottleLayer::new("dep").criticality_k(Criticality::CriticalPlus, 1.5);
-    assert_eq!(layer.handle().config().get_k(Criticality::CriticalPlus), 2.0);
+    assert_eq!(
+        layer.handle().config().get_k(Criticality::CriticalPlus),
+        2.0
+    );
 }
 
 #[test]
 fn invalid_settings_give_typed_errors() {
-    let check = |config: ThrottleConfig| ThrottleHandle::try_with_config("dep", config).unwrap_err();
+    let check =
+        |config: ThrottleConfig| ThrottleHandle::try_with_config("dep", config).unwrap_err();
     assert_eq!(
         check(ThrottleConfig::new().k(0.99)),
         ThrottleConfigError::InvalidK {
@@ -500,8 +516,12 @@ fn invalid_settings_give_typed_errors() {
         check(ThrottleConfig::new().window(MAX_WINDOW + secs(1))),
         ThrottleConfigError::InvalidWindow { .. }
     ));
-    assert!(ThrottleHandle::try_with_config("dep", ThrottleConfig::new().window(MIN_WINDOW)).is_ok());
-    assert!(ThrottleLayer::try_with_config("dep", ThrottleConfig::new().max_rejection(2.0)).is_err());
+    assert!(
+        ThrottleHandle::try_with_config("dep", ThrottleConfig::new().window(MIN_WINDOW)).is_ok()
+    );
+    assert!(
+        ThrottleLayer::try_with_config("dep", ThrottleConfig::new().max_rejection(2.0)).is_err()
+    );
 }
 
 /// Every service a layer builds, and every clone, shares one window.
@@ -522,7 +542,9 @@ async fn answer_ok(n: u32) -> Result<u32, BoxError> {
 }
 
 async fn answer_err(_n: u32) -> Result<u32, BoxError> {
-    Err(Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)))
+    Err(Box::new(std::io::Error::from(
+        std::io::ErrorKind::ConnectionRefused,
+    )))
 }
 
 /// 16 tasks on real threads race through one throttle: every call is
@@ -547,7 +569,10 @@ async fn racing_tasks_count_exactly() {
         t.await.unwrap();
     }
     let s = handle.snapshot();
-    assert_eq!((s.requests, s.accepts, s.rejected), (TASKS * CALLS, TASKS * CALLS, 0));
+    assert_eq!(
+        (s.requests, s.accepts, s.rejected),
+        (TASKS * CALLS, TASKS * CALLS, 0)
+    );
 
     // Failing calls: every one is a request, rejected or not.
     let handle = ThrottleHandle::new("race-failing");

@@ -185,7 +185,6 @@ impl ThrottleHandle {
     }
 
     /// Its settings.
-    #[must_use]
     pub fn config(&self) -> &ThrottleConfig {
         &self.core.config
     }
@@ -309,9 +308,9 @@ impl Core {
         let mut accepts: u64 = sums.accepts.iter().sum();
         let mut ceiling = f64::INFINITY;
         let mut p = [0.0; 4];
-        for c in 0..4 {
+        for (c, p) in p.iter_mut().enumerate() {
             ceiling = ceiling.min(self.rule(self.ks[c], requests, accepts));
-            p[c] = ceiling;
+            *p = ceiling;
             requests -= sums.requests[c];
             accepts -= sums.accepts[c];
         }
@@ -374,7 +373,12 @@ impl Core {
         if now < next
             || self
                 .next_event_ns
-                .compare_exchange(next, now + EVENT_INTERVAL.as_nanos() as u64, Relaxed, Relaxed)
+                .compare_exchange(
+                    next,
+                    now + EVENT_INTERVAL.as_nanos() as u64,
+                    Relaxed,
+                    Relaxed,
+                )
                 .is_err()
             || self
                 .announced

@@ -182,9 +182,8 @@ impl Window {
             return;
         }
         if self.bucket(epoch).requests[c].sub(epoch) && self.is_past(epoch) {
-            let _ = self.past_requests[c].fetch_update(Relaxed, Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
+            let _ =
+                self.past_requests[c].fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
         }
     }
 
@@ -232,7 +231,11 @@ impl Window {
     /// newest bucket included or not.
     fn scan(&self, epoch: u64, newest: bool) -> Sums {
         let first = epoch.saturating_sub(BUCKETS as u64 - 1);
-        let last = if newest { epoch } else { epoch.saturating_sub(1) };
+        let last = if newest {
+            epoch
+        } else {
+            epoch.saturating_sub(1)
+        };
         let mut sums = Sums::default();
         if !newest && epoch == 0 {
             return sums;
