@@ -227,8 +227,8 @@ async fn failures_leave_the_window_when_it_has_passed() {
 }
 
 /// After an outage, the dependency answers again: the throttle lets more
-/// through as accepts come back (about K times more per window) and stops
-/// rejecting within a few windows; a window after the last rejection, its
+/// through as accepts come back and stops rejecting within about two
+/// windows; a window after the last rejection, its
 /// counts hold successes only.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn rejection_returns_to_zero_after_recovery() {
@@ -241,7 +241,8 @@ async fn rejection_returns_to_zero_after_recovery() {
     while handle.snapshot().rejection_probability > 0.0 {
         offer(&healthy, &handle, Criticality::Critical, 100, 6).await;
         windows += 1;
-        assert!(windows <= 5, "{:?}", handle.snapshot());
+        // Measured: 0.655 after one window, 0 after two.
+        assert!(windows <= 3, "{:?}", handle.snapshot());
     }
     let run = offer(&healthy, &handle, Criticality::Critical, 100, 6).await;
     assert_eq!(run.throttled, 0);
@@ -641,4 +642,71 @@ async fn draws_are_reproducible_with_a_seeded_source() {
     assert_eq!(runs[0], runs[1]);
     assert!(runs[0].iter().any(|&t| t));
     let _ = SeededRandom::new(0).next_u64();
+}
+
+/// Fewer requests than `min_requests` in the window: nothing is rejected,
+/// however they went; the one that reaches it may be.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn nothing_is_rejected_below_min_requests() {
+    let handle = throttle(ThrottleConfig::new().min_requests(5).k(1.0), 22);
+    for _ in 0..5 {
+        assert_eq!(handle.rejection_probability(Criticality::Critical), 0.0);
+        handle
+            .try_acquire(Criticality::Critical)
+            .expect("below min_requests")
+            .record(Outcome::Failure);
+    }
+    // 5 requests, no accept: (5 - 0) / 6, under the 0.9 cap.
+    let p = handle.rejection_probability(Criticality::Critical);
+    assert!((p - 5.0 / 6.0).abs() < 1e-12, "{p}");
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the layer's setters are given, the throttle they build
+        /// has valid settings.
+        #[test]
+        fn layer_setters_always_give_valid_settings(
+            window_ms in 0u64..10_000_000_000,
+            k in prop::num::f64::ANY,
+            shed in prop::num::f64::ANY,
+            plus in prop::num::f64::ANY,
+            max in prop::num::f64::ANY,
+        ) {
+            let layer = ThrottleLayer::new("p")
+                .window(ms(window_ms))
+                .k(k)
+                .criticality_k(Criticality::Sheddable, shed)
+                .criticality_k(Criticality::CriticalPlus, plus)
+                .max_rejection(max);
+            prop_assert_eq!(layer.handle().config().validate(), Ok(()));
+        }
+
+        /// Whatever the calls and their outcomes, the probabilities are
+        /// within the cap and never rise with criticality, and the least
+        /// critical one is the rule on every request.
+        #[test]
+        fn probabilities_are_ordered_and_capped(
+            calls in prop::collection::vec((0usize..4, 0u8..3), 0..300),
+            max in 0.0f64..=1.0,
+        ) {
+            let handle = throttle(ThrottleConfig::new().max_rejection(max).min_requests(0), 23);
+            for (c, outcome) in calls {
+                if let Ok(permit) = handle.try_acquire(Criticality::ALL[c]) {
+                    permit.record([Outcome::Success, Outcome::Failure, Outcome::Ignored][usize::from(outcome)]);
+                }
+            }
+            let s = handle.snapshot();
+            for pair in s.probabilities.windows(2) {
+                prop_assert!(pair[0] >= pair[1], "{:?}", s);
+            }
+            prop_assert!(s.probabilities.iter().all(|p| (0.0..=max).contains(p)));
+            let (r, a) = (s.requests as f64, s.accepts as f64);
+            let rule = ((r - a) / (r + 1.0)).clamp(0.0, max);
+            prop_assert!((s.probabilities[0] - rule).abs() < 1e-12, "{:?}", s);
+        }
+    }
 }
