@@ -63,8 +63,11 @@ pub(super) struct Sums {
 // === impl Word ===
 
 impl Word {
+    /// The stamp of `epoch`: its low 32 bits, in the word's high half (it
+    /// wraps after 2^32 buckets, 49 days of 1 ms buckets: stamps are
+    /// compared as wrapping numbers).
     fn stamp(epoch: u64) -> u64 {
-        epoch << 32
+        (epoch & COUNT_MASK) << 32
     }
 
     /// The count for `epoch`, zero if the word holds another epoch.
@@ -94,7 +97,8 @@ impl Word {
                 }
                 return Some(self.0.fetch_add(1, Relaxed) & COUNT_MASK);
             }
-            if held > stamp {
+            // Later than `epoch`, as wrapping 32-bit numbers.
+            if ((held >> 32) as u32).wrapping_sub(epoch as u32) as i32 > 0 {
                 return None;
             }
             match self.0.compare_exchange_weak(w, stamp | 1, Relaxed, Relaxed) {
@@ -309,6 +313,18 @@ mod tests {
         w.forget(e, 2);
         assert_eq!(w.request(6, 2).1, sums(1, 1));
         assert_eq!(w.sums(6), sums(2, 1));
+    }
+
+    #[test]
+    fn stamps_wrap_after_2_pow_32_buckets() {
+        let w = Window::new();
+        let before_wrap = u64::from(u32::MAX) - 1;
+        w.request(before_wrap, 2);
+        // The next use of that bucket's slot is after the wrap.
+        let after = before_wrap + BUCKETS as u64;
+        assert_eq!(w.request(after, 2).1, Sums::default());
+        assert_eq!(w.request(after, 2).1, sums(1, 0));
+        assert_eq!(w.sums(after), sums(2, 0));
     }
 
     #[test]
