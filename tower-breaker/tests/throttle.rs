@@ -710,3 +710,67 @@ mod properties {
         }
     }
 }
+
+/// `poll_ready` is the inner service's; the decision is taken in `call`.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn readiness_is_the_inner_services() {
+    use tokio_test::{assert_pending, assert_ready_ok};
+    use tower_test::mock;
+
+    let layer = ThrottleLayer::new("dep");
+    let handle = layer.handle().clone();
+    let (mut svc, mut inner) = mock::spawn_layer::<Request<()>, Response<()>, _>(layer);
+    inner.allow(0);
+    assert_pending!(svc.poll_ready());
+    inner.allow(1);
+    assert_ready_ok!(svc.poll_ready());
+    let call = svc.call(Request::new(()));
+    let (_req, send) = inner.next_request().await.unwrap();
+    send.send_response(Response::new(()));
+    call.await.unwrap();
+    assert_eq!(handle.snapshot().accepts, 1);
+}
+
+/// The inner service's errors pass through unchanged (and count as not
+/// accepted); the throttle's own error downcasts behind another layer.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn errors_pass_through_and_downcast_behind_another_layer() {
+    let handle = throttle(ThrottleConfig::new().min_requests(1).max_rejection(1.0), 24);
+    let svc = ServiceBuilder::new()
+        .map_err(|e: BoxError| e)
+        .layer(ThrottleLayer::with_handle(handle.clone()).plain())
+        .service(service_fn(answer_err));
+    let first = svc.clone().oneshot(1).await.unwrap_err();
+    assert!(first.is::<std::io::Error>());
+    assert_eq!(handle.snapshot().accepts, 0);
+    // Every request failed: with the cap at 100%, the next ones are
+    // rejected (the rule: (n - 0) / (n + 1)).
+    let mut throttled = None;
+    for _ in 0..50 {
+        if let Err(e) = svc.clone().oneshot(1).await {
+            if let Some(t) = e.downcast_ref::<Throttled>() {
+                throttled = Some(t.clone());
+            }
+        }
+    }
+    let throttled = throttled.expect("rejected");
+    assert_eq!(throttled.throttle(), "dep");
+}
+
+/// Throttling that starts and stops many times within a second is told
+/// at most once a second.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn events_are_rate_limited() {
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    // A 60 ms window: throttling starts and stops every few milliseconds.
+    let handle = throttle(ThrottleConfig::new().window(MIN_WINDOW).min_requests(1), 25);
+    let flaky = PlainThrottle::new(Flaky::new(0.5, 26).service(), handle.clone());
+    for _ in 0..1_000 {
+        let _ = flaky.clone().oneshot(1).await;
+        advance(ms(1)).await;
+    }
+    let told = events.mentioning("throttling_started") + events.mentioning("throttling_stopped");
+    assert!(handle.snapshot().rejected > 50);
+    assert!((1..=2).contains(&told), "{told} events in 1 s");
+}
