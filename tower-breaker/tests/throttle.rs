@@ -388,13 +388,14 @@ async fn a_dropped_call_is_a_request_not_accepted() {
     assert_eq!((s.requests, s.accepts), (1, 0));
 }
 
-/// Under the same failures, sheddable requests are rejected more than
-/// critical ones, and critical-plus no more than critical; criticality
-/// comes from the request's extension (HTTP) or the scope (any request).
+/// Under the same failures (40% of the calls: above `Sheddable`'s 33%
+/// threshold, under `Critical`'s 50%), sheddable requests are rejected and
+/// critical ones are not, and critical-plus no more than critical;
+/// criticality comes from the request's extension (HTTP) or the scope.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn lower_criticalities_are_rejected_first() {
     let handle = throttle(ThrottleConfig::new().window(secs(10)), 15);
-    let flaky = Flaky::new(0.5, 16);
+    let flaky = Flaky::new(0.4, 16);
     let inner = flaky.service();
     let svc =
         ThrottleLayer::with_handle(handle.clone()).layer(service_fn(move |req: Request<u32>| {
@@ -426,10 +427,11 @@ async fn lower_criticalities_are_rejected_first() {
         share(Criticality::CriticalPlus),
     );
     eprintln!("rejected of 2000 each (sheddable .. critical-plus): {rejected:?}");
-    assert!(sheddable > 0.3, "{rejected:?}");
-    assert!(sheddable > plus && plus > critical, "{rejected:?}");
-    assert!(sheddable > 4.0 * critical + 0.1, "{rejected:?}");
-    assert!(critical_plus <= critical + 0.02, "{rejected:?}");
+    // Measured: [216, 0, 0, 0] (the fixed point: 1 - 1.5 x 0.6 x (1 - p / 4), 13%).
+    assert!(sheddable > 0.05, "{rejected:?}");
+    assert!(sheddable > plus && plus >= critical, "{rejected:?}");
+    assert!(critical < 0.03, "{rejected:?}");
+    assert!(critical_plus <= critical + 0.01, "{rejected:?}");
     let s = handle.snapshot();
     assert!(s.probabilities[0] >= s.probabilities[1]);
     assert!(s.probabilities[1] >= s.probabilities[2]);
@@ -705,7 +707,7 @@ mod properties {
             }
             prop_assert!(s.probabilities.iter().all(|p| (0.0..=max).contains(p)));
             let (r, a) = (s.requests as f64, s.accepts as f64);
-            let rule = ((r - a) / (r + 1.0)).clamp(0.0, max);
+            let rule = ((r - 1.5 * a) / (r + 1.0)).clamp(0.0, max);
             prop_assert!((s.probabilities[0] - rule).abs() < 1e-12, "{:?}", s);
         }
     }

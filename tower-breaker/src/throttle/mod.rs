@@ -66,7 +66,7 @@
 //! |---|---|---|
 //! | [`window`](ThrottleConfig::window) | 120 s | the SRE book's two minutes; 60 buckets, no timer: the first call of a new bucket moves the window |
 //! | [`k`](ThrottleConfig::k) | 2.0 | the SRE book's; at least 1.0 |
-//! | [`criticality_k`](ThrottleConfig::criticality_k) | `Sheddable` 1.0, `SheddablePlus` 1.5, `Critical` 2.0, `CriticalPlus` 2.0 | derived from K: half, three quarters, K, K |
+//! | [`criticality_k`](ThrottleConfig::criticality_k) | `Sheddable` 1.5, `SheddablePlus` 1.75, `Critical` 2.0, `CriticalPlus` 2.0 | derived from K: ¾ K, ⅞ K, K, K (at least 1) |
 //! | [`max_rejection`](ThrottleConfig::max_rejection) | 0.9 | Envoy's admission control uses 0.8; see the setting for why 0.9 |
 //! | [`min_requests`](ThrottleConfig::min_requests) | 10 | no rejection on fewer requests in the window |
 //!
@@ -102,9 +102,12 @@
 //! applied to the requests and accepts of `c` and every criticality above
 //! it, with `c`'s K, and never with a higher probability than a less
 //! critical one.** Less critical requests get a smaller K (by default
-//! `Sheddable` 1, `SheddablePlus` 1.5, `Critical` and `CriticalPlus` K),
-//! so they are rejected earlier and more often; the SRE book sheds the
-//! lowest criticality first.
+//! `Sheddable` 1.5, `SheddablePlus` 1.75, `Critical` and `CriticalPlus`
+//! K = 2), so they are rejected earlier and more often; the SRE book sheds
+//! the lowest criticality first. Against a dependency that fails a steady
+//! share `f` of its requests, a K rejects once `f > 1 − 1/K` (33%, 43% and
+//! 50% failures); against one of fixed capacity, each criticality sends at
+//! most its K times the accepts.
 //!
 //! Why counts "from `c` up": `Sheddable` requests are judged on all the
 //! evidence (any failure makes them rejectable), while the requests the
@@ -112,9 +115,10 @@
 //! accepts, never raise the rejection of a higher one. With one shared
 //! count, a dependency that fails half of its requests would let the
 //! sheddable rejections drag `Critical` (K = 2, on the rule's edge there)
-//! up to the cap. Measured in `tests/throttle.rs` (half of the calls
-//! failing, the four criticalities mixed evenly): `Sheddable` 65% rejected,
-//! `SheddablePlus` 38%, `Critical` 8%, `CriticalPlus` 7%.
+//! up to the cap. Measured with the four criticalities mixed evenly
+//! (`tests/throttle.rs`): with 40% of the calls failing, `Sheddable` 11%
+//! rejected and the others none; with 50% (`Critical`'s edge), 40%, 24%,
+//! 11% and 8% from `Sheddable` to `CriticalPlus`.
 //!
 //! `CriticalPlus` is never throttled beyond `Critical`'s rule: its
 //! probability is at most `Critical`'s, and its K at least `Critical`'s (a
