@@ -59,8 +59,9 @@
 //! 20 of the 100 requests a second offered, with K = 2, about 40 a second
 //! are sent and 60% are rejected locally. Against one that accepts a fixed
 //! share `a` of what it is sent, the rejection share climbs to the cap
-//! when `K · a < 1` and stays at zero when `K · a > 1` (at `a = 1/2` with K
-//! = 2 it stays near zero: the window's noise decides).
+//! when `K · a < 1` and stays at zero when `K · a > 1`; at `K · a = 1`
+//! exactly (half failing, K = 2) the rule is neutral and the window's
+//! noise moves it.
 //!
 //! | setting | default | |
 //! |---|---|---|
@@ -106,11 +107,12 @@
 //! K = 2), so they are rejected earlier and more often; the SRE book sheds
 //! the lowest criticality first. Against a dependency that fails a steady
 //! share `f` of its requests, a K rejects once `f > 1 − 1/K` (33%, 43% and
-//! 50% failures); against one of fixed capacity, each criticality sends at
-//! most its K times the accepts.
+//! 50% failures); against one of fixed capacity, the requests of a
+//! criticality and those above it are sent at most K times as often as
+//! they are accepted.
 //!
 //! Why counts "from `c` up": `Sheddable` requests are judged on all the
-//! evidence (any failure makes them rejectable), while the requests the
+//! evidence (the failures of critical calls too), while the requests the
 //! throttle rejects at a low criticality, which count as requests without
 //! accepts, never raise the rejection of a higher one. With one shared
 //! count, a dependency that fails half of its requests would let the
