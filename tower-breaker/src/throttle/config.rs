@@ -11,6 +11,10 @@ use tower_resilience_base::random::RandomSource;
 /// sixtieth of the window (2 s with the default two minutes).
 pub(crate) const BUCKETS: usize = 60;
 
+/// How many rings of buckets the threads' counts are spread over (as the
+/// breaker's counters are).
+pub(crate) const STRIPES: usize = 8;
+
 /// The default [`window`](ThrottleConfig::window): the SRE book's two
 /// minutes.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(120);

@@ -10,8 +10,9 @@ use tower_resilience_base::criticality::Criticality;
 use tower_resilience_base::error::Throttled;
 use tower_resilience_base::outcome::Outcome;
 use tower_resilience_base::random::{unit, ProcessRandom, RandomSource};
+use tower_resilience_base::stripe::thread_index;
 
-use super::config::{ThrottleConfig, ThrottleConfigError, BUCKETS};
+use super::config::{ThrottleConfig, ThrottleConfigError, BUCKETS, STRIPES};
 use super::metrics::ThrottleMetrics;
 use super::window::{Sums, Window};
 
@@ -31,7 +32,7 @@ const EVENT_INTERVAL: Duration = Duration::from_secs(1);
 ///
 /// # Clone
 ///
-/// Clones share everything (one `Arc`).
+/// Clones share everything (two `Arc`s).
 ///
 /// # Example
 ///
@@ -54,7 +55,19 @@ const EVENT_INTERVAL: Duration = Duration::from_secs(1);
 /// ```
 #[derive(Clone)]
 pub struct ThrottleHandle {
-    pub(crate) core: Arc<Core>,
+    core: Arc<Core>,
+    /// Handles on the core, one per thread stripe, each alone on its cache
+    /// lines: a call's permit holds one, so the reference counts that
+    /// every call touches are not shared between threads.
+    shards: Arc<[Arc<Shard>]>,
+}
+
+#[repr(align(128))]
+struct Shard {
+    core: Arc<Core>,
+    /// This stripe's own copy of the name (its own reference count), for
+    /// the errors of the calls it rejects.
+    name: Arc<str>,
 }
 
 /// The right to make one call, given by
@@ -64,9 +77,11 @@ pub struct ThrottleHandle {
 /// congestion, not nothing).
 #[must_use = "a permit counts as not accepted unless recorded"]
 pub struct ThrottlePermit {
-    core: Arc<Core>,
+    shard: Arc<Shard>,
     epoch: u64,
-    criticality: usize,
+    criticality: u8,
+    /// The stripe the request was counted on.
+    stripe: u8,
 }
 
 /// The figures of a throttle at one moment; see
@@ -104,7 +119,7 @@ pub struct ThrottleSnapshot {
     pub throttling: bool,
 }
 
-pub(crate) struct Core {
+struct Core {
     name: Arc<str>,
     config: ThrottleConfig,
     /// Each criticality's K, ordered (`ks[0]` is the smallest).
@@ -175,9 +190,16 @@ impl ThrottleHandle {
             next_event_ns: AtomicU64::new(0),
             config,
         };
-        Self {
-            core: Arc::new(core),
-        }
+        let core = Arc::new(core);
+        let shards = (0..STRIPES)
+            .map(|_| {
+                Arc::new(Shard {
+                    core: Arc::clone(&core),
+                    name: Arc::from(&*core.name),
+                })
+            })
+            .collect();
+        Self { core, shards }
     }
 
     /// The throttle's name (in its errors, events and metrics).
@@ -199,11 +221,14 @@ impl ThrottleHandle {
     /// [`Throttled`] when the draw rejects the call (a local rejection:
     /// the call must not be made).
     pub fn try_acquire(&self, criticality: Criticality) -> Result<ThrottlePermit, Throttled> {
-        let epoch = self.core.admit(criticality)?;
+        let stripe = thread_index() % STRIPES;
+        let shard = &self.shards[stripe];
+        let epoch = self.core.admit(criticality, stripe, &shard.name)?;
         Ok(ThrottlePermit {
-            core: Arc::clone(&self.core),
+            shard: Arc::clone(shard),
             epoch,
-            criticality: criticality.index(),
+            criticality: criticality.index() as u8,
+            stripe: stripe as u8,
         })
     }
 
@@ -255,13 +280,15 @@ impl ThrottlePermit {
     /// the call locally: the dependency never saw it) takes the request
     /// back.
     pub fn record(self, outcome: Outcome) {
+        let core = &self.shard.core;
+        let c = usize::from(self.criticality);
         match outcome {
             Outcome::Success => {
-                self.core.window.accept(self.epoch, self.criticality);
-                self.core.metrics.accept();
+                core.window.accept(self.epoch, c, thread_index() % STRIPES);
+                core.metrics.accept();
             }
             Outcome::Failure => {}
-            Outcome::Ignored => self.core.window.forget(self.epoch, self.criticality),
+            Outcome::Ignored => core.window.forget(self.epoch, c, usize::from(self.stripe)),
         }
     }
 }
@@ -269,7 +296,7 @@ impl ThrottlePermit {
 impl fmt::Debug for ThrottlePermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ThrottlePermit")
-            .field("throttle", &&*self.core.name)
+            .field("throttle", &&*self.shard.name)
             .finish_non_exhaustive()
     }
 }
@@ -329,13 +356,19 @@ impl Core {
         p
     }
 
-    /// Counts a request of `criticality` and draws its fate; the epoch it
-    /// was counted at.
+    /// Counts a request of `criticality` on `stripe` and draws its fate;
+    /// the epoch it was counted at. `name` is the stripe's copy of the
+    /// name, for the error.
     #[inline]
-    pub(crate) fn admit(&self, criticality: Criticality) -> Result<u64, Throttled> {
+    fn admit(
+        &self,
+        criticality: Criticality,
+        stripe: usize,
+        name: &Arc<str>,
+    ) -> Result<u64, Throttled> {
         let c = criticality.index();
         let now = self.now_ns();
-        let (epoch, sums, moved) = self.window.request(self.epoch(now), c);
+        let (epoch, sums, moved) = self.window.request(self.epoch(now), c, stripe);
         self.metrics.request();
         // The least critical requests' rule, on every request, rejects
         // first: nothing to draw while it does not.
@@ -358,7 +391,7 @@ impl Core {
             if !self.announced.load(Relaxed) {
                 self.announce(true, now, &sums);
             }
-            return Err(Throttled::new(Arc::clone(&self.name), p));
+            return Err(Throttled::new(Arc::clone(name), p));
         }
         Ok(epoch)
     }

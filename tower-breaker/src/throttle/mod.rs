@@ -87,14 +87,18 @@
 //!   request nor an accept, since it never reached the dependency.
 //! - A call this throttle rejects stays a request.
 //!
-//! The counts are kept in a ring of 60 time buckets of atomics (eight
+//! The counts are kept in rings of 60 time buckets of atomics (eight
 //! words a bucket: requests and accepts of each criticality, each word
-//! stamped with its bucket's epoch); a call makes one
-//! clock reading (or takes the one a layer above made for it), one atomic
-//! add for its request and one for its accept, reads the window's totals
-//! from a cache that the first call of each bucket recomputes, and draws a
-//! random number only while some criticality is throttled. No lock, no
-//! allocation, no timer task.
+//! stamped with its bucket's epoch), one ring per thread stripe so that
+//! threads never write the same cache line. A call makes one clock
+//! reading (or takes the one a layer above made for it), one atomic add
+//! for its request and one for its accept on its own stripe, and reads the
+//! window's totals from a cache of the past buckets that the first call of
+//! each bucket recomputes (plus its own stripe's newest bucket: within one
+//! bucket, a sixtieth of the window, a thread does not yet see the other
+//! threads' calls). It draws a random number only while some criticality
+//! is throttled. No lock, no allocation, no timer task;
+//! [`ThrottleHandle::snapshot`] reads every stripe and is exact.
 //!
 //! # Criticality
 //!
