@@ -1,0 +1,455 @@
+//! The shared state of a throttle: its window, its rule and its figures.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_resilience_base::criticality::Criticality;
+use tower_resilience_base::error::Throttled;
+use tower_resilience_base::outcome::Outcome;
+use tower_resilience_base::random::{unit, ProcessRandom, RandomSource};
+use tower_resilience_base::stripe::thread_index;
+
+use super::config::{ThrottleConfig, ThrottleConfigError, BUCKETS, STRIPES};
+use super::metrics::ThrottleMetrics;
+use super::window::{Sums, Window};
+
+/// The least time between two `throttling_started` / `throttling_stopped`
+/// events of one throttle.
+const EVENT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A throttle: the window of requests and accepts, the rule that turns
+/// them into a rejection probability, and the figures; shared by every
+/// service built from it.
+///
+/// Build one per dependency and hand it to a
+/// [`ThrottleLayer`](super::ThrottleLayer) (or let the layer build it, and
+/// read it back with [`ThrottleLayer::handle`](super::ThrottleLayer::handle)).
+/// It also works without a service: [`try_acquire`](Self::try_acquire)
+/// before a call, [`ThrottlePermit::record`] after it.
+///
+/// # Clone
+///
+/// Clones share everything (two `Arc`s).
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::throttle::ThrottleHandle;
+/// use tower_breaker::Outcome;
+/// use tower_resilience_base::criticality::Criticality;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let throttle = ThrottleHandle::new("search");
+/// for _ in 0..20 {
+///     let permit = throttle.try_acquire(Criticality::Critical).expect("healthy: never throttled");
+///     permit.record(Outcome::Success);
+/// }
+/// let snapshot = throttle.snapshot();
+/// assert_eq!((snapshot.requests, snapshot.accepts), (20, 20));
+/// assert_eq!(snapshot.rejection_probability, 0.0);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ThrottleHandle {
+    core: Arc<Core>,
+    /// Handles on the core, one per thread stripe, each alone on its cache
+    /// lines: a call's permit holds one, so the reference counts that
+    /// every call touches are not shared between threads.
+    shards: Arc<[Arc<Shard>]>,
+}
+
+#[repr(align(128))]
+struct Shard {
+    core: Arc<Core>,
+    /// This stripe's own copy of the name (its own reference count), for
+    /// the errors of the calls it rejects.
+    name: Arc<str>,
+}
+
+/// The right to make one call, given by
+/// [`ThrottleHandle::try_acquire`]: say how it went with
+/// [`record`](Self::record). A permit dropped without a record counts as a
+/// request the dependency did not accept (a call the caller gave up on is
+/// congestion, not nothing).
+#[must_use = "a permit counts as not accepted unless recorded"]
+pub struct ThrottlePermit {
+    shard: Arc<Shard>,
+    epoch: u64,
+    criticality: u8,
+    /// The stripe the request was counted on.
+    stripe: u8,
+}
+
+/// The figures of a throttle at one moment; see
+/// [`ThrottleHandle::snapshot`].
+///
+/// The window's figures are exact: every request and accept counted in the
+/// buckets the window covers now.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ThrottleSnapshot {
+    /// Requests in the window: every call that reached the throttle,
+    /// rejected ones included (as the SRE book counts them), less those a
+    /// layer below refused locally.
+    pub requests: u64,
+    /// Requests in the window that the dependency accepted.
+    pub accepts: u64,
+    /// [`requests`](Self::requests) by criticality
+    /// ([`Criticality::index`]).
+    pub requests_by_criticality: [u64; 4],
+    /// [`accepts`](Self::accepts) by criticality
+    /// ([`Criticality::index`]).
+    pub accepts_by_criticality: [u64; 4],
+    /// The probability with which the next `Critical` request is rejected.
+    pub rejection_probability: f64,
+    /// The probability with which the next request of each criticality is
+    /// rejected, indexed by [`Criticality::index`].
+    pub probabilities: [f64; 4],
+    /// Requests rejected since the throttle was built.
+    pub rejected: u64,
+    /// Requests rejected since the throttle was built, by criticality
+    /// ([`Criticality::index`]).
+    pub rejected_by_criticality: [u64; 4],
+    /// Whether the throttle would reject a share of some criticality now
+    /// (the least critical one's probability is above zero).
+    pub throttling: bool,
+}
+
+struct Core {
+    name: Arc<str>,
+    config: ThrottleConfig,
+    /// Each criticality's K, ordered (`ks[0]` is the smallest).
+    ks: [f64; 4],
+    max_rejection: f64,
+    min_requests: u64,
+    /// `2^64 / bucket width in ns`, rounded down: a bucket's epoch is a
+    /// multiplication and a shift, not a division (tens of cycles).
+    per_bucket: u64,
+    base: Instant,
+    window: Window,
+    random: Arc<dyn RandomSource>,
+    rejected: [AtomicU64; 4],
+    /// Whether the last event said throttling started (true) or stopped.
+    announced: AtomicBool,
+    /// The earliest time (nanoseconds since `base`) of the next event.
+    next_event_ns: AtomicU64,
+    metrics: ThrottleMetrics,
+}
+
+// === impl ThrottleHandle ===
+
+impl ThrottleHandle {
+    /// A throttle named `name` with the default settings
+    /// ([`ThrottleConfig::new`]: the SRE book's rule, K = 2 over two
+    /// minutes, at most 90% rejected).
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self::build(name.into(), ThrottleConfig::new())
+    }
+
+    /// A throttle named `name` with `config`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ThrottleConfigError`] when a setting is out of range
+    /// ([`ThrottleConfig::validate`]).
+    pub fn try_with_config(
+        name: impl Into<Arc<str>>,
+        config: ThrottleConfig,
+    ) -> Result<Self, ThrottleConfigError> {
+        config.validate()?;
+        Ok(Self::build(name.into(), config))
+    }
+
+    /// A throttle with `config` brought into range.
+    pub(crate) fn clamped(name: Arc<str>, config: ThrottleConfig) -> Self {
+        Self::build(name, config.clamped())
+    }
+
+    fn build(name: Arc<str>, config: ThrottleConfig) -> Self {
+        let width_ns = (config.window.as_nanos() / BUCKETS as u128).max(1) as u64;
+        let random = config
+            .random
+            .clone()
+            .unwrap_or_else(|| Arc::new(ProcessRandom::new()));
+        let core = Core {
+            metrics: ThrottleMetrics::new(&name),
+            name,
+            ks: config.ks(),
+            max_rejection: config.max_rejection,
+            min_requests: config.min_requests,
+            per_bucket: u64::MAX / width_ns,
+            base: Instant::now(),
+            window: Window::new(),
+            random,
+            rejected: Default::default(),
+            announced: AtomicBool::new(false),
+            next_event_ns: AtomicU64::new(0),
+            config,
+        };
+        let core = Arc::new(core);
+        let shards = (0..STRIPES)
+            .map(|_| {
+                Arc::new(Shard {
+                    core: Arc::clone(&core),
+                    name: Arc::from(&*core.name),
+                })
+            })
+            .collect();
+        Self { core, shards }
+    }
+
+    /// The throttle's name (in its errors, events and metrics).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &ThrottleConfig {
+        &self.core.config
+    }
+
+    /// Asks to make one call of `criticality`: counts a request, and
+    /// rejects it with the rule's probability for that criticality.
+    ///
+    /// # Errors
+    ///
+    /// [`Throttled`] when the draw rejects the call (a local rejection:
+    /// the call must not be made).
+    pub fn try_acquire(&self, criticality: Criticality) -> Result<ThrottlePermit, Throttled> {
+        let stripe = thread_index() % STRIPES;
+        let shard = &self.shards[stripe];
+        let epoch = self.core.admit(criticality, stripe, &shard.name)?;
+        Ok(ThrottlePermit {
+            shard: Arc::clone(shard),
+            epoch,
+            criticality: criticality.index() as u8,
+            stripe: stripe as u8,
+        })
+    }
+
+    /// The probability with which the next request of `criticality` would
+    /// be rejected.
+    #[must_use]
+    pub fn rejection_probability(&self, criticality: Criticality) -> f64 {
+        let sums = self.core.window.sums(self.core.epoch_now());
+        self.core.probabilities(&sums)[criticality.index()]
+    }
+
+    /// The figures now: the window's requests and accepts, the rejection
+    /// probability of each criticality, and the rejections so far.
+    #[must_use]
+    pub fn snapshot(&self) -> ThrottleSnapshot {
+        let core = &self.core;
+        let sums = core.window.sums(core.epoch_now());
+        let probabilities = core.probabilities(&sums);
+        let rejected_by_criticality = core.rejected.each_ref().map(|n| n.load(Relaxed));
+        ThrottleSnapshot {
+            requests: sums.requests.iter().sum(),
+            accepts: sums.accepts.iter().sum(),
+            requests_by_criticality: sums.requests,
+            accepts_by_criticality: sums.accepts,
+            rejection_probability: probabilities[Criticality::Critical.index()],
+            probabilities,
+            rejected: rejected_by_criticality.iter().sum(),
+            rejected_by_criticality,
+            throttling: probabilities[0] > 0.0,
+        }
+    }
+}
+
+impl fmt::Debug for ThrottleHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottleHandle")
+            .field("name", &&*self.core.name)
+            .field("config", &self.core.config)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl ThrottlePermit ===
+
+impl ThrottlePermit {
+    /// Counts how the call went: a [`Success`](Outcome::Success) is an
+    /// accept; a [`Failure`](Outcome::Failure) leaves a request that was
+    /// not accepted; [`Ignored`](Outcome::Ignored) (a layer below refused
+    /// the call locally: the dependency never saw it) takes the request
+    /// back.
+    pub fn record(self, outcome: Outcome) {
+        let core = &self.shard.core;
+        let c = usize::from(self.criticality);
+        match outcome {
+            Outcome::Success => {
+                core.window.accept(self.epoch, c, thread_index() % STRIPES);
+                core.metrics.accept();
+            }
+            Outcome::Failure => {}
+            Outcome::Ignored => core.window.forget(self.epoch, c, usize::from(self.stripe)),
+        }
+    }
+}
+
+impl fmt::Debug for ThrottlePermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottlePermit")
+            .field("throttle", &&*self.shard.name)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Core ===
+
+impl Core {
+    #[inline]
+    fn now_ns(&self) -> u64 {
+        crate::sync::call_since(self.base).as_nanos() as u64
+    }
+
+    /// The bucket of the time `ns` (since `base`): about `ns / width`, by a
+    /// multiplication. Each bucket's start is read a little late (by
+    /// `ns * width / 2^64`: under 4 ms after a year with 2 s buckets),
+    /// which is harmless, since every reading goes through this one
+    /// function and it never goes backwards.
+    #[inline]
+    fn epoch(&self, ns: u64) -> u64 {
+        ((u128::from(ns) * u128::from(self.per_bucket)) >> 64) as u64
+    }
+
+    fn epoch_now(&self) -> u64 {
+        self.epoch(crate::sync::since(self.base).as_nanos() as u64)
+    }
+
+    /// The rule: `max(0, (requests - K * accepts) / (requests + 1))`, at
+    /// most the cap, and zero below the least number of requests.
+    #[inline]
+    fn rule(&self, k: f64, requests: u64, accepts: u64) -> f64 {
+        if requests < self.min_requests {
+            return 0.0;
+        }
+        let r = requests as f64;
+        let excess = r - k * accepts as f64;
+        if excess <= 0.0 {
+            0.0
+        } else {
+            (excess / (r + 1.0)).min(self.max_rejection)
+        }
+    }
+
+    /// Each criticality's rejection probability: its own K's rule on the
+    /// requests and accepts of that criticality and the ones above it,
+    /// never above the probability of a less critical one.
+    fn probabilities(&self, sums: &Sums) -> [f64; 4] {
+        let mut requests: u64 = sums.requests.iter().sum();
+        let mut accepts: u64 = sums.accepts.iter().sum();
+        let mut ceiling = f64::INFINITY;
+        let mut p = [0.0; 4];
+        for (c, p) in p.iter_mut().enumerate() {
+            ceiling = ceiling.min(self.rule(self.ks[c], requests, accepts));
+            *p = ceiling;
+            requests -= sums.requests[c];
+            accepts -= sums.accepts[c];
+        }
+        p
+    }
+
+    /// Counts a request of `criticality` on `stripe` and draws its fate;
+    /// the epoch it was counted at. `name` is the stripe's copy of the
+    /// name, for the error.
+    #[inline]
+    fn admit(
+        &self,
+        criticality: Criticality,
+        stripe: usize,
+        name: &Arc<str>,
+    ) -> Result<u64, Throttled> {
+        let c = criticality.index();
+        let now = self.now_ns();
+        let (epoch, sums, moved) = self.window.request(self.epoch(now), c, stripe);
+        self.metrics.request();
+        // The least critical requests' rule, on every request, rejects
+        // first: nothing to draw while it does not.
+        let requests = sums.requests.iter().sum();
+        let accepts = sums.accepts.iter().sum();
+        if self.rule(self.ks[0], requests, accepts) <= 0.0 {
+            if moved || self.announced.load(Relaxed) {
+                self.quiet(now, moved);
+            }
+            return Ok(epoch);
+        }
+        let p = self.probabilities(&sums);
+        if moved {
+            self.metrics.probability(p[Criticality::Critical.index()]);
+        }
+        let p = p[c];
+        if p > 0.0 && unit(&*self.random) < p {
+            self.rejected[c].fetch_add(1, Relaxed);
+            self.metrics.rejected(criticality);
+            if !self.announced.load(Relaxed) {
+                self.announce(true, now, &sums);
+            }
+            return Err(Throttled::new(Arc::clone(name), p));
+        }
+        Ok(epoch)
+    }
+
+    /// Nothing is throttled: the gauge says so when the window moves, and
+    /// an event when throttling had been announced.
+    #[cold]
+    fn quiet(&self, now: u64, moved: bool) {
+        if moved {
+            self.metrics.probability(0.0);
+        }
+        if self.announced.load(Relaxed) {
+            self.announce(false, now, &Sums::default());
+        }
+    }
+
+    /// The events: throttling started (the first rejection after a quiet
+    /// spell) or stopped (no criticality would be rejected any more); at
+    /// most one per [`EVENT_INTERVAL`]; a change within it is told by the
+    /// first call after it that sees it still.
+    #[cold]
+    fn announce(&self, throttling: bool, now: u64, sums: &Sums) {
+        let next = self.next_event_ns.load(Relaxed);
+        if now < next
+            || self
+                .next_event_ns
+                .compare_exchange(
+                    next,
+                    now + EVENT_INTERVAL.as_nanos() as u64,
+                    Relaxed,
+                    Relaxed,
+                )
+                .is_err()
+            || self
+                .announced
+                .compare_exchange(!throttling, throttling, Relaxed, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        if throttling {
+            let p = self.probabilities(sums);
+            self.metrics.probability(p[Criticality::Critical.index()]);
+            tracing::warn!(
+                throttle = %self.name,
+                requests = sums.requests.iter().sum::<u64>(),
+                accepts = sums.accepts.iter().sum::<u64>(),
+                sheddable_probability = p[0],
+                critical_probability = p[Criticality::Critical.index()],
+                "throttling_started: the dependency accepts too few of the requests sent to it; \
+                 rejecting a share of them locally"
+            );
+        } else {
+            self.metrics.probability(0.0);
+            tracing::info!(
+                throttle = %self.name,
+                "throttling_stopped: the dependency accepts enough requests again"
+            );
+        }
+    }
+}
