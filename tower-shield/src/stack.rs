@@ -10,6 +10,8 @@
 //!                               writes nothing (the per-attempt layer does)
 //! CircuitBreaker                fails fast while open; counts every attempt
 //! Retry                         jittered backoff, 10% budget, asks the breaker
+//! Throttle (opt-in)             client-side adaptive throttling (the SRE
+//!                               book's rule), per attempt; off by default
 //! Bulkhead                      caps attempts in flight; rejects when full
 //! ClientDeadline (per attempt)  writes the budget left on the wire
 //! ```
@@ -86,6 +88,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tower::ServiceBuilder;
+//! use tower_breaker::throttle::Throttle;
 //! use tower_breaker::{Breaker, BreakerLayer};
 //! use tower_bulkhead::BulkheadLayer;
 //! use tower_deadline::ClientDeadlineLayer;
@@ -102,6 +105,8 @@
 //!     )
 //!     .layer(BreakerLayer::new(Breaker::new("inventory")))
 //!     .layer(RetryLayer::new())
+//!     // No throttle: `.throttle(..)` puts a `ThrottleLayer` here instead.
+//!     .layer_fn(Throttle::pass_through)
 //!     .layer(BulkheadLayer::new("inventory", 32).hold_until_body_end())
 //!     .layer(ClientDeadlineLayer::new());
 //! # let _ = by_hand;
@@ -127,6 +132,7 @@ use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, Server
 use tower_layer::Layer;
 use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryBudget, RetryLayer};
 
+use tower_breaker::throttle::{Throttle, ThrottleHandle, ThrottleLayer};
 use tower_breaker::{
     Breaker, BreakerConfig, BreakerLayer, CircuitBreaker, HttpBreakerLayer, HttpCircuitBreaker,
 };
@@ -141,7 +147,10 @@ pub const DEFAULT_SERVER_CONCURRENCY: usize = 512;
 
 /// The service a [`ClientStack`] builds around a transport `S`.
 pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd> = PropagateCriticality<
-    ClientDeadline<CircuitBreaker<Retry<Bulkhead<ClientDeadline<S>, Single, R>, P, M>>, Head>,
+    ClientDeadline<
+        CircuitBreaker<Retry<Throttle<Bulkhead<ClientDeadline<S>, Single, R>>, P, M>>,
+        Head,
+    >,
 >;
 
 /// The service a [`ServerStack`] builds around a handler or router `S`.
@@ -192,6 +201,7 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
     call: ClientDeadlineLayer<Head>,
     breaker: BreakerLayer,
     retry: RetryLayer<P, M>,
+    throttle: Option<ThrottleLayer>,
     bulkhead: BulkheadLayer<Single, R>,
     attempt: ClientDeadlineLayer,
 }
@@ -254,6 +264,7 @@ pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
             .name(Arc::clone(&name)),
         breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))),
         retry: RetryLayer::new().name(Arc::clone(&name)),
+        throttle: None,
         bulkhead: BulkheadLayer::new(Arc::clone(&name), DEFAULT_CLIENT_CONCURRENCY)
             .hold_until_body_end(),
         attempt: ClientDeadlineLayer::new().name(Arc::clone(&name)),
@@ -353,9 +364,48 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
             call: self.call,
             breaker: self.breaker,
             retry,
+            throttle: self.throttle,
             bulkhead: self.bulkhead,
             attempt: self.attempt,
         }
+    }
+
+    /// Throttle the stack's attempts with `layer`: client-side adaptive
+    /// throttling, the SRE book's rule (see [`tower_breaker::throttle`]).
+    /// Off by default. It sits below the retry layer and above the
+    /// bulkhead, so it counts every attempt as the dependency sees it; an
+    /// attempt it rejects fails at once with
+    /// [`Throttled`](tower_resilience_base::error::Throttled), a local
+    /// rejection: the breaker does not count it, the retry layer does not
+    /// retry it, and it takes no bulkhead slot. Requests are ranked by the
+    /// caller's [`Criticality`](tower_resilience_base::criticality::Criticality)
+    /// (the request's extension, else the one in scope).
+    ///
+    /// Where the breaker sheds everything or nothing, the throttle sheds in
+    /// proportion: with the defaults (K = 2 over two minutes) it starts
+    /// rejecting when fewer than half of the attempts are accepted, and
+    /// rejects more the fewer are.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::throttle::ThrottleLayer;
+    /// use tower_shield::stack::client_stack;
+    ///
+    /// let stack = client_stack("catalog")
+    ///     .throttle(ThrottleLayer::new("catalog").window(Duration::from_secs(60)));
+    /// assert_eq!(stack.throttle_handle().unwrap().snapshot().requests, 0);
+    /// ```
+    pub fn throttle(mut self, layer: ThrottleLayer) -> Self {
+        self.throttle = Some(layer);
+        self
+    }
+
+    /// The stack's throttle, if it has one ([`throttle`](Self::throttle)).
+    #[must_use]
+    pub fn throttle_handle(&self) -> Option<&ThrottleHandle> {
+        self.throttle.as_ref().map(ThrottleLayer::handle)
     }
 
     /// The bulkhead size: attempts in flight to the dependency at once
@@ -393,6 +443,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
             call: self.call,
             breaker: self.breaker,
             retry: self.retry,
+            throttle: self.throttle,
             bulkhead: layer,
             attempt: self.attempt,
         }
@@ -492,7 +543,11 @@ impl<S, P: Clone, M, R> Layer<S> for ClientStack<P, M, R> {
         share_budget(self.breaker.breaker(), self.retry.shared_budget());
         let attempt = self.attempt.layer(inner);
         let bulkhead = self.bulkhead.layer(attempt);
-        let retry = self.retry.layer(bulkhead);
+        let throttle = match &self.throttle {
+            Some(layer) => layer.layer(bulkhead),
+            None => Throttle::pass_through(bulkhead),
+        };
+        let retry = self.retry.layer(throttle);
         let breaker = self.breaker.layer(retry);
         PropagateCriticalityLayer::new().layer(self.call.layer(breaker))
     }

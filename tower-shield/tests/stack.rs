@@ -18,6 +18,7 @@ use tokio_test::{assert_pending, assert_ready_ok};
 use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::snapshot::{Totals, WindowCounts};
+use tower_breaker::throttle::Throttle;
 use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Mode, Outcome, State};
 use tower_bulkhead::error::BulkheadFull;
 use tower_bulkhead::{BulkheadLayer, HttpBulkheadLayer, DEFAULT_RETRY_AFTER};
@@ -124,6 +125,7 @@ fn client<S>(build: Build, knobs: &Knobs, transport: S) -> Client<S> {
                 .layer(call.enforce_only().head_only())
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(retry.clone())
+                .layer_fn(Throttle::pass_through)
                 .layer(BulkheadLayer::new(NAME, knobs.concurrency).hold_until_body_end())
                 .layer(knobs.attempt.clone())
                 .service(transport);
@@ -565,6 +567,51 @@ async fn a_server_stack_hands_the_callers_criticality_to_its_client_stacks() {
             "claimed {claimed}"
         );
     }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_throttled_attempt_is_local_not_counted_by_the_breaker_nor_retried() {
+    use tower_breaker::throttle::ThrottleLayer;
+    use tower_resilience_base::error::Throttled;
+
+    let dependency = Dependency::default();
+    // A breaker that never opens here, so that only the throttle sheds.
+    let stack = client_stack(NAME)
+        .breaker_config(config().count_window(10_000).minimum_calls(10_000))
+        .throttle(ThrottleLayer::new(NAME).random(Arc::new(tower_breaker::SeededRandom::new(5))));
+    let breaker = stack.breaker_handle().clone();
+    let throttle = stack.throttle_handle().unwrap().clone();
+    let service = stack.layer(dependency.serve(answers(503)));
+    let mut throttled = 0;
+    for _ in 0..300 {
+        match send(&service).await {
+            Err(e) if tower_resilience_base::error::find::<Throttled>(&*e).is_some() => {
+                assert!(tower_resilience_base::error::is_local_rejection(&*e));
+                throttled += 1;
+            }
+            Ok(r) => assert_eq!(r.status(), 503),
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    let snapshot = throttle.snapshot();
+    assert!(
+        throttled > 150,
+        "a dependency that accepts nothing is throttled: {throttled}"
+    );
+    // Every attempt reached the throttle; the rejected ones not the dependency.
+    assert_eq!(
+        snapshot.requests,
+        dependency.calls() as u64 + snapshot.rejected
+    );
+    assert_eq!(snapshot.accepts, 0);
+    // The breaker counted the attempts that reached the dependency only.
+    let (calls, _) = counted(breaker.snapshot().window);
+    assert_eq!(calls, dependency.calls() as u64);
+    // A rejection ends its call: one rejection per throttled call.
+    assert_eq!(
+        snapshot.rejected, throttled as u64,
+        "a throttled attempt is not retried"
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

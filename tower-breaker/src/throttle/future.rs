@@ -56,6 +56,17 @@ impl<F, C> ResponseFuture<F, C> {
         }
     }
 
+    /// A call through a pass-through throttle: nothing to count.
+    pub(crate) fn passed(future: F, classifier: C) -> Self {
+        Self {
+            state: State::Called {
+                future,
+                permit: None,
+                classifier,
+            },
+        }
+    }
+
     pub(crate) fn rejected(error: Throttled) -> Self {
         Self {
             state: State::Rejected { error },

@@ -58,7 +58,8 @@ use crate::BoxError;
 #[derive(Clone)]
 pub struct Throttle<S, C = ThrottleClassifier> {
     inner: S,
-    handle: ThrottleHandle,
+    /// `None`: a pass-through ([`Throttle::pass_through`]).
+    handle: Option<ThrottleHandle>,
     classifier: C,
 }
 
@@ -97,7 +98,8 @@ pub struct Throttle<S, C = ThrottleClassifier> {
 #[derive(Clone)]
 pub struct PlainThrottle<S, C = ErrorsOnly> {
     inner: S,
-    handle: ThrottleHandle,
+    /// `None`: a pass-through ([`Throttle::pass_through`]).
+    handle: Option<ThrottleHandle>,
     classifier: C,
 }
 
@@ -109,7 +111,29 @@ macro_rules! accessors {
             pub fn new(inner: S, handle: ThrottleHandle) -> Self {
                 Self {
                     inner,
-                    handle,
+                    handle: Some(handle),
+                    classifier: $default,
+                }
+            }
+
+            /// Wraps `inner` in no throttle: every call goes through and
+            /// nothing is counted. It is what
+            /// `tower_shield::stack::client_stack` builds unless it is
+            /// given a throttle, so that the stack's type is the same
+            /// either way; it costs a branch.
+            ///
+            /// # Example
+            ///
+            /// ```
+            #[doc = concat!("use tower_breaker::throttle::", stringify!($service), ";")]
+            ///
+            #[doc = concat!("let off = ", stringify!($service), "::pass_through(());")]
+            /// assert!(off.handle().is_none());
+            /// ```
+            pub fn pass_through(inner: S) -> Self {
+                Self {
+                    inner,
+                    handle: None,
                     classifier: $default,
                 }
             }
@@ -127,15 +151,16 @@ macro_rules! accessors {
             pub fn with_classifier(inner: S, handle: ThrottleHandle, classifier: C) -> Self {
                 Self {
                     inner,
-                    handle,
+                    handle: Some(handle),
                     classifier,
                 }
             }
 
-            /// The throttle, for snapshots.
+            /// The throttle, for snapshots (`None` for a
+            #[doc = concat!("[`pass_through`](", stringify!($service), "::pass_through)).")]
             #[must_use]
-            pub fn handle(&self) -> &ThrottleHandle {
-                &self.handle
+            pub fn handle(&self) -> Option<&ThrottleHandle> {
+                self.handle.as_ref()
             }
 
             /// The inner service.
@@ -161,7 +186,7 @@ macro_rules! accessors {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.debug_struct(stringify!($service))
                     .field("inner", &self.inner)
-                    .field("throttle", &self.handle.name())
+                    .field("throttle", &self.handle.as_ref().map(ThrottleHandle::name))
                     .field("classifier", &self.classifier)
                     .finish()
             }
@@ -189,7 +214,10 @@ where
 
     #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        match self.handle.try_acquire(Criticality::of(&request)) {
+        let Some(handle) = &self.handle else {
+            return ResponseFuture::passed(self.inner.call(request), self.classifier.clone());
+        };
+        match handle.try_acquire(Criticality::of(&request)) {
             Ok(permit) => {
                 ResponseFuture::called(self.inner.call(request), permit, self.classifier.clone())
             }
@@ -215,8 +243,11 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
+        let Some(handle) = &self.handle else {
+            return ResponseFuture::passed(self.inner.call(request), self.classifier.clone());
+        };
         let criticality = Criticality::current().unwrap_or_default();
-        match self.handle.try_acquire(criticality) {
+        match handle.try_acquire(criticality) {
             Ok(permit) => {
                 ResponseFuture::called(self.inner.call(request), permit, self.classifier.clone())
             }

@@ -6,12 +6,13 @@ use tower_retry_budget::Retry;
 
 use super::service::ReqwestService;
 use crate::criticality::PropagateCriticality;
+use tower_breaker::throttle::Throttle;
 use tower_breaker::CircuitBreaker;
 
 /// A stack of this crate's client layers (the criticality's
 /// propagation, the client deadline, the breaker, the retry layer, the
-/// bulkhead, in any order and number) with a [`ReqwestService`] at the
-/// bottom: what
+/// throttle, the bulkhead, in any order and number) with a
+/// [`ReqwestService`] at the bottom: what
 /// [`client_stack`](crate::stack::client_stack)`(..).layer(ReqwestService::new(..))`
 /// and the same layers put together by hand build.
 /// [`Client::new`](super::Client::new) takes the `reqwest::Client` it
@@ -67,6 +68,12 @@ impl<S: ReqwestStack, K, R> ReqwestStack for Bulkhead<S, K, R> {
     }
 }
 
+impl<S: ReqwestStack, C> ReqwestStack for Throttle<S, C> {
+    fn reqwest_client(&self) -> &::reqwest::Client {
+        self.get_ref().reqwest_client()
+    }
+}
+
 impl<S: ReqwestStack> ReqwestStack for PropagateCriticality<S> {
     fn reqwest_client(&self) -> &::reqwest::Client {
         self.get_ref().reqwest_client()
@@ -87,4 +94,5 @@ mod sealed {
     impl<S: Sealed, P, M> Sealed for Retry<S, P, M> {}
     impl<S: Sealed, K, R> Sealed for Bulkhead<S, K, R> {}
     impl<S: Sealed> Sealed for PropagateCriticality<S> {}
+    impl<S: Sealed, C> Sealed for Throttle<S, C> {}
 }
