@@ -109,7 +109,7 @@
 //!     .layer_fn(Throttle::pass_through)
 //!     .layer(BulkheadLayer::new("inventory", 32).hold_until_body_end())
 //!     .layer(ClientDeadlineLayer::new());
-//! # let _ = by_hand;
+//! # let _ = by_hand.service(()); // any transport
 //! ```
 //!
 //! Handlers that call a dependency through a client stack turn its errors
