@@ -9,42 +9,50 @@ use tower_resilience_base::random::{unit, ProcessRandom, RandomSource};
 use super::{LimitAlgorithm, Window};
 
 /// A gradient controller: the limit follows the ratio of the no-load
-/// latency to the recent latency, plus a headroom of `sqrt(limit)`.
+/// latency to the recent latency, with a headroom of `sqrt(limit)` to
+/// probe upwards while nothing queues.
 ///
 /// Per closed [`Window`] with timed calls:
 ///
 /// ```text
 /// gradient  = clamp(no_load * (1 + tolerance) / recent, 0.5, 1.0)
-/// target    = limit * gradient + sqrt(limit)
+/// headroom  = sqrt(limit) if gradient == 1, else 0
+/// target    = limit * gradient + headroom
 /// limit     = (1 - smoothing) * limit + smoothing * target
 /// ```
 ///
-/// where `recent` is the window's mean latency and `no_load` the lowest
-/// window mean seen since the last measurement. While the dependency
-/// answers as fast as without load, the gradient is 1 and the limit grows
-/// by the headroom (about `0.2 * sqrt(limit)` per window); once calls
-/// queue and the recent latency rises past `no_load * (1 + tolerance)`,
-/// the gradient falls and the limit with it, until the queue drains.
-/// A window with a congestion signal (a call dropped by its caller, a
-/// deadline exceeded, a local timeout) also caps the limit at
-/// `limit * 0.9`.
+/// where `recent` is the window's mean latency. While the dependency
+/// answers about as fast as without load, the gradient is 1 and the limit
+/// grows by its headroom (about `0.2 * sqrt(limit)` per window); once
+/// calls queue and the recent latency rises past `no_load * (1 +
+/// tolerance)`, the gradient falls and the limit with it, until the queue
+/// drains. The headroom is left out while a queue is measured (unlike
+/// Envoy's controller, which always adds it): added on top of a measured
+/// queue, it would keep a standing queue of about `sqrt(limit)` calls,
+/// which every call then waits behind. A window with a congestion signal
+/// (a call dropped by its caller, a deadline exceeded, a local timeout)
+/// also caps the limit at `limit * 0.9`.
 ///
-/// **Re-measuring the no-load latency.** A long-term minimum goes stale
-/// when the dependency itself gets slower (a bigger data set, another
-/// region): every limit would then look congested. So, as Envoy's
-/// adaptive concurrency filter does, the no-load latency is measured again
-/// every [`remeasure_interval`](Self::remeasure_interval) (default 60 s,
-/// with ±15% jitter so that a fleet does not pause in step): for one
-/// window the limit drops to a quarter of itself (at least the minimum),
-/// the mean latency at that low concurrency becomes the new no-load
-/// latency, and the limit returns to where it was.
+/// **Measuring the no-load latency.** As Envoy's adaptive concurrency
+/// filter does, the no-load latency is *measured*, not guessed: the limit
+/// is pinned to its minimum until [`MEASURE_SAMPLES`](Self::MEASURE_SAMPLES)
+/// timed calls made at that concurrency have completed, and their mean
+/// latency is the no-load latency; then the limit returns to where it
+/// was. This happens after the first window (the initial limit may
+/// already queue), and again every
+/// [`remeasure_interval`](Self::remeasure_interval) (default 60 s, with
+/// ±15% jitter so that a fleet does not pause in step), because a
+/// dependency that became slower for good (a bigger data set, another
+/// region) would otherwise look congested forever. A measurement lasts a
+/// few windows; the pinned limit is the price of a baseline that no queue
+/// can inflate.
 ///
 /// **Defaults**, chosen to need no tuning from 1 ms to 1 s dependencies:
-/// initial limit 20, bounds `[4, 1000]`, smoothing 0.2, tolerance 0.25,
-/// re-measure every 60 s. Every quantity is a ratio of latencies, never a
-/// latency, and windows are sized by the compartment from the observed
-/// latency (see the [module docs](super)), so nothing depends on the
-/// dependency's speed.
+/// initial limit 20, bounds `[3, 1000]` (3 is also the measuring
+/// concurrency), smoothing 0.2, tolerance 0.25, re-measure every 60 s.
+/// Every quantity is a ratio of latencies, never a latency, and windows
+/// are sized by the compartment from the observed latency (see the
+/// [module docs](super)), so nothing depends on the dependency's speed.
 ///
 /// # Example
 ///
@@ -54,18 +62,24 @@ use super::{LimitAlgorithm, Window};
 /// use tokio::time::Instant;
 ///
 /// let mut gradient = Gradient::new();
-/// let window = |ms| {
-///     Window::new(Instant::now(), Duration::from_millis(50))
-///         .with_sample(Duration::from_millis(ms), 20)
+/// let window = |ms, in_flight| {
+///     (0..20).fold(Window::new(Instant::now(), Duration::from_millis(50)), |w, _| {
+///         w.with_sample(Duration::from_millis(ms), in_flight)
+///     })
 /// };
 ///
-/// // 10 ms without load: the limit grows by its headroom.
-/// let grown = gradient.update(20, &window(10));
-/// assert!(grown > 20);
+/// // The first window pins the limit to measure the no-load latency...
+/// assert_eq!(gradient.update(20, &window(12, 20)), 3);
+/// // ...over 40 calls made at that concurrency: 10 ms. Back to 20.
+/// assert_eq!(gradient.update(3, &window(10, 3)), 3);
+/// assert_eq!(gradient.update(3, &window(10, 3)), 20);
 /// assert_eq!(gradient.no_load_latency(), Some(Duration::from_millis(10)));
 ///
+/// // 10 ms under load: nothing queues, the limit grows by its headroom.
+/// let grown = gradient.update(20, &window(10, 20));
+/// assert!(grown > 20);
 /// // Calls now take 40 ms: they queue, so the limit comes down.
-/// assert!(gradient.update(grown, &window(40)) < grown);
+/// assert!(gradient.update(grown, &window(40, grown)) < grown);
 /// ```
 ///
 /// # Clone
@@ -89,11 +103,22 @@ pub struct Gradient {
 struct State {
     /// The limit as a real number, so that small steps add up.
     estimate: Option<f64>,
+    /// The no-load latency of the last measurement.
     no_load: Option<Duration>,
-    /// When the next re-measurement starts.
+    /// When the next measurement starts (once one has been made).
     next_remeasure: Option<Instant>,
-    /// During a re-measurement: the limit to return to.
-    measuring: Option<f64>,
+    /// A measurement under way.
+    measuring: Option<Measuring>,
+}
+
+/// A measurement of the no-load latency: the limit is pinned to the
+/// minimum until enough calls made at that concurrency have been timed.
+#[derive(Debug, Clone, Copy)]
+struct Measuring {
+    /// The limit to return to.
+    saved: f64,
+    samples: u64,
+    latency_sum: Duration,
 }
 
 // === impl Gradient ===
@@ -101,8 +126,11 @@ struct State {
 impl Gradient {
     /// The default initial limit: 20.
     pub const DEFAULT_INITIAL: usize = 20;
-    /// The default lower bound: 4.
-    pub const DEFAULT_MIN: usize = 4;
+    /// The default lower bound, also the concurrency at which the no-load
+    /// latency is measured: 3.
+    pub const DEFAULT_MIN: usize = 3;
+    /// How many calls a measurement of the no-load latency times: 40.
+    pub const MEASURE_SAMPLES: u64 = 40;
     /// The default upper bound: 1000.
     pub const DEFAULT_MAX: usize = 1000;
     /// The default smoothing: 0.2 (a fifth of the way to the target per
@@ -137,8 +165,10 @@ impl Gradient {
         self
     }
 
-    /// The bounds of the limit (default `[4, 1000]`). A minimum of zero is
-    /// raised to one, and a maximum below the minimum is raised to it.
+    /// The bounds of the limit (default `[3, 1000]`). The minimum is also
+    /// the concurrency at which the no-load latency is measured. A minimum
+    /// of zero is raised to one, and a maximum below the minimum is raised
+    /// to it.
     pub fn bounds(mut self, min: usize, max: usize) -> Self {
         self.min = min.max(1);
         self.max = max.max(self.min);
@@ -221,47 +251,58 @@ impl LimitAlgorithm for Gradient {
             _ => limit as f64,
         };
 
-        // End of a re-measurement: the window at low concurrency gives the
-        // no-load latency; the limit returns to where it was.
-        if let Some(saved) = self.state.measuring {
-            if let Some(mean) = window.mean_latency() {
-                self.state.measuring = None;
-                self.state.no_load = Some(mean);
-                self.state.next_remeasure = self.next_remeasure(now);
-                estimate = saved;
-            } else {
-                return limit;
+        // Measuring: only calls made at the pinned concurrency count.
+        if let Some(mut m) = self.state.measuring {
+            if window.samples() > 0 && window.max_in_flight() <= self.min {
+                m.samples += window.samples();
+                m.latency_sum = m.latency_sum.saturating_add(
+                    window.mean_latency().unwrap_or_default() * window.samples() as u32,
+                );
             }
-        } else if let Some(mean) = window.mean_latency() {
-            let no_load = match self.state.no_load {
-                Some(n) if n <= mean => n,
-                _ => mean,
-            };
-            self.state.no_load = Some(no_load);
-            if self.state.next_remeasure.is_none() {
-                self.state.next_remeasure = self.next_remeasure(now);
+            if m.samples < Self::MEASURE_SAMPLES {
+                self.state.measuring = Some(m);
+                return self.min;
             }
+            self.state.measuring = None;
+            self.state.no_load = Some(m.latency_sum / m.samples as u32);
+            self.state.next_remeasure = self.next_remeasure(now);
+            self.state.estimate = Some(m.saved);
+            return m.saved.round() as usize;
+        }
+
+        // Nothing measured yet, or time to measure again: pin the limit.
+        let due = self.state.next_remeasure.is_some_and(|at| now >= at);
+        if self.state.no_load.is_none() || due {
+            self.state.measuring = Some(Measuring {
+                saved: estimate,
+                samples: 0,
+                latency_sum: Duration::ZERO,
+            });
+            self.state.next_remeasure = None;
+            return self.min;
+        }
+
+        if let (Some(mean), Some(no_load)) = (window.mean_latency(), self.state.no_load) {
             let ratio = no_load.as_secs_f64() * (1.0 + self.tolerance) / mean.as_secs_f64();
             let gradient = if ratio.is_finite() {
                 ratio.clamp(0.5, 1.0)
             } else {
                 1.0
             };
-            let target = estimate * gradient + estimate.sqrt();
+            // Headroom only while nothing queues: probing upwards on top
+            // of a measured queue would keep one standing.
+            let headroom = if gradient >= 1.0 {
+                estimate.sqrt()
+            } else {
+                0.0
+            };
+            let target = estimate * gradient + headroom;
             estimate = (1.0 - self.smoothing) * estimate + self.smoothing * target;
         }
         if window.congestion() > 0 {
             estimate = estimate.min(limit as f64 * 0.9);
         }
         estimate = self.bounded(estimate);
-
-        if self.state.next_remeasure.is_some_and(|at| now >= at) {
-            self.state.measuring = Some(estimate);
-            self.state.next_remeasure = None;
-            let low = self.bounded((estimate / 4.0).ceil());
-            self.state.estimate = Some(low);
-            return low as usize;
-        }
         self.state.estimate = Some(estimate);
         estimate.round() as usize
     }
