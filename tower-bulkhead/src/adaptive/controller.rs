@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{LimitAlgorithm, Window};
 use crate::metrics::CompartmentMetrics;
 
-/// One call in this many is timed (per thread), once a window has
+/// One call in this many (a power of two) is timed (per thread), once a window has
 /// [`MIN_SAMPLES`] samples: 16.
 pub const SAMPLE_EVERY: u32 = 16;
 /// A window closes once it has this many timed calls (or a congestion
@@ -139,7 +139,7 @@ impl Controller {
             t.set(n);
             n
         });
-        if tick % SAMPLE_EVERY == 0 || self.samples.load(Relaxed) < MIN_SAMPLES {
+        if tick & (SAMPLE_EVERY - 1) == 0 || self.samples.load(Relaxed) < MIN_SAMPLES {
             self.now_ns()
         } else {
             NOT_TIMED
