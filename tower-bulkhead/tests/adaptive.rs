@@ -194,11 +194,50 @@ fn gradient_on_a_noisy_trace_stays_bounded_and_congestion_caps_it() {
         assert!((5..=200).contains(&limit), "{limit}");
     }
     assert_eq!(limit, 200, "noise within the tolerance is no congestion");
-    let capped = g.update(200, &window(now, 10 * MS, 200, 10).with_congestion(1));
-    assert_eq!(capped, 180);
+    let cut = window(now, 10 * MS, 200, 10).with_congested_sample(30 * MS, 200);
+    assert_eq!(g.update(200, &cut), 180);
     // Only congestion, no sample: capped again.
     let capped = g.update(180, &Window::new(now, 20 * MS).with_congestion(3));
     assert_eq!(capped, 162);
+    // Untimed cuts while the timed calls (an unbiased sample) show none:
+    // not capped.
+    let untimed = window(now, 10 * MS, 162, 10).with_congestion(1);
+    assert!(g.update(162, &untimed) > 162);
+}
+
+/// 20 ms calls behind a 25 ms deadline: about a quarter are cut even
+/// without load. Those cuts are the dependency's, not a queue's: the limit
+/// must not sink for them, only for more.
+#[test]
+fn gradient_tells_cuts_without_load_from_cuts_of_a_queue() {
+    let now = Instant::now();
+    let mut g = gradient();
+    // One window in four cut at 25 ms, measured at the minimum.
+    let with_cuts = |limit: usize, cut_of_12: usize| {
+        (0..12).fold(Window::new(now, 50 * MS), |w, i| {
+            if i < cut_of_12 {
+                w.with_congested_sample(25 * MS, limit)
+            } else {
+                w.with_sample(18 * MS, limit)
+            }
+        })
+    };
+    assert_eq!(g.update(20, &with_cuts(20, 3)), 3);
+    for _ in 0..3 {
+        assert_eq!(g.update(3, &with_cuts(3, 3)), 3);
+    }
+    let mut limit = g.update(3, &with_cuts(3, 3));
+    assert_eq!(limit, 20);
+    // The same share of cuts under load: no queue, the limit grows.
+    for _ in 0..20 {
+        let next = g.update(limit, &with_cuts(limit, 3));
+        assert!(next >= limit, "{next} < {limit}");
+        limit = next;
+    }
+    assert!(limit > 30, "{limit}");
+    // Twice as many cut: capped at 90%.
+    let capped = (limit as f64 * 0.9).round() as usize;
+    assert_eq!(g.update(limit, &with_cuts(limit, 8)), capped);
 }
 
 #[test]

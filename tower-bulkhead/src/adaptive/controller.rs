@@ -71,6 +71,7 @@ pub(crate) struct Controller {
     max_ns: AtomicU64,
     max_in_flight: AtomicUsize,
     congestion: AtomicU64,
+    congested_samples: AtomicU64,
     recent_ns: AtomicU64,
     no_load_ns: AtomicU64,
     last_log_ns: AtomicU64,
@@ -115,6 +116,7 @@ impl Controller {
             max_ns: AtomicU64::new(0),
             max_in_flight: AtomicUsize::new(0),
             congestion: AtomicU64::new(0),
+            congested_samples: AtomicU64::new(0),
             recent_ns: AtomicU64::new(NOT_TIMED),
             no_load_ns: AtomicU64::new(NOT_TIMED),
             last_log_ns: AtomicU64::new(NOT_TIMED),
@@ -217,6 +219,7 @@ impl Controller {
         let max = self.max_ns.swap(0, Relaxed);
         let max_in_flight = self.max_in_flight.swap(0, Relaxed);
         let congestion = self.congestion.swap(0, Relaxed);
+        let congested_samples = self.congested_samples.swap(0, Relaxed).min(samples);
         self.window_start_ns.store(now_ns, Relaxed);
         if samples == 0 && congestion == 0 {
             return; // nothing happened: nothing to learn
@@ -238,6 +241,7 @@ impl Controller {
             max,
             max_in_flight,
             congestion,
+            congested_samples,
         );
         let old = limit.load(Relaxed);
         let new = algorithm.update(old, &window).clamp(self.min, self.max);
