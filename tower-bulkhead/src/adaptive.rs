@@ -59,8 +59,8 @@
 //! once, under a try-lock (a call that finds it taken goes on). A window
 //! lasts at least [`MIN_WINDOW`] and twice the recent mean latency, at
 //! most [`MAX_WINDOW`], and closes with at least [`MIN_SAMPLES`] timed
-//! calls or a congestion signal (or, at [`MAX_WINDOW`], with whatever it
-//! has). So a 1 ms dependency gets a new limit about every 10 ms and a 1 s
+//! calls and congestion signals together (or, at [`MAX_WINDOW`], with
+//! whatever it has), so that one window's figures are not one call's. So a 1 ms dependency gets a new limit about every 10 ms and a 1 s
 //! dependency every 2 s, with no setting to tune.
 //!
 //! # The algorithms

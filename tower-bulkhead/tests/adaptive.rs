@@ -297,17 +297,38 @@ async fn a_call_dropped_by_its_caller_lowers_the_limit() {
     let svc = layer.layer(answers_after(50 * MS));
     advance(20 * MS).await;
 
-    let cut = timeout(5 * MS, svc.clone().oneshot(request())).await;
-    assert!(cut.is_err(), "the caller gave up");
+    // Ten callers give up together: a window's worth of signals.
+    let calls: Vec<_> = (0..10)
+        .map(|_| timeout(5 * MS, svc.clone().oneshot(request())))
+        .collect();
+    for cut in together(calls).await {
+        assert!(cut.is_err(), "the caller gave up");
+    }
     assert_eq!(handle.limit(), 9);
     assert_eq!(handle.in_flight(), 0);
 
-    // A second drop in the same (new, 10 ms) window does not close it yet.
+    // One more drop soon after does not close the new window...
     let _ = timeout(5 * MS, svc.clone().oneshot(request())).await;
     assert_eq!(handle.limit(), 9);
-    advance(10 * MS).await;
+    // ...but once it has lasted its longest, whatever it has counts.
+    advance(tower_bulkhead::adaptive::MAX_WINDOW).await;
     let _ = timeout(5 * MS, svc.clone().oneshot(request())).await;
     assert_eq!(handle.limit(), 8);
+}
+
+/// Runs all `futures` at once on their own tasks, collecting their
+/// outputs in the given order.
+async fn together<F>(futures: Vec<F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let tasks: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut outputs = Vec::new();
+    for task in tasks {
+        outputs.push(task.await.unwrap());
+    }
+    outputs
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -335,6 +356,10 @@ async fn a_deadline_exceeded_in_the_error_chain_lowers_the_limit_and_other_error
         10,
         "a plain failure says nothing about load"
     );
+    for _ in 0..9 {
+        assert!(failing(true).oneshot(request()).await.is_err());
+    }
+    assert_eq!(handle.limit(), 10, "nine signals: the window is still open");
     assert!(failing(true).oneshot(request()).await.is_err());
     assert_eq!(handle.limit(), 9);
     assert_eq!(handle.in_flight(), 0);
@@ -351,8 +376,10 @@ async fn an_http_503_from_the_dependency_is_congestion() {
         Ok::<_, std::convert::Infallible>(response)
     }));
     advance(20 * MS).await;
-    let response = svc.oneshot(request()).await.unwrap();
-    assert_eq!(response.status(), 503);
+    for _ in 0..10 {
+        let response = svc.clone().oneshot(request()).await.unwrap();
+        assert_eq!(response.status(), 503);
+    }
     assert_eq!(handle.limit(), 9);
 }
 
@@ -460,9 +487,14 @@ async fn per_key_adaptive_compartments_learn_independently() {
     let svc = layer.layer(answers_after(20 * MS));
     advance(20 * MS).await;
     // Calls to "slow" are cut by their callers; calls to "fast" are not.
-    for _ in 0..5 {
-        let _ = timeout(MS, svc.clone().oneshot(request_to("slow"))).await;
-        svc.clone().oneshot(request_to("fast")).await.unwrap();
+    for _ in 0..3 {
+        let cut: Vec<_> = (0..10)
+            .map(|_| timeout(MS, svc.clone().oneshot(request_to("slow"))))
+            .collect();
+        together(cut).await;
+        for _ in 0..10 {
+            svc.clone().oneshot(request_to("fast")).await.unwrap();
+        }
         advance(10 * MS).await;
     }
     let slow = handle.get(&"slow".to_owned()).unwrap();

@@ -16,9 +16,9 @@ use crate::metrics::CompartmentMetrics;
 /// One call in this many (a power of two) is timed (per thread), once a window has
 /// [`MIN_SAMPLES`] samples: 16.
 pub const SAMPLE_EVERY: u32 = 16;
-/// A window closes once it has this many timed calls (or a congestion
-/// signal, or has lasted [`MAX_WINDOW`]): 10. Until then every call is
-/// timed.
+/// A window closes once it has this many timed calls and congestion
+/// signals together (or has lasted [`MAX_WINDOW`]): 10. Until then every
+/// call is timed.
 pub const MIN_SAMPLES: u64 = 10;
 /// The shortest window: 10 ms.
 pub const MIN_WINDOW: Duration = Duration::from_millis(10);
@@ -200,9 +200,14 @@ impl Controller {
         if elapsed < self.window_len_ns.load(Relaxed) {
             return;
         }
-        let samples = self.samples.load(Relaxed);
-        let congestion = self.congestion.load(Relaxed);
-        if elapsed < nanos(MAX_WINDOW) && samples < MIN_SAMPLES && congestion == 0 {
+        // Calls that ended: timed ones, plus congestion signals of calls
+        // that were not timed.
+        let signals = self.samples.load(Relaxed).saturating_add(
+            self.congestion
+                .load(Relaxed)
+                .saturating_sub(self.congested_samples.load(Relaxed)),
+        );
+        if elapsed < nanos(MAX_WINDOW) && signals < MIN_SAMPLES {
             return;
         }
         let mut algorithm = match self.algorithm.try_lock() {
