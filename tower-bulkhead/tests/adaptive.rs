@@ -592,6 +592,40 @@ async fn racing_tasks_leak_no_permit_and_the_limit_stays_within_bounds() {
     assert!((2..=16).contains(&limit), "{limit}");
 }
 
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn every_change_of_limit_is_a_debug_event_at_most_one_per_second() {
+    let events = support::Events::with_debug();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let layer = BulkheadLayer::adaptive("dep", Aimd::new().initial(20));
+    let handle = layer.handle();
+    let svc = layer.layer(answers_after(50 * MS));
+    let cut_ten = || {
+        let calls: Vec<_> = (0..10)
+            .map(|_| timeout(5 * MS, svc.clone().oneshot(request())))
+            .collect();
+        together(calls)
+    };
+    let changes = |events: &support::Events| {
+        events
+            .seen()
+            .into_iter()
+            .filter(|(message, _)| message == "bulkhead limit changed")
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..3 {
+        advance(20 * MS).await;
+        cut_ten().await;
+    }
+    assert_eq!(handle.limit(), 14, "20, 18, 16, 14");
+    assert_eq!(changes(&events).len(), 1, "the later two are suppressed");
+    advance(Duration::from_secs(1)).await;
+    cut_ten().await;
+    assert_eq!(handle.limit(), 12);
+    let seen = changes(&events);
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].1, 2, "it reports the two suppressed changes");
+}
+
 #[test]
 fn the_trait_is_object_safe() {
     let boxed: Box<dyn LimitAlgorithm> = Box::new(Aimd::new());
