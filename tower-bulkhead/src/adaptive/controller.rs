@@ -162,29 +162,44 @@ impl Controller {
         match ending {
             Ending::Completed if start_ns != NOT_TIMED => {
                 let now = self.now_ns();
-                let latency = now.saturating_sub(start_ns);
-                self.sum_ns.fetch_add(latency, Relaxed);
-                self.min_ns.fetch_min(latency, Relaxed);
-                self.max_ns.fetch_max(latency, Relaxed);
-                self.max_in_flight.fetch_max(in_flight, Relaxed);
-                // Counted last: a closer that sees the count sees the sum.
-                self.samples.fetch_add(1, Relaxed);
+                self.sample(now.saturating_sub(start_ns), in_flight);
                 self.maybe_close(limit, name, metrics, now);
             }
-            Ending::Dropped | Ending::Congested => self.congested(limit, name, metrics),
+            Ending::Dropped | Ending::Congested => {
+                self.congested(limit, name, metrics, start_ns, in_flight);
+            }
             Ending::Completed | Ending::Ignored => {}
         }
     }
 
+    #[inline]
+    fn sample(&self, latency: u64, in_flight: usize) {
+        self.sum_ns.fetch_add(latency, Relaxed);
+        self.min_ns.fetch_min(latency, Relaxed);
+        self.max_ns.fetch_max(latency, Relaxed);
+        self.max_in_flight.fetch_max(in_flight, Relaxed);
+        // Counted last: a closer that sees the count sees the sum.
+        self.samples.fetch_add(1, Relaxed);
+    }
+
+    /// A congestion signal; if the call was timed, also a sample whose
+    /// latency is when it was cut.
     #[cold]
     fn congested(
         &self,
         limit: &crate::sync::AtomicUsize,
         name: &str,
         metrics: &CompartmentMetrics,
+        start_ns: u64,
+        in_flight: usize,
     ) {
+        let now = self.now_ns();
+        if start_ns != NOT_TIMED {
+            self.congested_samples.fetch_add(1, Relaxed);
+            self.sample(now.saturating_sub(start_ns), in_flight);
+        }
         self.congestion.fetch_add(1, Relaxed);
-        self.maybe_close(limit, name, metrics, self.now_ns());
+        self.maybe_close(limit, name, metrics, now);
     }
 
     /// Closes the window if it is due, from at most one call at a time.

@@ -33,9 +33,9 @@ use super::{LimitAlgorithm, Window};
 /// queue, it would keep a standing queue of about `sqrt(limit)` calls,
 /// which every call then waits behind. A window with congestion signals
 /// (calls dropped by their callers, deadlines exceeded, local timeouts)
-/// also caps the limit at `limit * 0.9`, if its share of cut calls is
-/// above the share cut during the no-load measurement by more than its
-/// noise: a dependency whose latency is close to its callers' deadline
+/// also caps the limit at `limit * 0.9`, if its share of cut calls (or
+/// that share smoothed over the last windows) is above the share cut
+/// during the no-load measurement by more than its noise: a dependency whose latency is close to its callers' deadline
 /// has calls cut even without load, and shrinking the limit below its
 /// servers would not save them.
 ///
@@ -114,6 +114,8 @@ struct State {
     /// The share of timed calls cut during the last measurement: cuts the
     /// dependency causes without load (a deadline close to its latency).
     no_load_cut: f64,
+    /// The share of timed calls cut, smoothed over windows (weight 0.2).
+    recent_cut: f64,
     /// When the next measurement starts (once one has been made).
     next_remeasure: Option<Instant>,
     /// A measurement under way.
@@ -230,15 +232,25 @@ impl Gradient {
 
     /// Whether the window's share of cut calls is above the share measured
     /// without load, by more than its noise (two standard deviations of a
-    /// binomial share, plus 1%). With no timed call, any cut counts.
-    fn more_cuts_than_without_load(&self, window: &Window) -> bool {
+    /// binomial share, plus 1%), or the smoothed share of the last windows
+    /// is more than a quarter above it (plus the noise of the baseline
+    /// measurement, plus 5%). With no timed call, any cut counts.
+    fn more_cuts_than_without_load(&mut self, window: &Window) -> bool {
         let n = window.samples() as f64;
         if n == 0.0 {
             return true;
         }
         let base = self.state.no_load_cut;
         let share = window.congested_samples() as f64 / n;
-        share > base + 2.0 * (base * (1.0 - base) / n).sqrt() + 0.01
+        self.state.recent_cut = 0.8 * self.state.recent_cut + 0.2 * share;
+        // A burst of cuts in this window, beyond its noise...
+        let burst = share > base + 2.0 * (base * (1.0 - base) / n).sqrt() + 0.01;
+        // ...or a lasting excess over the windows.
+        // The baseline is itself a measurement of MEASURE_SAMPLES calls:
+        // allow for its noise too.
+        let base_noise = 2.0 * (base * (1.0 - base) / Self::MEASURE_SAMPLES as f64).sqrt();
+        let lasting = self.state.recent_cut > base * 1.25 + base_noise + 0.05;
+        burst || lasting
     }
 
     fn bounded(&self, estimate: f64) -> f64 {
@@ -290,6 +302,7 @@ impl LimitAlgorithm for Gradient {
             self.state.measuring = None;
             self.state.no_load = Some(m.latency_sum / m.samples as u32);
             self.state.no_load_cut = m.cut as f64 / m.samples as f64;
+            self.state.recent_cut = self.state.no_load_cut;
             self.state.next_remeasure = self.next_remeasure(now);
             self.state.estimate = Some(m.saved);
             return m.saved.round() as usize;
@@ -325,7 +338,8 @@ impl LimitAlgorithm for Gradient {
             let target = estimate * gradient + headroom;
             estimate = (1.0 - self.smoothing) * estimate + self.smoothing * target;
         }
-        if window.congestion() > 0 && self.more_cuts_than_without_load(window) {
+        let cut = self.more_cuts_than_without_load(window);
+        if window.congestion() > 0 && cut {
             estimate = estimate.min(limit as f64 * 0.9);
         }
         estimate = self.bounded(estimate);
