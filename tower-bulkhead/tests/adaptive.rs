@@ -140,6 +140,21 @@ fn gradient_grows_while_latency_stays_at_its_no_load_value() {
     assert_eq!(g.no_load_latency(), Some(10 * MS));
 }
 
+/// Regression (overload harness, behind a throttle): a limit the calls
+/// never reach drifted up to its maximum (997 of 1000), since nothing
+/// queued. It grows only while at least half used.
+#[test]
+fn gradient_does_not_grow_a_limit_its_calls_never_reach() {
+    let now = Instant::now();
+    let mut g = gradient();
+    let initial = g.initial_limit();
+    let limit = measured(&mut g, initial, 10 * MS, now);
+    for _ in 0..100 {
+        assert_eq!(g.update(limit, &window(now, 10 * MS, 9, 10)), limit);
+    }
+    assert!(g.update(limit, &window(now, 10 * MS, 10, 10)) > limit);
+}
+
 #[test]
 fn gradient_comes_down_on_a_rising_trace_and_back_up_on_a_falling_one() {
     let now = Instant::now();

@@ -16,7 +16,8 @@ use super::{LimitAlgorithm, Window};
 ///
 /// ```text
 /// gradient  = clamp(no_load * (1 + tolerance) / recent, 0.5, 1.0)
-/// headroom  = sqrt(limit) if gradient == 1, else 0
+/// headroom  = sqrt(limit) if gradient == 1 and the compartment was at
+///             least half used (window.max_in_flight >= limit / 2), else 0
 /// target    = limit * gradient + headroom
 /// limit     = (1 - smoothing) * limit + smoothing * target
 /// ```
@@ -328,9 +329,12 @@ impl LimitAlgorithm for Gradient {
             } else {
                 1.0
             };
-            // Headroom only while nothing queues: probing upwards on top
-            // of a measured queue would keep one standing.
-            let headroom = if gradient >= 1.0 {
+            // Headroom only while nothing queues (probing upwards on top
+            // of a measured queue would keep one standing) and while the
+            // compartment is used (at least half of it: a limit that is
+            // never reached, say behind a throttle, must not drift up).
+            let used = window.max_in_flight().saturating_mul(2) >= limit;
+            let headroom = if gradient >= 1.0 && used {
                 estimate.sqrt()
             } else {
                 0.0
