@@ -232,8 +232,8 @@ impl Gradient {
     }
 
     /// Whether the window's share of cut calls is above the share measured
-    /// without load, by more than its noise (two standard deviations of a
-    /// binomial share, plus 1%), or the smoothed share of the last windows
+    /// without load, by more than the noise of both (two standard
+    /// deviations of a binomial share each, plus 1%), or the smoothed share of the last windows
     /// is more than a quarter above it (plus the noise of the baseline
     /// measurement, plus 5%). With no timed call, any cut counts.
     fn more_cuts_than_without_load(&mut self, window: &Window) -> bool {
@@ -244,12 +244,12 @@ impl Gradient {
         let base = self.state.no_load_cut;
         let share = window.congested_samples() as f64 / n;
         self.state.recent_cut = 0.8 * self.state.recent_cut + 0.2 * share;
-        // A burst of cuts in this window, beyond its noise...
-        let burst = share > base + 2.0 * (base * (1.0 - base) / n).sqrt() + 0.01;
-        // ...or a lasting excess over the windows.
         // The baseline is itself a measurement of MEASURE_SAMPLES calls:
         // allow for its noise too.
         let base_noise = 2.0 * (base * (1.0 - base) / Self::MEASURE_SAMPLES as f64).sqrt();
+        // A burst of cuts in this window, beyond its noise...
+        let burst = share > base + base_noise + 2.0 * (base * (1.0 - base) / n).sqrt() + 0.01;
+        // ...or a lasting excess over the windows.
         let lasting = self.state.recent_cut > base * 1.25 + base_noise + 0.05;
         burst || lasting
     }
