@@ -38,11 +38,9 @@ fn wait(c: &Arc<Compartment>, max_waiters: usize) -> Option<Permit> {
         return Some(permit);
     }
     let place = WaiterPlace::try_take(c, max_waiters)?;
-    loom::future::block_on(wait_for_slot(&place.compartment));
+    let in_flight = loom::future::block_on(wait_for_slot(&place.compartment));
     drop(place);
-    Some(Permit {
-        compartment: c.clone(),
-    })
+    Some(Permit::new(c, in_flight))
 }
 
 /// Three calls race for a compartment of two slots, each taking a slot if
@@ -57,13 +55,17 @@ fn racing_calls_never_exceed_the_limit_and_return_every_slot() {
         let calls: Vec<_> = (0..3)
             .map(|_| {
                 let (c, held) = (c.clone(), held.clone());
-                thread::spawn(move || match Admission::decide(&c, WaitPolicy::default()) {
-                    Admission::Go(permit) => {
-                        hold(permit, &held, 2);
-                        true
+                thread::spawn(move || {
+                    match Admission::decide(&c, WaitPolicy::default(), Shedding::OFF, || {
+                        Criticality::Critical
+                    }) {
+                        Admission::Go(permit) => {
+                            hold(permit, &held, 2);
+                            true
+                        }
+                        Admission::Full(_) => false,
+                        Admission::Wait(_) => unreachable!("no max_wait"),
                     }
-                    Admission::Full(_) => false,
-                    Admission::Wait(_) => unreachable!("no max_wait"),
                 })
             })
             .collect();
