@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tower_resilience_base::criticality::Criticality;
 
+use crate::adaptive::controller::{Controller, Ending, LimitSpec, NOT_TIMED};
 use crate::error::BulkheadFull;
 use crate::metrics::CompartmentMetrics;
 use crate::sync::{AtomicU64, AtomicUsize, Notify, Ordering};
@@ -34,9 +36,16 @@ pub struct Compartment {
     /// Waiter places taken: calls that found the compartment full and wait
     /// for a slot, from `call` until they get one, time out or are dropped.
     waiters: AtomicUsize,
-    limit: usize,
+    /// The limit: set once for a fixed compartment, moved by the
+    /// controller of an adaptive one. A relaxed load is a plain load.
+    limit: AtomicUsize,
+    /// The adaptive state; `None` for a fixed compartment, whose hot path
+    /// then does nothing more than before limits could adapt.
+    adaptive: Option<Box<Controller>>,
     name: Arc<str>,
     rejected: AtomicU64,
+    /// Of the rejections, those refused for their criticality.
+    shed: AtomicU64,
     notify: Notify,
     /// Milliseconds since `epoch` of the last lookup (keyed compartments
     /// only; used for idle eviction).
@@ -56,6 +65,15 @@ pub struct Compartment {
 /// panic unwinding) gives the slot back.
 pub struct Permit {
     compartment: Arc<Compartment>,
+    /// Adaptive compartments only: when the call started (nanoseconds
+    /// since the controller's epoch) if it is timed, else [`NOT_TIMED`].
+    start_ns: u64,
+    /// Adaptive compartments only: calls in flight when it started,
+    /// itself included.
+    in_flight: usize,
+    /// How the call ended, as the response future tells; a permit dropped
+    /// untold is a call its caller dropped.
+    ending: Ending,
 }
 
 /// One taken waiter place of a [`Compartment`]: a call that may wait for
@@ -81,6 +99,76 @@ pub(crate) struct WaitPolicy {
     pub(crate) max_waiters: Option<usize>,
 }
 
+/// Criticality shedding: a request of criticality `c` takes a slot only
+/// while fewer than `share(c) * limit` are taken. Copied from the layer
+/// into every service it wraps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shedding {
+    /// Each criticality's share of the limit, in 1/1024ths.
+    shares: [u32; 4],
+    /// The lowest share: below it, no request's criticality is looked up.
+    floor: u32,
+}
+
+// === impl Shedding ===
+
+impl Shedding {
+    /// No shedding: every criticality may use the whole limit.
+    pub(crate) const OFF: Self = Self {
+        shares: [1024; 4],
+        floor: 1024,
+    };
+
+    /// The default shares: Sheddable 1/2, SheddablePlus 3/4, Critical and
+    /// CriticalPlus the whole limit.
+    pub(crate) const DEFAULT: Self = Self {
+        shares: [512, 768, 1024, 1024],
+        floor: 512,
+    };
+
+    /// Shares as fractions of the limit, each brought into `[0, 1]` (NaN:
+    /// 1) and rounded to 1/1024.
+    pub(crate) fn from_shares(shares: [f64; 4]) -> Self {
+        let shares = shares.map(|s| {
+            if s.is_nan() {
+                1024
+            } else {
+                (s.clamp(0.0, 1.0) * 1024.0).round() as u32
+            }
+        });
+        let floor = shares.iter().copied().min().unwrap_or(1024);
+        Self { shares, floor }
+    }
+
+    /// The shares as fractions, for `Debug`.
+    pub(crate) fn as_fractions(self) -> [f64; 4] {
+        self.shares.map(|s| f64::from(s) / 1024.0)
+    }
+
+    /// How many calls in flight a share of `limit` allows (rounded up, so
+    /// a share above zero of a limit above zero allows one call).
+    #[inline]
+    fn allowed(self, share: u32, limit: usize) -> usize {
+        if share >= 1024 {
+            limit
+        } else {
+            (limit.saturating_mul(share as usize)).div_ceil(1024)
+        }
+    }
+}
+
+impl Default for Shedding {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Why a slot was not taken.
+enum Refusal {
+    Full,
+    Shed(Criticality),
+}
+
 /// What `call` decided for one request.
 pub(crate) enum Admission {
     /// A slot was free: call the inner service now.
@@ -103,6 +191,10 @@ pub struct Stats {
     limit: usize,
     waiting: usize,
     rejected: u64,
+    shed: u64,
+    bounds: Option<(usize, usize)>,
+    recent_latency: Option<Duration>,
+    no_load_latency: Option<Duration>,
 }
 
 /// A read-only view of one compartment: its name, limit and live counters.
@@ -123,25 +215,37 @@ pub struct CompartmentHandle {
 // === impl Compartment ===
 
 impl Compartment {
+    /// A fixed compartment of `limit` slots.
+    #[cfg(test)]
     pub(crate) fn new(name: Arc<str>, limit: usize) -> Self {
         let metrics = CompartmentMetrics::new(&name);
-        Self::with_epoch(name, limit, Instant::now(), metrics)
+        Self::with_epoch(name, &LimitSpec::Fixed(limit), Instant::now(), metrics)
     }
 
     /// A compartment recording into `metrics` (for a keyed bulkhead, the
     /// handles of the layer's name, shared by every key).
     pub(crate) fn with_epoch(
         name: Arc<str>,
-        limit: usize,
+        spec: &LimitSpec,
         epoch: Instant,
         metrics: CompartmentMetrics,
     ) -> Self {
+        let (adaptive, limit) = match spec {
+            LimitSpec::Fixed(limit) => (None, *limit),
+            LimitSpec::Adaptive(factory) => {
+                let (controller, initial) = Controller::new(factory(), epoch);
+                (Some(Box::new(controller)), initial)
+            }
+        };
+        metrics.limit(limit);
         Self {
             in_flight: AtomicUsize::new(0),
             waiters: AtomicUsize::new(0),
-            limit,
+            limit: AtomicUsize::new(limit),
+            adaptive,
             name,
             rejected: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
             notify: Notify::new(),
             last_used_ms: AtomicU64::new(0),
             last_log_ms: AtomicU64::new(NEVER),
@@ -156,12 +260,23 @@ impl Compartment {
     }
 
     pub(crate) fn stats(&self) -> Stats {
+        let adaptive = self.adaptive.as_deref();
         Stats {
-            in_flight: self.in_flight.load(Ordering::Relaxed).min(self.limit),
-            limit: self.limit,
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            limit: self.limit(),
             waiting: self.waiters.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
+            shed: self.shed.load(Ordering::Relaxed),
+            bounds: adaptive.map(Controller::bounds),
+            recent_latency: adaptive.and_then(Controller::recent_latency),
+            no_load_latency: adaptive.and_then(Controller::no_load_latency),
         }
+    }
+
+    /// The current limit.
+    #[inline]
+    pub(crate) fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
     }
 
     pub(crate) fn touch(&self, now_ms: u64) {
@@ -180,11 +295,37 @@ impl Compartment {
     /// other and no wake-up is lost. On x86 this costs nothing over
     /// `Acquire`.
     #[inline]
-    fn try_take(&self) -> bool {
+    fn try_take(&self) -> Option<usize> {
+        self.try_take_ranked(Shedding::OFF, || Criticality::Critical)
+            .ok()
+    }
+
+    /// Takes a slot if one is free for a request of this criticality
+    /// (read only when the compartment is past the lowest share), and
+    /// returns the calls in flight with it.
+    #[inline]
+    fn try_take_ranked(
+        &self,
+        shedding: Shedding,
+        criticality: impl FnOnce() -> Criticality,
+    ) -> Result<usize, Refusal> {
+        let limit = self.limit();
+        let floor = shedding.allowed(shedding.floor, limit);
+        let mut criticality = Some(criticality);
+        let mut ranked = None;
         let mut current = self.in_flight.load(Ordering::SeqCst);
         loop {
-            if current >= self.limit {
-                return false;
+            if current >= limit {
+                return Err(Refusal::Full);
+            }
+            if current >= floor {
+                let c = *ranked.get_or_insert_with(|| match criticality.take() {
+                    Some(read) => read(),
+                    None => Criticality::Critical,
+                });
+                if current >= shedding.allowed(shedding.shares[c.index()], limit) {
+                    return Err(Refusal::Shed(c));
+                }
             }
             match self.in_flight.compare_exchange_weak(
                 current,
@@ -194,7 +335,7 @@ impl Compartment {
             ) {
                 Ok(_) => {
                     self.metrics.taken();
-                    return true;
+                    return Ok(current + 1);
                 }
                 Err(actual) => current = actual,
             }
@@ -224,7 +365,17 @@ impl Compartment {
     }
 
     #[inline]
-    fn release(&self) {
+    fn release(&self, start_ns: u64, in_flight: usize, ending: Ending) {
+        if let Some(controller) = &self.adaptive {
+            controller.end(
+                &self.limit,
+                &self.name,
+                &self.metrics,
+                start_ns,
+                in_flight,
+                ending,
+            );
+        }
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.metrics.released();
         if self.waiters.load(Ordering::SeqCst) > 0 {
@@ -237,14 +388,25 @@ impl Compartment {
     pub(crate) fn reject(&self, waited: Option<Duration>) -> BulkheadFull {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         self.metrics.rejected();
-        self.log_rejection(waited);
-        BulkheadFull::new(self.name.clone(), self.limit, waited)
+        self.log_rejection(waited, None);
+        BulkheadFull::new(self.name.clone(), self.limit(), waited)
+    }
+
+    /// Counts a refusal for criticality (a rejection too), logs it (rate
+    /// limited with the other rejections) and builds the error.
+    #[cold]
+    fn shed(&self, criticality: Criticality) -> BulkheadFull {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.shed.fetch_add(1, Ordering::Relaxed);
+        self.metrics.rejected();
+        self.log_rejection(None, Some(criticality));
+        BulkheadFull::new(self.name.clone(), self.limit(), None)
     }
 
     /// At most one `WARN` event per compartment per [`LOG_INTERVAL_MS`];
     /// the rejections in between are counted and reported with the next
     /// event as `suppressed`.
-    fn log_rejection(&self, waited: Option<Duration>) {
+    fn log_rejection(&self, waited: Option<Duration>, shed: Option<Criticality>) {
         if !tracing::enabled!(tracing::Level::WARN) {
             return;
         }
@@ -258,13 +420,22 @@ impl Compartment {
                 .is_ok()
         {
             let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
-            tracing::warn!(
-                compartment = %self.name,
-                limit = self.limit,
-                suppressed,
-                waited_ms = waited.map_or(0, |w| w.as_millis() as u64),
-                "bulkhead full; call rejected"
-            );
+            match shed {
+                None => tracing::warn!(
+                    compartment = %self.name,
+                    limit = self.limit(),
+                    suppressed,
+                    waited_ms = waited.map_or(0, |w| w.as_millis() as u64),
+                    "bulkhead full; call rejected"
+                ),
+                Some(criticality) => tracing::warn!(
+                    compartment = %self.name,
+                    limit = self.limit(),
+                    suppressed,
+                    criticality = criticality.as_str(),
+                    "bulkhead over the share of this criticality; call shed"
+                ),
+            }
         } else {
             self.suppressed.fetch_add(1, Ordering::Relaxed);
         }
@@ -276,7 +447,7 @@ impl fmt::Debug for Compartment {
         let stats = self.stats();
         f.debug_struct("Compartment")
             .field("name", &self.name)
-            .field("limit", &self.limit)
+            .field("limit", &stats.limit)
             .field("in_flight", &stats.in_flight)
             .field("waiting", &stats.waiting)
             .field("rejected", &stats.rejected)
@@ -294,14 +465,25 @@ impl Admission {
     /// Takes a slot of `compartment` if one is free; otherwise waits (if
     /// `max_wait` is set and not zero, and a waiter place is free) or
     /// refuses at once.
+    ///
+    /// With `shedding`, a request over its criticality's share is refused
+    /// at once (it never waits); `criticality` is called at most once, and
+    /// only when the compartment is past the lowest share.
     #[inline]
-    pub(crate) fn decide(compartment: &Arc<Compartment>, policy: WaitPolicy) -> Self {
-        if let Some(permit) = Permit::try_acquire(compartment) {
-            return Self::Go(permit);
+    pub(crate) fn decide(
+        compartment: &Arc<Compartment>,
+        policy: WaitPolicy,
+        shedding: Shedding,
+        criticality: impl FnOnce() -> Criticality,
+    ) -> Self {
+        match compartment.try_take_ranked(shedding, criticality) {
+            Ok(in_flight) => return Self::Go(Permit::new(compartment, in_flight)),
+            Err(Refusal::Shed(c)) => return Self::Full(compartment.shed(c)),
+            Err(Refusal::Full) => {}
         }
         match policy.max_wait {
             Some(wait) if !wait.is_zero() => {
-                let max_waiters = policy.max_waiters.unwrap_or(compartment.limit);
+                let max_waiters = policy.max_waiters.unwrap_or_else(|| compartment.limit());
                 match WaiterPlace::try_take(compartment, max_waiters) {
                     Some(place) => Self::Wait(Permit::acquire_within(place, wait)),
                     None => Self::Full(compartment.reject(None)),
@@ -316,15 +498,51 @@ impl Admission {
 
 impl Permit {
     /// A permit of `compartment`, if it has a free slot. Never waits.
+    #[cfg(test)]
     #[inline]
     pub(crate) fn try_acquire(compartment: &Arc<Compartment>) -> Option<Self> {
-        if compartment.try_take() {
-            Some(Self {
-                compartment: compartment.clone(),
-            })
-        } else {
-            None
+        let in_flight = compartment.try_take()?;
+        Some(Self::new(compartment, in_flight))
+    }
+
+    /// The permit of a slot just taken, with `in_flight` calls in flight;
+    /// in an adaptive compartment, timed if the sampler says so.
+    #[inline]
+    fn new(compartment: &Arc<Compartment>, in_flight: usize) -> Self {
+        let start_ns = match &compartment.adaptive {
+            Some(controller) => controller.start(),
+            None => NOT_TIMED,
+        };
+        Self {
+            compartment: compartment.clone(),
+            start_ns,
+            in_flight,
+            ending: Ending::Dropped,
         }
+    }
+
+    /// Whether this permit's compartment adapts its limit (and so wants to
+    /// know how calls end).
+    #[inline]
+    pub(crate) fn is_adaptive(&self) -> bool {
+        self.compartment.adaptive.is_some()
+    }
+
+    /// The call completed (a response): a latency sample if timed.
+    #[inline]
+    pub(crate) fn completed(&mut self) {
+        self.ending = Ending::Completed;
+    }
+
+    /// The call ended in congestion: a deadline, a timeout, an overloaded
+    /// answer.
+    pub(crate) fn congested(&mut self) {
+        self.ending = Ending::Congested;
+    }
+
+    /// The call failed in a way that says nothing about load.
+    pub(crate) fn ignored(&mut self) {
+        self.ending = Ending::Ignored;
     }
 
     /// Waits up to `max_wait` for a slot of the compartment whose waiter
@@ -344,7 +562,7 @@ impl Permit {
             // that a new call can queue as soon as this one is answered.
             drop(place);
             match outcome {
-                Ok(()) => Ok(Self { compartment }),
+                Ok(in_flight) => Ok(Self::new(&compartment, in_flight)),
                 Err(_elapsed) => Err(compartment.reject(Some(max_wait))),
             }
         })
@@ -354,14 +572,14 @@ impl Permit {
 /// Resolves once this call holds a slot of `compartment` (the caller turns
 /// it into a [`Permit`]); dropping it before then leaves no trace. The
 /// caller holds a [`WaiterPlace`] throughout, so releases wake it.
-async fn wait_for_slot(compartment: &Compartment) {
+async fn wait_for_slot(compartment: &Compartment) -> usize {
     loop {
         let mut notified = pin!(compartment.notify.notified());
         // Join the queue before looking at the counter, so that a release
         // between the look and the wait still wakes us.
         notified.as_mut().enable();
-        if compartment.try_take() {
-            return;
+        if let Some(in_flight) = compartment.try_take() {
+            return in_flight;
         }
         notified.await;
     }
@@ -370,7 +588,8 @@ async fn wait_for_slot(compartment: &Compartment) {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        self.compartment.release();
+        self.compartment
+            .release(self.start_ns, self.in_flight, self.ending);
     }
 }
 
@@ -414,12 +633,52 @@ impl Stats {
     }
 
     /// The compartment's capacity: the most calls it lets through at once.
+    /// For an adaptive compartment, its current limit, which may be below
+    /// [`in_flight`](Self::in_flight) just after it shrank.
     #[must_use]
     pub const fn limit(&self) -> usize {
         self.limit
     }
 
-    /// Free slots right now: `limit - in_flight`.
+    /// Calls refused for their criticality (over its share of the limit;
+    /// see [`BulkheadLayer::criticality_shares`](crate::BulkheadLayer::criticality_shares)),
+    /// included in [`rejected`](Self::rejected).
+    #[must_use]
+    pub const fn shed(&self) -> u64 {
+        self.shed
+    }
+
+    /// Whether the limit adapts
+    /// ([`BulkheadLayer::adaptive`](crate::BulkheadLayer::adaptive)).
+    #[must_use]
+    pub const fn is_adaptive(&self) -> bool {
+        self.bounds.is_some()
+    }
+
+    /// The bounds `(min, max)` of an adaptive limit; `None` for a fixed
+    /// one.
+    #[must_use]
+    pub const fn limit_bounds(&self) -> Option<(usize, usize)> {
+        self.bounds
+    }
+
+    /// The mean latency of the timed calls of the last window that had any
+    /// (adaptive compartments only): what calls take now.
+    #[must_use]
+    pub const fn recent_latency(&self) -> Option<Duration> {
+        self.recent_latency
+    }
+
+    /// The latency the algorithm measured without load (adaptive
+    /// compartments whose algorithm measures one, like
+    /// [`Gradient`](crate::adaptive::Gradient)), as of the last window.
+    #[must_use]
+    pub const fn no_load_latency(&self) -> Option<Duration> {
+        self.no_load_latency
+    }
+
+    /// Free slots right now: `limit - in_flight` (zero when an adaptive
+    /// limit has just shrunk below the calls in flight).
     #[must_use]
     pub const fn available(&self) -> usize {
         self.limit.saturating_sub(self.in_flight)
@@ -485,7 +744,14 @@ impl CompartmentHandle {
     /// The most calls the compartment lets through at once.
     #[must_use]
     pub fn limit(&self) -> usize {
-        self.compartment.limit
+        self.compartment.limit()
+    }
+
+    /// Whether the compartment's limit adapts
+    /// ([`BulkheadLayer::adaptive`](crate::BulkheadLayer::adaptive)).
+    #[must_use]
+    pub fn is_adaptive(&self) -> bool {
+        self.compartment.adaptive.is_some()
     }
 }
 
@@ -540,7 +806,7 @@ mod tests {
         policy: WaitPolicy,
         held: &mut Vec<Admission>,
     ) -> Option<Duration> {
-        match Admission::decide(c, policy) {
+        match Admission::decide(c, policy, Shedding::OFF, || Criticality::Critical) {
             Admission::Full(full) => Some(full.waited()),
             other => {
                 held.push(other);

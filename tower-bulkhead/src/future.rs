@@ -22,6 +22,7 @@ use crate::error::BulkheadFull;
 use crate::release::{BodyEnd, Head, Release};
 use crate::BoxError;
 use tower_resilience_base::context::Captured;
+use tower_resilience_base::error::DeadlineExceeded;
 use tower_resilience_base::{Answer, CallContext};
 
 pin_project! {
@@ -101,7 +102,7 @@ struct Waiting<S, Req> {
 /// How the shared state machine ended.
 enum Outcome<T, E> {
     Response(T, Option<Permit>),
-    Inner(E),
+    Inner(E, Option<Permit>),
     Full(BulkheadFull),
 }
 
@@ -157,7 +158,7 @@ where
                     let permit = permit.take();
                     return Poll::Ready(match output {
                         Ok(response) => Outcome::Response(response, permit),
-                        Err(error) => Outcome::Inner(error),
+                        Err(error) => Outcome::Inner(error, permit),
                     });
                 }
                 StateProj::Waiting { waiting } => match ready!(waiting.acquire.as_mut().poll(cx)) {
@@ -224,8 +225,13 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Poll::Ready(match ready!(self.project().state.poll_outcome(cx)) {
-            Outcome::Response(response, _permit) => Ok(response),
-            Outcome::Inner(error) => Err(error.into()),
+            Outcome::Response(response, mut permit) => {
+                if let Some(permit) = &mut permit {
+                    permit.completed();
+                }
+                Ok(response)
+            }
+            Outcome::Inner(error, permit) => Err(judge_error(error.into(), permit)),
             Outcome::Full(full) => Err(full.into()),
         })
     }
@@ -241,8 +247,11 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Poll::Ready(match ready!(self.project().state.poll_outcome(cx)) {
-            Outcome::Response(response, permit) => Ok(BodyEnd::finish(response, permit)),
-            Outcome::Inner(error) => Err(error.into()),
+            Outcome::Response(response, permit) => {
+                let permit = judge_response(&response, permit);
+                Ok(BodyEnd::finish(response, permit))
+            }
+            Outcome::Inner(error, permit) => Err(judge_error(error.into(), permit)),
             Outcome::Full(full) => Err(full.into()),
         })
     }
@@ -257,6 +266,66 @@ where
             .field("state", &self.state.name())
             .finish()
     }
+}
+
+/// Tells an adaptive compartment how a call that failed ended: congestion
+/// if a deadline or a timeout is in the error's chain, nothing otherwise.
+/// The permit is given back here.
+fn judge_error(error: BoxError, permit: Option<Permit>) -> BoxError {
+    if let Some(mut permit) = permit {
+        if permit.is_adaptive() {
+            if is_congestion(&*error) {
+                permit.congested();
+            } else {
+                permit.ignored();
+            }
+        }
+    }
+    error
+}
+
+/// Whether an error says the call was cut for time: the base crate's
+/// `DeadlineExceeded`, tokio's `Elapsed`, or an `io::Error` of kind
+/// `TimedOut`, anywhere in its chain.
+pub(crate) fn is_congestion(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut chain = std::iter::successors(Some(error), |e| e.source());
+    chain.any(|e| {
+        e.is::<DeadlineExceeded>()
+            || e.is::<tokio::time::error::Elapsed>()
+            || e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+    })
+}
+
+/// Tells an adaptive compartment how a call that answered ended: an
+/// "overloaded" answer (503, 504, gRPC RESOURCE_EXHAUSTED or
+/// DEADLINE_EXCEEDED in a trailers-only head) is congestion, any other a
+/// completion.
+fn judge_response<B>(response: &Response<B>, mut permit: Option<Permit>) -> Option<Permit> {
+    if let Some(permit) = &mut permit {
+        if permit.is_adaptive() && is_overloaded(response) {
+            permit.congested();
+        } else {
+            permit.completed();
+        }
+    }
+    permit
+}
+
+fn is_overloaded<B>(response: &Response<B>) -> bool {
+    let status = response.status();
+    if status == http::StatusCode::SERVICE_UNAVAILABLE
+        || status == http::StatusCode::GATEWAY_TIMEOUT
+    {
+        return true;
+    }
+    matches!(
+        response
+            .headers()
+            .get("grpc-status")
+            .map(http::HeaderValue::as_bytes),
+        Some(b"4" | b"8")
+    )
 }
 
 // === impl HttpResponseFuture ===
@@ -309,8 +378,17 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         Poll::Ready(match ready!(this.state.poll_outcome(cx)) {
-            Outcome::Response(response, permit) => Ok(M::finish(response, permit)),
-            Outcome::Inner(error) => Err(error),
+            Outcome::Response(response, permit) => {
+                let permit = judge_response(&response, permit);
+                Ok(M::finish(response, permit))
+            }
+            Outcome::Inner(error, mut permit) => {
+                // The inner error type is not ours to look into: no signal.
+                if let Some(permit) = &mut permit {
+                    permit.ignored();
+                }
+                Err(error)
+            }
             Outcome::Full(_) => Ok(M::answer(
                 Answer::bulkhead_full(std::time::Duration::from_secs(*this.retry_after_secs))
                     .into_response(*this.grpc),

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use crate::compartment::{CompartmentHandle, WaitPolicy};
+use crate::adaptive::controller::LimitSpec;
+use crate::adaptive::LimitAlgorithm;
+use crate::compartment::{CompartmentHandle, Shedding, WaitPolicy};
 use crate::partition::{KeyedConfig, KeyedHandle, PerKey, Single};
 use crate::release::{BodyEnd, Head, Release};
 use crate::service::{Bulkhead, HttpBulkhead};
@@ -57,6 +59,7 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 pub struct BulkheadLayer<K = Single, M = Head> {
     partition: K,
     wait: WaitPolicy,
+    shedding: Shedding,
     _release: PhantomData<fn() -> M>,
 }
 
@@ -105,9 +108,57 @@ impl BulkheadLayer<Single, Head> {
     /// handles; use the dependency's name. A `limit` of zero refuses every
     /// call (a kill switch).
     pub fn new(name: impl Into<Arc<str>>, limit: usize) -> Self {
+        Self::with_spec(name.into(), LimitSpec::Fixed(limit))
+    }
+
+    /// A layer with one compartment named `name` whose limit adapts to
+    /// the dependency: `algorithm` moves it from the latency and the
+    /// congestion its calls experience (see the [`adaptive`](crate::adaptive)
+    /// module). It starts at the algorithm's initial limit and stays
+    /// within its bounds.
+    ///
+    /// Everything else is as with [`new`](Self::new): calls over the
+    /// limit are refused at once with
+    /// [`BulkheadFull`](crate::error::BulkheadFull) (whose `limit` is the
+    /// limit at that moment), and the layer works with
+    /// [`per_key`](Self::per_key) (each key's compartment learns its own
+    /// limit, from its own clone of `algorithm`; the fallback compartment
+    /// too, unless [`fallback_limit`](BulkheadLayer::fallback_limit) fixes
+    /// it), [`max_wait`](Self::max_wait),
+    /// [`hold_until_body_end`](Self::hold_until_body_end) (the latency of
+    /// a call then runs to the end of its body) and [`http`](Self::http).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower::{service_fn, BoxError, ServiceExt};
+    /// use tower_bulkhead::adaptive::Aimd;
+    /// use tower_bulkhead::BulkheadLayer;
+    /// use tower_layer::Layer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), BoxError> {
+    /// let layer = BulkheadLayer::adaptive("payments", Aimd::new().initial(8).bounds(2, 64));
+    /// let handle = layer.handle();
+    /// let payments = layer.layer(service_fn(|n: u32| async move { Ok::<_, BoxError>(n) }));
+    /// assert_eq!(payments.oneshot(7).await?, 7);
+    /// assert_eq!(handle.limit(), 8);
+    /// assert_eq!(handle.stats().limit_bounds(), Some((2, 64)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn adaptive<A>(name: impl Into<Arc<str>>, algorithm: A) -> Self
+    where
+        A: LimitAlgorithm + Clone,
+    {
+        Self::with_spec(name.into(), LimitSpec::adaptive(algorithm))
+    }
+
+    fn with_spec(name: Arc<str>, spec: LimitSpec) -> Self {
         Self {
-            partition: Single::new(name.into(), limit),
+            partition: Single::new(name, spec),
             wait: WaitPolicy::default(),
+            shedding: Shedding::DEFAULT,
             _release: PhantomData,
         }
     }
@@ -146,10 +197,10 @@ impl<M> BulkheadLayer<Single, M> {
         F: Fn(&Req) -> Q,
         Q: Hash + Eq + fmt::Debug,
     {
-        let limit = self.partition.limit();
+        let limit = self.partition.spec();
         let config = KeyedConfig {
             name: self.partition.name(),
-            limit,
+            limit: limit.clone(),
             max_keys: DEFAULT_MAX_KEYS,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             fallback_limit: limit,
@@ -157,6 +208,7 @@ impl<M> BulkheadLayer<Single, M> {
         BulkheadLayer {
             partition: PerKey::new(key_fn, config),
             wait: self.wait,
+            shedding: self.shedding,
             _release: PhantomData,
         }
     }
@@ -190,9 +242,13 @@ where
     }
 
     /// The limit of the fallback compartment shared by new keys once
-    /// `max_keys` compartments are alive (default: the per-key limit).
+    /// `max_keys` compartments are alive (default: the per-key limit; for
+    /// an adaptive layer, an adaptive fallback with its own clone of the
+    /// algorithm). A fixed number here makes the fallback fixed.
     pub fn fallback_limit(mut self, limit: usize) -> Self {
-        self.partition = self.partition.reconfigure(|c| c.fallback_limit = limit);
+        self.partition = self
+            .partition
+            .reconfigure(|c| c.fallback_limit = LimitSpec::Fixed(limit));
         self
     }
 
@@ -264,8 +320,45 @@ impl<K, M> BulkheadLayer<K, M> {
         BulkheadLayer {
             partition: self.partition,
             wait: self.wait,
+            shedding: self.shedding,
             _release: PhantomData,
         }
+    }
+
+    /// The share of the limit each criticality may use, least important
+    /// first: `[Sheddable, SheddablePlus, Critical, CriticalPlus]`
+    /// (default `[0.5, 0.75, 1.0, 1.0]`). A request of criticality `c`
+    /// takes a slot only while fewer than `share(c) * limit` calls
+    /// (rounded up) are in flight, so as a compartment fills, sheddable
+    /// requests are refused first and critical ones keep the last slots.
+    /// A refused request fails with [`BulkheadFull`](crate::error::BulkheadFull)
+    /// at once (it never waits, even with [`max_wait`](Self::max_wait))
+    /// and is counted in [`Stats::shed`](crate::Stats::shed).
+    ///
+    /// Shares are brought into `[0, 1]` (NaN: 1). The criticality of a
+    /// request is looked up only once the compartment is past the lowest
+    /// share, so most calls never pay for it; see the crate docs,
+    /// "Criticality", for where it is read from.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_bulkhead::BulkheadLayer;
+    ///
+    /// // Batch traffic (sheddable) gets at most 10% of the 100 slots.
+    /// let layer = BulkheadLayer::new("search", 100).criticality_shares([0.1, 0.5, 1.0, 1.0]);
+    /// # let _ = layer;
+    /// ```
+    pub fn criticality_shares(mut self, shares: [f64; 4]) -> Self {
+        self.shedding = Shedding::from_shares(shares);
+        self
+    }
+
+    /// Turns criticality shedding off: every request may use the whole
+    /// limit, whatever its criticality, and none is looked up.
+    pub fn without_criticality_shedding(mut self) -> Self {
+        self.shedding = Shedding::OFF;
+        self
     }
 
     /// Lets a call that finds its compartment full wait up to `max_wait`
@@ -370,7 +463,7 @@ impl<S, K: Clone, M> Layer<S> for BulkheadLayer<K, M> {
     type Service = Bulkhead<S, K, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Bulkhead::from_parts(inner, self.partition.clone(), self.wait)
+        Bulkhead::from_parts(inner, self.partition.clone(), self.wait, self.shedding)
     }
 }
 
@@ -379,6 +472,7 @@ impl<K: Clone, M> Clone for BulkheadLayer<K, M> {
         Self {
             partition: self.partition.clone(),
             wait: self.wait,
+            shedding: self.shedding,
             _release: PhantomData,
         }
     }
@@ -390,6 +484,7 @@ impl<K: fmt::Debug, M> fmt::Debug for BulkheadLayer<K, M> {
             .field("partition", &self.partition)
             .field("max_wait", &self.wait.max_wait)
             .field("max_waiters", &self.wait.max_waiters)
+            .field("criticality_shares", &self.shedding.as_fractions())
             .field("release", &std::any::type_name::<M>())
             .finish()
     }
@@ -403,6 +498,28 @@ impl HttpBulkheadLayer<Single, Head> {
     /// `BulkheadLayer::new(name, limit).http()`.
     pub fn new(name: impl Into<Arc<str>>, limit: usize) -> Self {
         BulkheadLayer::new(name, limit).http()
+    }
+
+    /// An HTTP layer with one compartment whose limit adapts to the
+    /// dependency; the same as `BulkheadLayer::adaptive(name,
+    /// algorithm).http()`. See [`BulkheadLayer::adaptive`]. Besides
+    /// dropped and timed-out calls, responses `503` and `504` (gRPC:
+    /// RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) count as congestion.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_bulkhead::adaptive::Gradient;
+    /// use tower_bulkhead::HttpBulkheadLayer;
+    ///
+    /// let layer = HttpBulkheadLayer::adaptive("api", Gradient::new());
+    /// assert_eq!(layer.handle().limit(), 20);
+    /// ```
+    pub fn adaptive<A>(name: impl Into<Arc<str>>, algorithm: A) -> Self
+    where
+        A: LimitAlgorithm + Clone,
+    {
+        BulkheadLayer::adaptive(name, algorithm).http()
     }
 }
 
@@ -500,6 +617,20 @@ impl<K, M> HttpBulkheadLayer<K, M> {
         self
     }
 
+    /// See [`BulkheadLayer::criticality_shares`]. The HTTP flavour reads a
+    /// request's criticality from its extensions, then from the task-local
+    /// scope (`Criticality::of`).
+    pub fn criticality_shares(mut self, shares: [f64; 4]) -> Self {
+        self.inner = self.inner.criticality_shares(shares);
+        self
+    }
+
+    /// See [`BulkheadLayer::without_criticality_shedding`].
+    pub fn without_criticality_shedding(mut self) -> Self {
+        self.inner = self.inner.without_criticality_shedding();
+        self
+    }
+
     /// The `Retry-After` of the 503 answer (default
     /// [`DEFAULT_RETRY_AFTER`], one second), rounded up to whole seconds as
     /// the header requires. gRPC answers carry it as `grpc-retry-pushback-ms` instead.
@@ -537,6 +668,7 @@ impl<S, K: Clone, M> Layer<S> for HttpBulkheadLayer<K, M> {
             inner,
             self.inner.partition.clone(),
             self.inner.wait,
+            self.inner.shedding,
             self.retry_after_secs,
         )
     }
@@ -558,6 +690,7 @@ impl<K: fmt::Debug, M> fmt::Debug for HttpBulkheadLayer<K, M> {
             .field("partition", &self.inner.partition)
             .field("max_wait", &self.inner.wait.max_wait)
             .field("max_waiters", &self.inner.wait.max_waiters)
+            .field("criticality_shares", &self.inner.shedding.as_fractions())
             .field("retry_after_secs", &self.retry_after_secs)
             .field("release", &std::any::type_name::<M>())
             .finish()

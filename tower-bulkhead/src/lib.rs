@@ -265,6 +265,7 @@
 //! is noted in the changelog.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod adaptive;
 pub mod body;
 mod compartment;
 pub mod error;

@@ -12,7 +12,8 @@
 //! | Name | Type | Unit | Labels | What |
 //! |------|------|------|--------|------|
 //! | `tower_bulkhead_in_flight` | gauge | calls | `compartment` | calls holding a slot now (summed over the keys of a keyed bulkhead) |
-//! | `tower_bulkhead_rejections_total` | counter | calls | `compartment` | calls refused because the compartment was full (at once, or after the bounded wait) |
+//! | `tower_bulkhead_rejections_total` | counter | calls | `compartment` | calls refused because the compartment was full (at once, or after the bounded wait) or over their criticality's share |
+//! | `tower_bulkhead_limit` | gauge | calls | `compartment` | the compartment's limit: set when it is created and at every change of an adaptive limit (for a keyed bulkhead, the last key's to change) |
 //!
 //! # Registration
 //!
@@ -46,12 +47,16 @@ use ::metrics::{counter, gauge, Counter, Gauge};
 pub const IN_FLIGHT: &str = "tower_bulkhead_in_flight";
 /// Counter of calls refused because the compartment was full.
 pub const REJECTIONS: &str = "tower_bulkhead_rejections_total";
+/// Gauge of the compartment's limit: set when it is created and at every
+/// change of an adaptive limit.
+pub const LIMIT: &str = "tower_bulkhead_limit";
 
 /// The handles of one compartment (or of every key of a keyed bulkhead).
 #[derive(Clone)]
 pub(crate) struct CompartmentMetrics {
     in_flight: Gauge,
     rejected: Counter,
+    limit: Gauge,
 }
 
 // === impl CompartmentMetrics ===
@@ -63,6 +68,7 @@ impl CompartmentMetrics {
         Self {
             in_flight: gauge!(IN_FLIGHT, "compartment" => name.to_owned()),
             rejected: counter!(REJECTIONS, "compartment" => name.to_owned()),
+            limit: gauge!(LIMIT, "compartment" => name.to_owned()),
         }
     }
 
@@ -78,5 +84,9 @@ impl CompartmentMetrics {
 
     pub(crate) fn rejected(&self) {
         self.rejected.increment(1);
+    }
+
+    pub(crate) fn limit(&self, limit: usize) {
+        self.limit.set(limit as f64);
     }
 }

@@ -21,4 +21,7 @@ impl CompartmentMetrics {
 
     #[inline(always)]
     pub(crate) fn rejected(&self) {}
+
+    #[inline(always)]
+    pub(crate) fn limit(&self, _limit: usize) {}
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::adaptive::controller::LimitSpec;
 use crate::compartment::{millis_since, Compartment, CompartmentHandle, Stats};
 use crate::metrics::CompartmentMetrics;
 
@@ -44,6 +45,8 @@ pub trait Partition<Req>: sealed::Select<Req> {}
 #[derive(Clone)]
 pub struct Single {
     compartment: Arc<Compartment>,
+    /// How it was made, for `per_key` to make one per key alike.
+    spec: LimitSpec,
 }
 
 /// One compartment per key, computed from each request by a key function;
@@ -74,10 +77,10 @@ pub(crate) struct Registry<Q> {
 #[derive(Debug, Clone)]
 pub(crate) struct KeyedConfig {
     pub(crate) name: Arc<str>,
-    pub(crate) limit: usize,
+    pub(crate) limit: LimitSpec,
     pub(crate) max_keys: usize,
     pub(crate) idle_timeout: Duration,
-    pub(crate) fallback_limit: usize,
+    pub(crate) fallback_limit: LimitSpec,
 }
 
 struct RegistryState<Q> {
@@ -113,9 +116,16 @@ pub struct KeyedHandle<Q> {
 // === impl Single ===
 
 impl Single {
-    pub(crate) fn new(name: Arc<str>, limit: usize) -> Self {
+    pub(crate) fn new(name: Arc<str>, spec: LimitSpec) -> Self {
+        let metrics = CompartmentMetrics::new(&name);
         Self {
-            compartment: Arc::new(Compartment::new(name, limit)),
+            compartment: Arc::new(Compartment::with_epoch(
+                name,
+                &spec,
+                Instant::now(),
+                metrics,
+            )),
+            spec,
         }
     }
 
@@ -123,8 +133,8 @@ impl Single {
         self.compartment.name().clone()
     }
 
-    pub(crate) fn limit(&self) -> usize {
-        self.compartment.stats().limit()
+    pub(crate) fn spec(&self) -> LimitSpec {
+        self.spec.clone()
     }
 
     pub(crate) fn handle(&self) -> CompartmentHandle {
@@ -217,7 +227,7 @@ impl<Q: Hash + Eq> Registry<Q> {
         let fallback_name: Arc<str> = format!("{}/fallback", config.name).into();
         let fallback = Arc::new(Compartment::with_epoch(
             fallback_name.clone(),
-            config.fallback_limit,
+            &config.fallback_limit,
             epoch,
             CompartmentMetrics::new(&fallback_name),
         ));
@@ -267,7 +277,7 @@ impl<Q: Hash + Eq> Registry<Q> {
         let name: Arc<str> = format!("{}[{key:?}]", self.config.name).into();
         let compartment = Arc::new(Compartment::with_epoch(
             name,
-            self.config.limit,
+            &self.config.limit,
             self.epoch,
             self.metrics.clone(),
         ));
@@ -375,10 +385,10 @@ mod tests {
     fn registry(max_keys: usize) -> Registry<u32> {
         Registry::new(KeyedConfig {
             name: "r".into(),
-            limit: 2,
+            limit: LimitSpec::Fixed(2),
             max_keys,
             idle_timeout: Duration::from_secs(10),
-            fallback_limit: 1,
+            fallback_limit: LimitSpec::Fixed(1),
         })
     }
 

@@ -8,12 +8,13 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::compartment::{Admission, WaitPolicy};
+use crate::compartment::{Admission, Shedding, WaitPolicy};
 use crate::future::{HttpResponseFuture, ResponseFuture};
 use crate::layer::{BulkheadLayer, HttpBulkheadLayer};
 use crate::partition::{Partition, Single};
 use crate::release::{BodyEnd, Head, Release};
 use crate::BoxError;
+use tower_resilience_base::criticality::Criticality;
 use tower_resilience_base::grpc::is_grpc;
 
 /// Middleware that caps the calls in flight to the inner service and
@@ -36,6 +37,7 @@ pub struct Bulkhead<S, K = Single, M = Head> {
     inner: S,
     partition: K,
     wait: WaitPolicy,
+    shedding: Shedding,
     _release: PhantomData<fn() -> M>,
 }
 
@@ -62,6 +64,7 @@ pub struct HttpBulkhead<S, K = Single, M = Head> {
     inner: S,
     partition: K,
     wait: WaitPolicy,
+    shedding: Shedding,
     retry_after_secs: u64,
     _release: PhantomData<fn() -> M>,
 }
@@ -83,26 +86,33 @@ impl<S> Bulkhead<S, Single> {
 }
 
 impl<S, K, M> Bulkhead<S, K, M> {
-    pub(crate) fn from_parts(inner: S, partition: K, wait: WaitPolicy) -> Self {
+    pub(crate) fn from_parts(inner: S, partition: K, wait: WaitPolicy, shedding: Shedding) -> Self {
         Self {
             inner,
             partition,
             wait,
+            shedding,
             _release: PhantomData,
         }
     }
 
     /// The admission of one call: the response future that carries it.
+    /// `criticality` reads the request's criticality, only if the
+    /// compartment is past the lowest share.
     #[inline]
-    fn admit<Req>(&mut self, request: Req) -> ResponseFuture<S, Req, M>
+    fn admit<Req>(
+        &mut self,
+        request: Req,
+        criticality: fn(&Req) -> Criticality,
+    ) -> ResponseFuture<S, Req, M>
     where
         S: Service<Req> + Clone,
         K: Partition<Req>,
     {
-        let wait = self.wait;
-        let admission = self
-            .partition
-            .with_compartment(&request, |c| Admission::decide(c, wait));
+        let (wait, shedding) = (self.wait, self.shedding);
+        let admission = self.partition.with_compartment(&request, |c| {
+            Admission::decide(c, wait, shedding, || criticality(&request))
+        });
         match admission {
             Admission::Go(permit) => ResponseFuture::called(self.inner.call(request), permit),
             Admission::Wait(acquire) => {
@@ -146,7 +156,7 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
-        self.admit(request)
+        self.admit(request, |_| Criticality::current().unwrap_or_default())
     }
 }
 
@@ -167,13 +177,18 @@ where
 
     #[inline]
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        self.admit(request)
+        self.admit(request, Criticality::of)
     }
 }
 
 impl<S: Clone, K: Clone, M> Clone for Bulkhead<S, K, M> {
     fn clone(&self) -> Self {
-        Self::from_parts(self.inner.clone(), self.partition.clone(), self.wait)
+        Self::from_parts(
+            self.inner.clone(),
+            self.partition.clone(),
+            self.wait,
+            self.shedding,
+        )
     }
 }
 
@@ -218,12 +233,14 @@ impl<S, K, M> HttpBulkhead<S, K, M> {
         inner: S,
         partition: K,
         wait: WaitPolicy,
+        shedding: Shedding,
         retry_after_secs: u64,
     ) -> Self {
         Self {
             inner,
             partition,
             wait,
+            shedding,
             retry_after_secs,
             _release: PhantomData,
         }
@@ -263,10 +280,10 @@ where
 
     #[inline]
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let wait = self.wait;
-        let admission = self
-            .partition
-            .with_compartment(&request, |c| Admission::decide(c, wait));
+        let (wait, shedding) = (self.wait, self.shedding);
+        let admission = self.partition.with_compartment(&request, |c| {
+            Admission::decide(c, wait, shedding, || Criticality::of(&request))
+        });
         match admission {
             Admission::Go(permit) => HttpResponseFuture::called(self.inner.call(request), permit),
             Admission::Wait(acquire) => {
@@ -288,6 +305,7 @@ impl<S: Clone, K: Clone, M> Clone for HttpBulkhead<S, K, M> {
             self.inner.clone(),
             self.partition.clone(),
             self.wait,
+            self.shedding,
             self.retry_after_secs,
         )
     }

@@ -57,13 +57,17 @@ fn racing_calls_never_exceed_the_limit_and_return_every_slot() {
         let calls: Vec<_> = (0..3)
             .map(|_| {
                 let (c, held) = (c.clone(), held.clone());
-                thread::spawn(move || match Admission::decide(&c, WaitPolicy::default()) {
-                    Admission::Go(permit) => {
-                        hold(permit, &held, 2);
-                        true
+                thread::spawn(move || {
+                    match Admission::decide(&c, WaitPolicy::default(), Shedding::OFF, || {
+                        Criticality::Critical
+                    }) {
+                        Admission::Go(permit) => {
+                            hold(permit, &held, 2);
+                            true
+                        }
+                        Admission::Full(_) => false,
+                        Admission::Wait(_) => unreachable!("no max_wait"),
                     }
-                    Admission::Full(_) => false,
-                    Admission::Wait(_) => unreachable!("no max_wait"),
                 })
             })
             .collect();

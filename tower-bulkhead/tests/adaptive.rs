@@ -1,0 +1,523 @@
+//! Adaptive limits: each algorithm on recorded latency traces, the
+//! congestion signals (a dropped call, a deadline exceeded), the bounds,
+//! a race of many tasks, keyed compartments, and a simulated dependency
+//! whose latency grows with its queue.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{request, request_to, Request};
+use tokio::sync::Semaphore;
+use tokio::time::{advance, sleep, timeout, Instant};
+use tower::{service_fn, BoxError, Service, ServiceExt};
+use tower_bulkhead::adaptive::{Aimd, Gradient, LimitAlgorithm, Window};
+use tower_bulkhead::error::BulkheadFull;
+use tower_bulkhead::{BulkheadLayer, CompartmentHandle, HttpBulkheadLayer};
+use tower_layer::Layer;
+use tower_resilience_base::error::{AttemptsExhausted, DeadlineExceeded};
+use tower_resilience_base::random::SeededRandom;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// One closed window of `n` calls of `latency` each, with `in_flight`
+/// calls in flight, closing at `now`.
+fn window(now: Instant, latency: Duration, in_flight: usize, n: usize) -> Window {
+    (0..n).fold(Window::new(now, 20 * MS), |w, _| {
+        w.with_sample(latency, in_flight)
+    })
+}
+
+// --- Aimd on traces ------------------------------------------------------
+
+#[test]
+fn aimd_grows_by_one_per_busy_window_and_not_when_idle() {
+    let now = Instant::now();
+    let mut aimd = Aimd::new();
+    assert_eq!(aimd.initial_limit(), 20);
+    let mut limit = 20;
+    // Rising latency (still under the timeout), compartment busy.
+    for ms in 1..=10u64 {
+        limit = aimd.update(limit, &window(now, Duration::from_millis(ms), limit, 10));
+    }
+    assert_eq!(limit, 30);
+    // Mostly idle (3 of 30 in flight): no growth.
+    assert_eq!(aimd.update(30, &window(now, 5 * MS, 3, 10)), 30);
+    // Exactly half used: growth.
+    assert_eq!(aimd.update(30, &window(now, 5 * MS, 15, 10)), 31);
+}
+
+#[test]
+fn aimd_backs_off_by_a_tenth_on_congestion_or_a_call_over_its_timeout() {
+    let now = Instant::now();
+    let mut aimd = Aimd::new().timeout(100 * MS);
+    let busy = window(now, 5 * MS, 40, 10);
+    assert_eq!(aimd.update(40, &busy.with_congestion(1)), 36);
+    let slow = busy.with_sample(101 * MS, 40);
+    assert_eq!(aimd.update(40, &slow), 36);
+    let just_in_time = busy.with_sample(100 * MS, 40);
+    assert_eq!(aimd.update(40, &just_in_time), 41);
+    // Small limits still go down by at least one.
+    assert_eq!(aimd.update(5, &busy.with_congestion(1)), 4);
+}
+
+#[test]
+fn aimd_stays_within_its_bounds_on_a_falling_then_noisy_trace() {
+    let now = Instant::now();
+    let mut aimd = Aimd::new().initial(10).bounds(3, 12);
+    let mut limit = aimd.initial_limit();
+    // Congested windows: down to the minimum, never below.
+    for _ in 0..50 {
+        limit = aimd.update(limit, &window(now, 50 * MS, limit, 10).with_congestion(2));
+        assert!((3..=12).contains(&limit), "{limit}");
+    }
+    assert_eq!(limit, 3);
+    // A noisy trace: busy, congested every third window.
+    for i in 0..300 {
+        let w = window(now, (1 + i % 7) * MS, limit, 10);
+        let w = if i % 3 == 0 { w.with_congestion(1) } else { w };
+        limit = aimd.update(limit, &w);
+        assert!((3..=12).contains(&limit), "{limit}");
+    }
+    // Quiet and busy: up to the maximum, never above.
+    for _ in 0..50 {
+        limit = aimd.update(limit, &window(now, MS, limit, 10));
+    }
+    assert_eq!(limit, 12);
+}
+
+#[test]
+fn aimd_settings_out_of_range_are_brought_back() {
+    let aimd = Aimd::new().bounds(0, 0).initial(50).backoff_ratio(f64::NAN);
+    assert_eq!((aimd.min_limit(), aimd.max_limit()), (1, 1));
+    assert_eq!(aimd.initial_limit(), 1);
+    let mut aimd = Aimd::new().backoff_ratio(7.0);
+    let congested = window(Instant::now(), MS, 100, 10).with_congestion(1);
+    assert_eq!(aimd.update(100, &congested), 99, "ratio capped at 0.99");
+}
+
+// --- Gradient on traces --------------------------------------------------
+
+fn gradient() -> Gradient {
+    Gradient::new().random(Arc::new(SeededRandom::new(7)))
+}
+
+/// Runs `g`'s first measurement with calls of `no_load`, returning the
+/// limit it goes back to.
+fn measured(g: &mut Gradient, limit: usize, no_load: Duration, now: Instant) -> usize {
+    let min = g.min_limit();
+    assert_eq!(
+        g.update(limit, &window(now, no_load, limit, 10)),
+        min,
+        "pinned"
+    );
+    for _ in 0..3 {
+        assert_eq!(g.update(min, &window(now, no_load, min, 10)), min);
+    }
+    let back = g.update(min, &window(now, no_load, min, 10));
+    assert_eq!(g.no_load_latency(), Some(no_load));
+    back
+}
+
+#[test]
+fn gradient_grows_while_latency_stays_at_its_no_load_value() {
+    let now = Instant::now();
+    let mut g = gradient();
+    let initial = g.initial_limit();
+    let mut limit = measured(&mut g, initial, 10 * MS, now);
+    assert_eq!(limit, 20);
+    for _ in 0..20 {
+        let next = g.update(limit, &window(now, 10 * MS, limit, 10));
+        assert!(next >= limit, "{next} < {limit}");
+        limit = next;
+    }
+    assert!(
+        limit > 40,
+        "grows by about 0.2 * sqrt(limit) per window: {limit}"
+    );
+    assert_eq!(g.no_load_latency(), Some(10 * MS));
+}
+
+#[test]
+fn gradient_comes_down_on_a_rising_trace_and_back_up_on_a_falling_one() {
+    let now = Instant::now();
+    let mut g = gradient();
+    let mut limit = measured(&mut g, 100, 10 * MS, now);
+    for _ in 0..5 {
+        limit = g.update(limit, &window(now, 10 * MS, limit, 10));
+    }
+    let top = limit;
+    // Rising: 10 ms to 40 ms, the calls queue.
+    for ms in (12..=40).step_by(2) {
+        let next = g.update(limit, &window(now, Duration::from_millis(ms), limit, 10));
+        if ms >= 16 {
+            assert!(next < limit, "{ms} ms: {next} >= {limit}");
+        }
+        limit = next;
+    }
+    let bottom = limit;
+    assert!(bottom < top / 2, "{bottom} vs {top}");
+    assert_eq!(
+        g.no_load_latency(),
+        Some(10 * MS),
+        "a rising latency is not no-load"
+    );
+    // Falling: back to 10 ms, the limit climbs again.
+    for ms in (10..=38).rev().step_by(2) {
+        limit = g.update(limit, &window(now, Duration::from_millis(ms), limit, 10));
+    }
+    let low = limit;
+    for _ in 0..20 {
+        let next = g.update(limit, &window(now, 10 * MS, limit, 10));
+        assert!(next >= limit);
+        limit = next;
+    }
+    assert!(limit > low + 10, "{limit} vs {low}");
+}
+
+#[test]
+fn gradient_on_a_noisy_trace_stays_bounded_and_congestion_caps_it() {
+    let now = Instant::now();
+    let mut g = gradient().bounds(5, 200);
+    let initial = g.initial_limit();
+    let mut limit = measured(&mut g, initial, 10 * MS, now);
+    // Latency 8 to 12 ms at random (deterministic), around a 10 ms mean.
+    let mut x: u64 = 1;
+    for _ in 0..2_000 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let ms = 8 + (x >> 33) % 5;
+        limit = g.update(limit, &window(now, Duration::from_millis(ms), limit, 10));
+        assert!((5..=200).contains(&limit), "{limit}");
+    }
+    assert_eq!(limit, 200, "noise within the tolerance is no congestion");
+    let capped = g.update(200, &window(now, 10 * MS, 200, 10).with_congestion(1));
+    assert_eq!(capped, 180);
+    // Only congestion, no sample: capped again.
+    let capped = g.update(180, &Window::new(now, 20 * MS).with_congestion(3));
+    assert_eq!(capped, 162);
+}
+
+#[test]
+fn gradient_remeasures_the_no_load_latency_about_every_minute() {
+    let start = Instant::now();
+    let mut g = gradient();
+    let initial = g.initial_limit();
+    let mut limit = measured(&mut g, initial, 10 * MS, start);
+    // The dependency gets slower for good (20 ms): the old minimum makes
+    // every window look congested, so the limit sinks.
+    let mut t = start;
+    while t < start + Duration::from_secs(50) {
+        t += Duration::from_millis(100);
+        limit = g.update(limit, &window(t, 20 * MS, limit, 10));
+    }
+    assert_eq!(limit, Gradient::DEFAULT_MIN);
+    // Between 51 s and 69 s (60 s ± 15%) the limit is pinned to measure
+    // again, and the no-load latency is the new 20 ms.
+    let mut remeasured = None;
+    while t < start + Duration::from_secs(70) {
+        t += Duration::from_millis(100);
+        limit = g.update(limit, &window(t, 20 * MS, limit, 10));
+        if g.no_load_latency() == Some(20 * MS) {
+            remeasured = Some(t);
+            break;
+        }
+    }
+    let at = remeasured
+        .expect("re-measured within 70 s")
+        .duration_since(start);
+    assert!(at >= Duration::from_millis(51_000), "{at:?}");
+    // After it, 20 ms is no congestion: the limit grows again.
+    for _ in 0..30 {
+        t += Duration::from_millis(100);
+        limit = g.update(limit, &window(t, 20 * MS, limit, 10));
+    }
+    assert!(limit > 20, "{limit}");
+}
+
+// --- Through the layer, with paused time ----------------------------------
+
+/// A dependency that answers after `latency`.
+fn answers_after(
+    latency: Duration,
+) -> impl Service<Request, Response = http::Response<()>, Error = BoxError, Future = impl Send> + Clone
+{
+    service_fn(move |_req: Request| async move {
+        sleep(latency).await;
+        Ok::<_, BoxError>(http::Response::new(()))
+    })
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_call_dropped_by_its_caller_lowers_the_limit() {
+    let layer = BulkheadLayer::adaptive("dep", Aimd::new().initial(10).bounds(2, 100));
+    let handle = layer.handle();
+    let svc = layer.layer(answers_after(50 * MS));
+    advance(20 * MS).await;
+
+    let cut = timeout(5 * MS, svc.clone().oneshot(request())).await;
+    assert!(cut.is_err(), "the caller gave up");
+    assert_eq!(handle.limit(), 9);
+    assert_eq!(handle.in_flight(), 0);
+
+    // A second drop in the same (new, 10 ms) window does not close it yet.
+    let _ = timeout(5 * MS, svc.clone().oneshot(request())).await;
+    assert_eq!(handle.limit(), 9);
+    advance(10 * MS).await;
+    let _ = timeout(5 * MS, svc.clone().oneshot(request())).await;
+    assert_eq!(handle.limit(), 8);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_deadline_exceeded_in_the_error_chain_lowers_the_limit_and_other_errors_do_not() {
+    let layer = BulkheadLayer::adaptive("dep", Aimd::new().initial(10));
+    let handle = layer.handle();
+    let failing = |deadline: bool| {
+        layer.layer(service_fn(move |_req: Request| async move {
+            sleep(MS).await;
+            let e: BoxError = if deadline {
+                // Wrapped, as a retry layer that gave up would.
+                Box::new(AttemptsExhausted::new(2, DeadlineExceeded::new().into()))
+            } else {
+                Box::new(std::io::Error::other("refused"))
+            };
+            Err::<http::Response<()>, _>(e)
+        }))
+    };
+    advance(20 * MS).await;
+    for _ in 0..20 {
+        assert!(failing(false).oneshot(request()).await.is_err());
+    }
+    assert_eq!(
+        handle.limit(),
+        10,
+        "a plain failure says nothing about load"
+    );
+    assert!(failing(true).oneshot(request()).await.is_err());
+    assert_eq!(handle.limit(), 9);
+    assert_eq!(handle.in_flight(), 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_http_503_from_the_dependency_is_congestion() {
+    let layer = HttpBulkheadLayer::adaptive("api", Aimd::new().initial(10));
+    let handle = layer.handle();
+    let svc = layer.layer(service_fn(|_req: Request| async {
+        sleep(MS).await;
+        let mut response = http::Response::new(String::new());
+        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        Ok::<_, std::convert::Infallible>(response)
+    }));
+    advance(20 * MS).await;
+    let response = svc.oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(handle.limit(), 9);
+}
+
+/// A simulated dependency: `servers` servers behind a FIFO queue, each
+/// call takes `service` once it has a server. Latency grows with the
+/// queue.
+fn queued(
+    servers: Arc<Semaphore>,
+    service: Duration,
+) -> impl Service<Request, Response = http::Response<()>, Error = BoxError, Future = impl Send> + Clone
+{
+    service_fn(move |_req: Request| {
+        let servers = servers.clone();
+        async move {
+            let _server = servers.acquire_owned().await?;
+            sleep(service).await;
+            Ok::<_, BoxError>(http::Response::new(()))
+        }
+    })
+}
+
+/// `callers` closed-loop callers for `run`: each calls, and after a
+/// refusal waits 1 ms. Returns the calls served.
+async fn drive<S>(svc: S, callers: usize, run: Duration) -> usize
+where
+    S: Service<Request, Response = http::Response<()>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    let served = Arc::new(AtomicUsize::new(0));
+    let end = Instant::now() + run;
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let svc = svc.clone();
+            let served = served.clone();
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    match svc.clone().oneshot(request()).await {
+                        Ok(_) => {
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            assert!(e.is::<BulkheadFull>(), "{e}");
+                            sleep(MS).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    served.load(Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn gradient_settles_near_the_dependencys_capacity_and_follows_it() {
+    let servers = Arc::new(Semaphore::new(8));
+    let layer = BulkheadLayer::adaptive("dep", gradient());
+    let handle = layer.handle();
+    let svc = layer.layer(queued(servers.clone(), 10 * MS));
+
+    // 64 callers, 8 servers of 10 ms: a fixed limit of 64 would queue 56
+    // calls (70 ms each); the gradient keeps the queue short.
+    let served = drive(svc.clone(), 64, Duration::from_secs(5)).await;
+    let stats = handle.stats();
+    assert!((8..=24).contains(&stats.limit()), "{stats:?}");
+    let no_load = stats.no_load_latency().unwrap();
+    assert!(no_load >= 10 * MS && no_load < 12 * MS, "{stats:?}");
+    assert!(stats.recent_latency().unwrap() < 3 * no_load, "{stats:?}");
+    assert!(
+        served > 3_500,
+        "8 servers for 5 s serve 4,000 at most: {served}"
+    );
+    assert_eq!(handle.in_flight(), 0);
+
+    // The capacity doubles: the limit follows.
+    servers.add_permits(8);
+    drive(svc, 64, Duration::from_secs(5)).await;
+    let stats = handle.stats();
+    assert!((18..=40).contains(&stats.limit()), "{stats:?}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn aimd_grows_only_while_the_compartment_is_half_used() {
+    let layer = BulkheadLayer::adaptive("dep", Aimd::new().initial(10));
+    let handle = layer.handle();
+    let svc = layer.layer(answers_after(5 * MS));
+    // 8 callers never use more than 8 slots: the limit stops at 17, the
+    // first limit of which 8 is less than half.
+    drive(svc, 8, Duration::from_secs(2)).await;
+    assert_eq!(handle.limit(), 17);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn per_key_adaptive_compartments_learn_independently() {
+    let layer = BulkheadLayer::adaptive("upstream", Aimd::new().initial(10))
+        .per_key(|req: &Request| req.uri().host().unwrap_or_default().to_owned());
+    let handle = layer.handle();
+    let svc = layer.layer(answers_after(20 * MS));
+    advance(20 * MS).await;
+    // Calls to "slow" are cut by their callers; calls to "fast" are not.
+    for _ in 0..5 {
+        let _ = timeout(MS, svc.clone().oneshot(request_to("slow"))).await;
+        svc.clone().oneshot(request_to("fast")).await.unwrap();
+        advance(10 * MS).await;
+    }
+    let slow = handle.get(&"slow".to_owned()).unwrap();
+    let fast = handle.get(&"fast".to_owned()).unwrap();
+    assert!(slow.limit() < 10, "{slow:?}");
+    assert_eq!(fast.limit(), 10, "one call at a time: never half used");
+    assert!(slow.is_adaptive() && fast.is_adaptive());
+    assert!(handle.fallback().is_adaptive());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_limit_is_visible_with_the_latencies_and_refusals_carry_it() {
+    let layer = BulkheadLayer::adaptive("dep", gradient().initial(4).bounds(3, 100));
+    let handle = layer.handle();
+    let stats = handle.stats();
+    assert_eq!(stats.limit(), 4);
+    assert_eq!(stats.limit_bounds(), Some((3, 100)));
+    assert_eq!(
+        (stats.recent_latency(), stats.no_load_latency()),
+        (None, None)
+    );
+    let svc = layer.layer(answers_after(3 * MS));
+    drive(svc.clone(), 2, Duration::from_millis(200)).await;
+    let stats = handle.stats();
+    assert_eq!(stats.recent_latency(), Some(3 * MS));
+    assert_eq!(stats.no_load_latency(), Some(3 * MS));
+
+    // Fill it: the refusal names the limit of the moment.
+    let limit = handle.limit();
+    let mut held = Vec::new();
+    for _ in 0..limit {
+        let mut call = tokio_test::task::spawn(svc.clone().oneshot(request()));
+        assert!(call.poll().is_pending());
+        held.push(call);
+    }
+    let err = svc.clone().oneshot(request()).await.unwrap_err();
+    assert_eq!(err.downcast_ref::<BulkheadFull>().unwrap().limit(), limit);
+    assert!(!BulkheadLayer::new("fixed", 3)
+        .handle()
+        .stats()
+        .is_adaptive());
+}
+
+// --- Races ----------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_tasks_leak_no_permit_and_the_limit_stays_within_bounds() {
+    let layer =
+        BulkheadLayer::adaptive("race", Aimd::new().initial(8).bounds(2, 16)).hold_until_body_end();
+    let handle: CompartmentHandle = layer.handle();
+    type Answer = std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<http::Response<String>, std::io::Error>> + Send,
+        >,
+    >;
+    let svc = layer.layer(service_fn(|req: Request| -> Answer {
+        let path = req.uri().path().to_owned();
+        Box::pin(async move {
+            if path == "/yield" {
+                tokio::task::yield_now().await;
+            }
+            if path == "/fail" {
+                let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+                return Err(timed_out);
+            }
+            Ok(http::Response::new(String::from("ok")))
+        })
+    }));
+    let tasks: Vec<_> = (0..32)
+        .map(|t| {
+            let svc = svc.clone();
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                for i in 0..300usize {
+                    let path = ["/", "/yield", "/fail", "/yield"][(i + t) % 4];
+                    let req = http::Request::builder().uri(path).body(()).unwrap();
+                    let call = svc.clone().oneshot(req);
+                    if (i + t) % 5 == 0 {
+                        // Dropped mid-call by its caller.
+                        let _ = tokio::time::timeout(Duration::ZERO, call).await;
+                    } else if let Ok(response) = call.await {
+                        drop(response); // the body, and its slot
+                    }
+                    let limit = handle.limit();
+                    assert!((2..=16).contains(&limit), "{limit}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(handle.in_flight(), 0);
+    let limit = handle.limit();
+    assert!((2..=16).contains(&limit), "{limit}");
+}
+
+#[test]
+fn the_trait_is_object_safe() {
+    let boxed: Box<dyn LimitAlgorithm> = Box::new(Aimd::new());
+    assert_eq!(boxed.initial_limit(), 20);
+}
