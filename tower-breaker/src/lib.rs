@@ -549,6 +549,7 @@ pub mod snapshot;
 mod state;
 pub mod store;
 mod sync;
+pub mod throttle;
 mod window;
 
 pub use breaker::{Breaker, FleetRetries, Permit};
@@ -560,6 +561,7 @@ pub use layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
 pub use service::{CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker};
 pub use snapshot::{Snapshot, Transition};
 pub use state::{Mode, State};
+pub use throttle::{ThrottleHandle, ThrottleLayer};
 pub use tower_resilience_base::random::SeededRandom;
 /// The random sources of the open period's jitter and the probe
 /// elections: [`SeededRandom`] for tests, [`ProcessRandom`](random::ProcessRandom)

@@ -9,6 +9,7 @@
 //! |---|---|---|---|---|
 //! | [`CircuitOpen`] | 503 | UNAVAILABLE | until the next probe | yes |
 //! | [`BulkheadFull`] | 503 | RESOURCE_EXHAUSTED | the layer's setting (1 s from an error) | yes |
+//! | [`Throttled`] | 503 | UNAVAILABLE | – | yes |
 //! | [`LocalRejection`] | 503 | UNAVAILABLE | – | yes |
 //! | [`DeadlineExceeded`], [`InsufficientBudget`] | 504 | DEADLINE_EXCEEDED | – | if retries were spent |
 //! | [`BudgetExhausted`] | 503 | UNAVAILABLE | – | yes |
@@ -27,7 +28,7 @@ use http::{HeaderMap, HeaderName, Response, StatusCode};
 
 use crate::error::{
     chain, AttemptsExhausted, BudgetExhausted, BulkheadFull, CircuitOpen, DeadlineExceeded,
-    DeadlineTooClose, InsufficientBudget, LocalRejection,
+    DeadlineTooClose, InsufficientBudget, LocalRejection, Throttled,
 };
 use crate::grpc::{
     is_grpc, GrpcCode, GRPC_CONTENT_TYPE, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS,
@@ -229,6 +230,33 @@ impl Answer {
         .with_no_retry()
     }
 
+    /// A request refused by client-side adaptive throttling
+    /// ([`Throttled`]): 503 (UNAVAILABLE), marked, without `Retry-After`
+    /// (the throttle rejects a share of requests, not all of them for a
+    /// known time).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_resilience_base::error::Throttled;
+    /// use tower_resilience_base::Answer;
+    ///
+    /// let answer = Answer::for_error(&Throttled::new("search", 0.5));
+    /// assert_eq!(answer, Answer::throttled());
+    /// assert_eq!(answer.status(), 503);
+    /// assert!(answer.is_no_retry());
+    /// assert_eq!(answer.retry_after(), None);
+    /// ```
+    #[must_use]
+    pub const fn throttled() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            GrpcCode::Unavailable,
+            "throttled",
+        )
+        .with_no_retry()
+    }
+
     /// A passed deadline: 504 (DEADLINE_EXCEEDED).
     #[must_use]
     pub const fn deadline_exceeded() -> Self {
@@ -280,6 +308,9 @@ impl Answer {
             }
             if e.is::<BulkheadFull>() {
                 return Self::bulkhead_full(BULKHEAD_RETRY_AFTER);
+            }
+            if e.is::<Throttled>() {
+                return Self::throttled();
             }
             if e.is::<LocalRejection>() {
                 return Self::new(
@@ -481,6 +512,13 @@ mod tests {
                 503,
                 GrpcCode::ResourceExhausted,
                 Some("1"),
+                true,
+            ),
+            (
+                Box::new(Throttled::new("t", 0.5)),
+                503,
+                GrpcCode::Unavailable,
+                None,
                 true,
             ),
             (

@@ -11,7 +11,8 @@
 //! Two families matter to the other layers:
 //!
 //! - **local rejections** ([`is_local_rejection`]): [`CircuitOpen`],
-//!   [`BulkheadFull`], [`InsufficientBudget`] and [`LocalRejection`]. The
+//!   [`BulkheadFull`], [`InsufficientBudget`], [`Throttled`] and
+//!   [`LocalRejection`]. The
 //!   dependency was not called; a breaker does not count them, a retry
 //!   layer does not retry them.
 //! - **spent retries** ([`retries_spent`]): [`AttemptsExhausted`],
@@ -216,6 +217,34 @@ pub struct DeadlineTooClose {
 #[derive(Debug)]
 pub struct LocalRejection {
     source: BoxError,
+}
+
+/// A call was refused by client-side adaptive throttling (the SRE book's
+/// rule, `tower_breaker::throttle`): the dependency has been refusing or
+/// failing so many of this client's requests that this one was dropped
+/// locally, with the [`probability`](Self::probability) the throttle
+/// computed for it. **A local rejection, not a dependency failure**: the
+/// dependency was not called, so a breaker does not count it, a retry
+/// layer does not retry it, and
+/// [`Answer::for_error`](crate::Answer::for_error) answers 503 (gRPC
+/// UNAVAILABLE) with the do-not-retry mark.
+///
+/// # Example
+///
+/// ```
+/// use tower_resilience_base::error::{is_local_rejection, Throttled};
+/// use tower_resilience_base::BoxError;
+///
+/// let throttled = Throttled::new("search", 0.25);
+/// assert_eq!(throttled.throttle(), "search");
+/// assert_eq!(throttled.to_string(), "throttled by `search` (rejecting 25.0% of requests)");
+/// let e: BoxError = Box::new(throttled);
+/// assert!(is_local_rejection(&*e));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Throttled {
+    throttle: Arc<str>,
+    probability: f64,
 }
 
 // === impl CircuitOpen ===
@@ -458,6 +487,50 @@ spent!(
     "no time left to retry before the deadline"
 );
 
+// === impl Throttled ===
+
+impl Throttled {
+    /// The refusal of throttle `throttle`, which rejected the call with
+    /// `probability` (clamped to `0.0..=1.0`; NaN reads as 1).
+    pub fn new(throttle: impl Into<Arc<str>>, probability: f64) -> Self {
+        let probability = if probability.is_nan() {
+            1.0
+        } else {
+            probability.clamp(0.0, 1.0)
+        };
+        Self {
+            throttle: throttle.into(),
+            probability,
+        }
+    }
+
+    /// The name of the throttle that refused the call.
+    #[must_use]
+    pub fn throttle(&self) -> &str {
+        &self.throttle
+    }
+
+    /// The probability with which the throttle was rejecting calls of this
+    /// call's criticality when it refused it, `0.0..=1.0`.
+    #[must_use]
+    pub const fn probability(&self) -> f64 {
+        self.probability
+    }
+}
+
+impl fmt::Display for Throttled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "throttled by `{}` (rejecting {:.1}% of requests)",
+            self.throttle,
+            self.probability * 100.0
+        )
+    }
+}
+
+impl Error for Throttled {}
+
 // === impl LocalRejection ===
 
 impl LocalRejection {
@@ -497,14 +570,15 @@ pub fn find<'a, T: Error + 'static>(error: &'a (dyn Error + 'static)) -> Option<
 }
 
 /// Whether `error` (or an error in its source chain) is a local rejection:
-/// [`CircuitOpen`], [`BulkheadFull`], [`InsufficientBudget`] or
-/// [`LocalRejection`]. The dependency was not called.
+/// [`CircuitOpen`], [`BulkheadFull`], [`InsufficientBudget`],
+/// [`Throttled`] or [`LocalRejection`]. The dependency was not called.
 #[must_use]
 pub fn is_local_rejection(error: &(dyn Error + 'static)) -> bool {
     chain(error).any(|e| {
         e.is::<CircuitOpen>()
             || e.is::<BulkheadFull>()
             || e.is::<InsufficientBudget>()
+            || e.is::<Throttled>()
             || e.is::<LocalRejection>()
     })
 }

@@ -1,0 +1,319 @@
+//! The sliding window of requests and accepts, per criticality: a ring of
+//! time buckets,
+//! each count an atomic word that carries the bucket's epoch beside the
+//! count, so a bucket is reused by the first add of a new epoch without a
+//! lock, a clearing pass or a timer.
+//!
+//! A word is `epoch (high 32 bits) | count (low 32 bits)`. Adding to epoch
+//! `e` either increments a word already stamped `e`, or replaces an older
+//! word with `e | 1` by compare-and-swap: an add is never lost to a
+//! clearing, and a count never leaks into a later epoch. A sum reads only
+//! the words stamped with the epochs the window covers.
+//!
+//! The hot path needs the window's totals, not a scan of every bucket: the
+//! sums of the buckets before the newest one are cached when the newest
+//! epoch moves on (by the one call that moves it), and a call adds the
+//! newest bucket's live counts to them. A count that arrives for a bucket
+//! that is no longer the newest (a call that spans a bucket's end) is
+//! added to the cache too. The cache is recomputed from the buckets at
+//! each move, so whatever a race put in it or left out of it lasts one
+//! bucket at most; [`Window::sums`] (the snapshot's) always scans.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::config::BUCKETS;
+
+const COUNT_MASK: u64 = u32::MAX as u64;
+
+/// One atomic count of one bucket, stamped with its epoch.
+#[derive(Debug, Default)]
+struct Word(AtomicU64);
+
+/// One bucket: requests and accepts of each criticality (by
+/// `Criticality::index`), one cache line.
+#[derive(Debug, Default)]
+struct Bucket {
+    requests: [Word; 4],
+    accepts: [Word; 4],
+}
+
+/// Cache-line padding for the words that every call touches.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+#[derive(Debug)]
+pub(super) struct Window {
+    buckets: Box<[Padded<Bucket>]>,
+    /// The newest epoch a call has moved the window to.
+    head: Padded<AtomicU64>,
+    /// The sums of requests and accepts of the buckets before `head`
+    /// within the window, per criticality.
+    past_requests: [AtomicU64; 4],
+    past_accepts: [AtomicU64; 4],
+}
+
+/// Window counts, per criticality (by `Criticality::index`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Sums {
+    pub(super) requests: [u64; 4],
+    pub(super) accepts: [u64; 4],
+}
+
+// === impl Word ===
+
+impl Word {
+    fn stamp(epoch: u64) -> u64 {
+        epoch << 32
+    }
+
+    /// The count for `epoch`, zero if the word holds another epoch.
+    fn count(&self, epoch: u64) -> u64 {
+        let w = self.0.load(Relaxed);
+        if w & !COUNT_MASK == Self::stamp(epoch) {
+            w & COUNT_MASK
+        } else {
+            0
+        }
+    }
+
+    /// Adds one for `epoch`; returns the count before, or `None` when the
+    /// word already holds a later epoch (the bucket has been reused: the
+    /// add is dropped).
+    #[inline]
+    fn add(&self, epoch: u64) -> Option<u64> {
+        let stamp = Self::stamp(epoch);
+        let mut w = self.0.load(Relaxed);
+        loop {
+            let held = w & !COUNT_MASK;
+            if held == stamp {
+                if w & COUNT_MASK == COUNT_MASK {
+                    // Full: 4 billion in one bucket; never carry into the
+                    // stamp.
+                    return Some(COUNT_MASK);
+                }
+                return Some(self.0.fetch_add(1, Relaxed) & COUNT_MASK);
+            }
+            if held > stamp {
+                return None;
+            }
+            match self.0.compare_exchange_weak(w, stamp | 1, Relaxed, Relaxed) {
+                Ok(_) => return Some(0),
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// Takes one back from `epoch`'s count; false when the word holds
+    /// another epoch or a zero count.
+    fn sub(&self, epoch: u64) -> bool {
+        let stamp = Self::stamp(epoch);
+        let mut w = self.0.load(Relaxed);
+        loop {
+            if w & !COUNT_MASK != stamp || w & COUNT_MASK == 0 {
+                return false;
+            }
+            match self.0.compare_exchange_weak(w, w - 1, Relaxed, Relaxed) {
+                Ok(_) => return true,
+                Err(now) => w = now,
+            }
+        }
+    }
+}
+
+// === impl Window ===
+
+impl Window {
+    pub(super) fn new() -> Self {
+        Self {
+            buckets: (0..BUCKETS).map(|_| Padded::default()).collect(),
+            head: Padded(AtomicU64::new(0)),
+            past_requests: Default::default(),
+            past_accepts: Default::default(),
+        }
+    }
+
+    fn bucket(&self, epoch: u64) -> &Bucket {
+        &self.buckets[(epoch % BUCKETS as u64) as usize].0
+    }
+
+    /// Counts a request of criticality `c` at `epoch` (the caller's clock
+    /// reading, in buckets); returns the epoch it was counted at (never
+    /// before the newest epoch seen), the window's sums as they stood
+    /// before it, and whether this call moved the window on.
+    #[inline]
+    pub(super) fn request(&self, epoch: u64, c: usize) -> (u64, Sums, bool) {
+        let head = self.head.0.load(Relaxed);
+        let (epoch, moved) = if epoch > head {
+            self.advance(head, epoch)
+        } else {
+            (head, false)
+        };
+        let bucket = self.bucket(epoch);
+        let before = bucket.requests[c].add(epoch).unwrap_or(0);
+        let mut sums = Sums::default();
+        for i in 0..4 {
+            sums.requests[i] = self.past_requests[i].load(Relaxed)
+                + if i == c {
+                    before
+                } else {
+                    bucket.requests[i].count(epoch)
+                };
+            sums.accepts[i] = self.past_accepts[i].load(Relaxed) + bucket.accepts[i].count(epoch);
+        }
+        (epoch, sums, moved)
+    }
+
+    /// Counts an accept of a request of criticality `c` counted at `epoch`.
+    #[inline]
+    pub(super) fn accept(&self, epoch: u64, c: usize) {
+        if self.is_gone(epoch) {
+            return;
+        }
+        if self.bucket(epoch).accepts[c].add(epoch).is_some() && self.is_past(epoch) {
+            self.past_accepts[c].fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Takes back a request of criticality `c` counted at `epoch` (it
+    /// turned out not to reach the dependency).
+    pub(super) fn forget(&self, epoch: u64, c: usize) {
+        if self.is_gone(epoch) {
+            return;
+        }
+        if self.bucket(epoch).requests[c].sub(epoch) && self.is_past(epoch) {
+            let _ = self.past_requests[c].fetch_update(Relaxed, Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+        }
+    }
+
+    /// Whether `epoch` has left the window.
+    fn is_gone(&self, epoch: u64) -> bool {
+        self.head.0.load(Relaxed).saturating_sub(epoch) >= BUCKETS as u64
+    }
+
+    /// Whether `epoch` is an older bucket still in the window, whose counts
+    /// the cache holds.
+    fn is_past(&self, epoch: u64) -> bool {
+        let head = self.head.0.load(Relaxed);
+        epoch < head && head - epoch < BUCKETS as u64
+    }
+
+    /// Moves the newest epoch from `head` to `epoch`; the call that moves
+    /// it recomputes the cache. Returns the newest epoch after the move, and whether this call moved
+    /// it.
+    #[cold]
+    fn advance(&self, mut head: u64, epoch: u64) -> (u64, bool) {
+        loop {
+            if epoch <= head {
+                // Another call moved it this far or further.
+                return (head, false);
+            }
+            match self
+                .head
+                .0
+                .compare_exchange_weak(head, epoch, Relaxed, Relaxed)
+            {
+                Ok(_) => {
+                    let past = self.scan(epoch, false);
+                    for i in 0..4 {
+                        self.past_requests[i].store(past.requests[i], Relaxed);
+                        self.past_accepts[i].store(past.accepts[i], Relaxed);
+                    }
+                    return (epoch, true);
+                }
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// The sums of the buckets of the window that ends at `epoch`, the
+    /// newest bucket included or not.
+    fn scan(&self, epoch: u64, newest: bool) -> Sums {
+        let first = epoch.saturating_sub(BUCKETS as u64 - 1);
+        let last = if newest { epoch } else { epoch.saturating_sub(1) };
+        let mut sums = Sums::default();
+        if !newest && epoch == 0 {
+            return sums;
+        }
+        for e in first..=last {
+            let bucket = self.bucket(e);
+            for i in 0..4 {
+                sums.requests[i] += bucket.requests[i].count(e);
+                sums.accepts[i] += bucket.accepts[i].count(e);
+            }
+        }
+        sums
+    }
+
+    /// The exact sums of the window that ends at `epoch` (or at the newest
+    /// epoch seen, if later), read bucket by bucket.
+    pub(super) fn sums(&self, epoch: u64) -> Sums {
+        self.scan(epoch.max(self.head.0.load(Relaxed)), true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sums(requests: u64, accepts: u64) -> Sums {
+        Sums {
+            requests: [0, 0, requests, 0],
+            accepts: [0, 0, accepts, 0],
+        }
+    }
+
+    #[test]
+    fn counts_slide_out_bucket_by_bucket() {
+        let w = Window::new();
+        for _ in 0..3 {
+            w.request(1, 2);
+        }
+        w.accept(1, 2);
+        let (_, before, _) = w.request(2, 2);
+        assert_eq!(before, sums(3, 1));
+        assert_eq!(w.sums(2), sums(4, 1));
+        // Epoch 1 leaves the window when epoch 1 + BUCKETS begins.
+        let last = BUCKETS as u64;
+        assert_eq!(w.request(last, 2).1, sums(4, 1));
+        assert_eq!(w.request(last + 1, 2).1, sums(2, 0));
+        assert_eq!(w.sums(last + 1), sums(3, 0));
+        // A stale add is dropped.
+        w.accept(1, 2);
+        assert_eq!(w.sums(last + 1), sums(3, 0));
+        assert_eq!(w.request(10 * last, 2).1, Sums::default());
+    }
+
+    #[test]
+    fn criticalities_are_counted_apart() {
+        let w = Window::new();
+        w.request(1, 0);
+        w.request(1, 3);
+        w.accept(1, 3);
+        let (_, before, _) = w.request(1, 0);
+        assert_eq!(before.requests, [1, 0, 0, 1]);
+        assert_eq!(before.accepts, [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn late_accepts_and_forgotten_requests_reach_the_cache() {
+        let w = Window::new();
+        let (e, _, _) = w.request(5, 2);
+        w.request(6, 2); // moves on: epoch 5 is in the cache
+        w.accept(e, 2);
+        w.forget(e, 2);
+        assert_eq!(w.request(6, 2).1, sums(1, 1));
+        assert_eq!(w.sums(6), sums(2, 1));
+    }
+
+    #[test]
+    fn an_old_clock_reading_counts_at_the_newest_epoch() {
+        let w = Window::new();
+        w.request(9, 2);
+        assert_eq!(w.request(3, 2).0, 9);
+        assert!(!w.request(9, 2).2);
+        assert!(w.request(10, 2).2);
+    }
+}
