@@ -47,22 +47,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::Request;
+use http::{Request, Response};
 use tokio::sync::oneshot;
 use tokio::time::{sleep_until, timeout, Instant};
 use tower::load_shed::LoadShed;
 use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceExt};
+use tower_breaker::throttle::ThrottleLayer;
+use tower_bulkhead::adaptive::{Aimd, Gradient};
 use tower_bulkhead::BulkheadLayer;
 use tower_resilience_adaptive::{AdaptiveService, ConcurrencyAlgorithm};
 use tower_resilience_base::criticality::Criticality;
+use tower_resilience_base::random::SeededRandom;
 
 /// The boxed error of every stack in the harness.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A stack under test, erased: the contender's layers around the
 /// [`Dependency`].
-pub type Stack = BoxCloneService<Request<()>, (), BoxError>;
+pub type Stack = BoxCloneService<Request<()>, Response<()>, BoxError>;
 
 /// Reads a contender's current concurrency limit (for the limit-over-time
 /// series).
@@ -154,7 +157,7 @@ struct DepState {
 }
 
 struct Job {
-    reply: oneshot::Sender<()>,
+    reply: oneshot::Sender<Response<()>>,
 }
 
 /// What the dependency did during the measurement window.
@@ -250,7 +253,7 @@ async fn serve(shared: Arc<Mutex<DepState>>, mut job: Job, mut free_at: Instant)
         };
         sleep_until(finish).await;
         free_at = finish;
-        let delivered = job.reply.send(()).is_ok();
+        let delivered = job.reply.send(Response::new(())).is_ok();
         let mut state = lock(&shared);
         if (state.window.0..state.window.1).contains(&finish) {
             state.served_in_window += 1;
@@ -284,7 +287,7 @@ impl fmt::Debug for Dependency {
 }
 
 impl Service<Request<()>> for Dependency {
-    type Response = ();
+    type Response = Response<()>;
     type Error = BoxError;
     type Future = DependencyFuture;
 
@@ -307,16 +310,16 @@ impl Service<Request<()>> for Dependency {
     }
 }
 
-/// The answer of the [`Dependency`]: ready when a server finished the
-/// request.
+/// The answer of the [`Dependency`] (always `200 OK`): ready when a
+/// server finished the request.
 #[derive(Debug)]
 #[must_use = "futures do nothing unless polled"]
 pub struct DependencyFuture {
-    answer: oneshot::Receiver<()>,
+    answer: oneshot::Receiver<Response<()>>,
 }
 
 impl Future for DependencyFuture {
-    type Output = Result<(), BoxError>;
+    type Output = Result<Response<()>, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.answer)
@@ -356,6 +359,25 @@ pub enum Contender {
         /// Under a `LoadShed`.
         shed: bool,
     },
+    /// Our adaptive bulkhead at its defaults:
+    /// `BulkheadLayer::adaptive(name, algorithm)`.
+    Adaptive(OurAlgorithm),
+    /// Our client-side throttle at its defaults
+    /// (`ThrottleLayer::new(name)`), alone (no concurrency limit) or in
+    /// front of the adaptive bulkhead with [`Gradient`] defaults.
+    Throttle {
+        /// In front of `BulkheadLayer::adaptive(name, Gradient::new())`.
+        adaptive: bool,
+    },
+}
+
+/// An algorithm of our adaptive bulkhead, at its defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OurAlgorithm {
+    /// `tower_bulkhead::adaptive::Aimd::new()`.
+    Aimd,
+    /// `tower_bulkhead::adaptive::Gradient::new()`.
+    Gradient,
 }
 
 impl Contender {
@@ -377,6 +399,10 @@ impl Contender {
                     format!("peer {alg}")
                 }
             }
+            Self::Adaptive(OurAlgorithm::Aimd) => "adaptive AIMD".to_owned(),
+            Self::Adaptive(OurAlgorithm::Gradient) => "adaptive Gradient".to_owned(),
+            Self::Throttle { adaptive: false } => "throttle".to_owned(),
+            Self::Throttle { adaptive: true } => "throttle + adaptive Gradient".to_owned(),
         }
     }
 
@@ -388,12 +414,18 @@ impl Contender {
     }
 
     /// The stack around `dependency`, and a probe of its limit when it has
-    /// one.
+    /// one. `seed` seeds the throttle's random draws.
     ///
     /// # Errors
     ///
     /// The peer's builder refusing its own defaults (it does not).
-    pub fn build(&self, dependency: Dependency) -> Result<(Stack, Option<LimitProbe>), BoxError> {
+    pub fn build(
+        &self,
+        dependency: Dependency,
+        seed: u64,
+    ) -> Result<(Stack, Option<LimitProbe>), BoxError> {
+        let throttle =
+            || ThrottleLayer::new("dependency").random(Arc::new(SeededRandom::new(seed)));
         Ok(match self {
             Self::None => (Stack::new(dependency), None),
             Self::Fixed(n) => {
@@ -419,6 +451,25 @@ impl Contender {
                     *shed,
                 ),
             },
+            Self::Adaptive(algorithm) => {
+                let layer = match algorithm {
+                    OurAlgorithm::Aimd => BulkheadLayer::adaptive("dependency", Aimd::new()),
+                    OurAlgorithm::Gradient => {
+                        BulkheadLayer::adaptive("dependency", Gradient::new())
+                    }
+                };
+                let handle = layer.handle();
+                let probe: LimitProbe = Box::new(move || handle.limit());
+                (Stack::new(layer.layer(dependency)), Some(probe))
+            }
+            Self::Throttle { adaptive: false } => (Stack::new(throttle().layer(dependency)), None),
+            Self::Throttle { adaptive: true } => {
+                let bulkhead = BulkheadLayer::adaptive("dependency", Gradient::new());
+                let handle = bulkhead.handle();
+                let probe: LimitProbe = Box::new(move || handle.limit());
+                let stack = throttle().layer(bulkhead.layer(dependency));
+                (Stack::new(stack), Some(probe))
+            }
         })
     }
 }
@@ -629,7 +680,7 @@ async fn simulate(cell: Cell, contender: Contender, seed: u64) -> Result<CellRes
         seed ^ 0x5EED_0F_5E47_1CE5,
         window,
     );
-    let (stack, probe) = contender.build(dependency.clone())?;
+    let (stack, probe) = contender.build(dependency.clone(), seed)?;
     let recorder = Arc::new(Mutex::new(Recorder {
         buckets: vec![0; ((end - start).as_millis() / BUCKET.as_millis() + 2) as usize],
         ..Recorder::default()
@@ -746,7 +797,7 @@ async fn call(
     };
     let now = Instant::now();
     let mut r = lock(&recorder);
-    let ok = matches!(outcome, Ok(Ok(())));
+    let ok = matches!(outcome, Ok(Ok(_)));
     if ok {
         let bucket = ((now - start).as_millis() / BUCKET.as_millis()) as usize;
         if let Some(n) = r.buckets.get_mut(bucket) {
@@ -758,7 +809,7 @@ async fn call(
     }
     r.offered += 1;
     match outcome {
-        Ok(Ok(())) => {
+        Ok(Ok(_)) => {
             r.successes += 1;
             r.latencies.push(now - began);
         }
