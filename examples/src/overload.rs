@@ -829,19 +829,21 @@ async fn call(
 
 // === settling ===
 
-/// How long after `step` (seconds) goodput settles within `tolerance`
-/// (0.1 for 10%) of its new steady value, from a series of (seconds,
-/// goodput) points: the steady value is the mean over the last 40% of
-/// `[step, until)`; the series is smoothed over 3 points; the answer is the
-/// time from `step` to the first point after which every smoothed point
-/// before `until` stays within the tolerance. `None` if it never does.
+/// How long after `step` (seconds) a series (goodput, or a limit) settles
+/// within `tolerance` (0.1 for 10%) of its new steady value, from
+/// (seconds, value) points: the steady value is the mean over the last 40%
+/// of `[step, until)`; each point is averaged with the two before it (in
+/// the segment); the answer is the time from `step` to the first point
+/// from which every averaged point before `until` stays within the
+/// tolerance. `None` if the last one is not within it.
 ///
 /// # Example
 ///
 /// ```
 /// use examples::overload::settle_time;
 ///
-/// // 100 before the step at 1 s, 50 from 1.3 s on.
+/// // 100 before the step at 1 s, 50 from 1.3 s on: the averages of
+/// // 1.3 s and 1.4 s still hold the old value, 1.5 s is settled.
 /// let series: Vec<(f64, f64)> = (0..30)
 ///     .map(|i| {
 ///         let t = i as f64 / 10.0;
@@ -849,7 +851,7 @@ async fn call(
 ///     })
 ///     .collect();
 /// let settled = settle_time(&series, 1.0, 3.0, 0.1).unwrap();
-/// assert!((settled - 0.4).abs() < 1e-9, "{settled}");
+/// assert!((settled - 0.5).abs() < 1e-9, "{settled}");
 /// ```
 #[must_use]
 pub fn settle_time(series: &[(f64, f64)], step: f64, until: f64, tolerance: f64) -> Option<f64> {
@@ -870,9 +872,8 @@ pub fn settle_time(series: &[(f64, f64)], step: f64, until: f64, tolerance: f64)
     let steady = tail.iter().sum::<f64>() / tail.len() as f64;
     let smoothed: Vec<(f64, f64)> = (0..segment.len())
         .map(|i| {
-            let lo = i.saturating_sub(1);
-            let hi = (i + 1).min(segment.len() - 1);
-            let avg = segment[lo..=hi].iter().map(|(_, g)| g).sum::<f64>() / (hi - lo + 1) as f64;
+            let lo = i.saturating_sub(2);
+            let avg = segment[lo..=i].iter().map(|(_, g)| g).sum::<f64>() / (i - lo + 1) as f64;
             (segment[i].0, avg)
         })
         .collect();

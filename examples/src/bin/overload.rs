@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use examples::overload::{
     run_cell, run_cell_on, settle_time, svg, BoxError, Cell, CellResult, Contender, OurAlgorithm,
-    Panel, PeerAlgorithm, Series,
+    Panel, PeerAlgorithm, Rng, Series,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -133,7 +133,8 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         "Seed {}. Dependency: FIFO queue, C servers, lognormal service time (sigma 0.5). \
          Open-loop Poisson callers; each call under `tokio::time::timeout(deadline)`. \
          Cells: goodput as % of capacity · p99 of successes (ms) · wasted work (% of the \
-         dependency's services, for callers who had gone). † the peer reads \
+         dependency's services, for callers who had gone); for adaptive limits, L: the \
+         limit at the end of the run. † the peer reads \
          `std::time::Instant`, which the paused clock does not move: see docs/overload.md.\n",
         args.seed
     );
@@ -162,13 +163,29 @@ fn mark(c: &Contender) -> &'static str {
     }
 }
 
-fn cell_text(r: &CellResult) -> String {
+fn cell_text(c: &Contender, r: &CellResult) -> String {
+    let limit = match (c, r.limit_series.last()) {
+        (Contender::None | Contender::Fixed(_), _) | (_, None) => String::new(),
+        (_, Some((_, l))) => format!(" · L{l}"),
+    };
     format!(
-        "{:.1}% · {:.0} · {:.0}%",
+        "{:.1}% · {:.0} · {:.0}%{limit}",
         r.goodput_pct,
         r.p99.as_secs_f64() * 1e3,
         r.wasted_pct()
     )
+}
+
+/// The share of service times (lognormal, sigma 0.5) within the
+/// deadline, in %: with no queue at all, the most of the capacity that can
+/// be served within it.
+fn ceiling(mean: Duration, deadline: Duration) -> f64 {
+    let mut rng = Rng::new(0xCE11);
+    let n = 400_000;
+    let within = (0..n)
+        .filter(|_| rng.lognormal(mean.as_secs_f64(), 0.5) <= deadline.as_secs_f64())
+        .count();
+    100.0 * within as f64 / f64::from(n)
 }
 
 fn steady(seed: u64) -> Result<Vec<Panel>, BoxError> {
@@ -195,9 +212,12 @@ fn steady(seed: u64) -> Result<Vec<Panel>, BoxError> {
                 let capacity = cells[0].capacity();
                 println!(
                     "### {servers} servers × {mean_ms} ms mean ({capacity:.0} requests/s), deadline {deadline_ms} ms \
-                     (window {:.1} s after {:.0} s of warm-up)\n",
+                     (window {:.1} s after {:.0} s of warm-up)\n\n\
+                     No-queue ceiling: {:.1}% of the service times are within the deadline, so about \
+                     that share of capacity is the most any limiter can serve in time.\n",
                     cells[0].measure.as_secs_f64(),
-                    cells[0].warmup.as_secs_f64()
+                    cells[0].warmup.as_secs_f64(),
+                    ceiling(MS * mean_ms, MS * deadline_ms)
                 );
                 println!("| contender | 1x | 2x | 5x | 10x |\n|---|---|---|---|---|");
                 // The best fixed size per load: the most goodput, then the
@@ -219,9 +239,9 @@ fn steady(seed: u64) -> Result<Vec<Panel>, BoxError> {
                         .enumerate()
                         .map(|(l, r)| {
                             if best[l] == i {
-                                format!("**{}**", cell_text(r))
+                                format!("**{}**", cell_text(contender, r))
                             } else {
-                                cell_text(r)
+                                cell_text(contender, r)
                             }
                         })
                         .collect();
@@ -280,8 +300,9 @@ fn step(seed: u64) -> Result<Vec<Panel>, BoxError> {
          the full capacity (32,000 requests/s) throughout; at {t1} s the servers drop to 16 \
          (the offer becomes 10x), at {t2} s they come back. Goodput in % of the full capacity \
          over the whole run; settling: time from the step until goodput (100 ms buckets, \
-         smoothed over 300 ms) stays within 10% of its new steady value (the mean over the \
-         last 40% of the segment).\n"
+         each averaged with the two before) stays within 10% of its new steady value (the \
+         mean over the last 40% of the segment); the same for the limit (sampled every \
+         100 ms).\n"
     );
     let mut cell = Cell::steady(32, MS * 5, MS * 100, 5.0)
         .with_window(Duration::ZERO, Duration::from_secs_f64(end));
@@ -294,23 +315,31 @@ fn step(seed: u64) -> Result<Vec<Panel>, BoxError> {
     contenders.extend(contenders_peer());
     let mut limit_series = Vec::new();
     let mut goodput_series = Vec::new();
-    println!("| contender | goodput | p99 ms | wasted | settled after halving | settled after restoring |\n|---|---|---|---|---|---|");
+    println!("| contender | goodput | p99 ms | wasted | goodput settled after halving | after restoring | limit settled after halving | after restoring |\n|---|---|---|---|---|---|---|---|");
     let mut limit_rows = Vec::new();
     for contender in &contenders {
         let r = run_cell(&cell, contender, seed)?;
-        let settle = |from: f64, to: f64| match settle_time(&r.goodput_series, from, to, 0.1) {
-            Some(s) => format!("{s:.1} s"),
-            None => "never".to_owned(),
+        let limits: Vec<(f64, f64)> = r.limit_series.iter().map(|&(t, l)| (t, l as f64)).collect();
+        let settle = |series: &[(f64, f64)], from: f64, to: f64| {
+            if series.is_empty() {
+                return "-".to_owned();
+            }
+            match settle_time(series, from, to, 0.1) {
+                Some(s) => format!("{s:.1} s"),
+                None => "never".to_owned(),
+            }
         };
         println!(
-            "| {}{} | {:.1}% | {:.0} | {:.0}% | {} | {} |",
+            "| {}{} | {:.1}% | {:.0} | {:.0}% | {} | {} | {} | {} |",
             contender.name(),
             mark(contender),
             r.goodput_pct,
             r.p99.as_secs_f64() * 1e3,
             r.wasted_pct(),
-            settle(t1, t2),
-            settle(t2, end)
+            settle(&r.goodput_series, t1, t2),
+            settle(&r.goodput_series, t2, end),
+            settle(&limits, t1, t2),
+            settle(&limits, t2, end),
         );
         if !r.limit_series.is_empty() {
             let at = |t: f64| {
@@ -480,7 +509,7 @@ fn real_time(seed: u64) -> Result<(), BoxError> {
                 let cell = Cell::steady(8, MS * 20, MS * 100, load)
                     .with_window(Duration::from_secs(1), Duration::from_secs(4));
                 let r = run_cell_on(&cell, contender, seed, paused)?;
-                cols.push(cell_text(&r));
+                cols.push(cell_text(contender, &r));
                 limits.push(
                     r.limit_series
                         .last()
