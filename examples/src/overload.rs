@@ -677,7 +677,7 @@ async fn simulate(cell: Cell, contender: Contender, seed: u64) -> Result<CellRes
         cell.servers,
         cell.mean,
         cell.sigma,
-        seed ^ 0x5EED_0F_5E47_1CE5,
+        seed ^ 0x005E_ED0F_5E47_1CE5,
         window,
     );
     let (stack, probe) = contender.build(dependency.clone(), seed)?;
@@ -967,7 +967,7 @@ pub fn svg(panels: &[Panel]) -> String {
                 .unzip();
             let xmin = xs.iter().copied().fold(f64::INFINITY, f64::min);
             let xmax = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let ymax = ys.iter().copied().fold(0.0, f64::max).max(1.0) * 1.05;
+            let ymax = nice_ceiling(ys.iter().copied().fold(0.0, f64::max).max(1.0));
             let (xmin, xmax) = if xmin.is_finite() && xmax > xmin {
                 (xmin, xmax)
             } else {
@@ -1054,6 +1054,17 @@ pub fn svg(panels: &[Panel]) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// The smallest of 1, 1.2, 2, 4 or 5 times a power of ten, at least `x` (axis
+/// ticks at quarters of it stay round).
+fn nice_ceiling(x: f64) -> f64 {
+    let power = 10f64.powf(x.log10().floor());
+    [1.0, 1.2, 2.0, 4.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * power)
+        .find(|&v| v >= x)
+        .unwrap_or(10.0 * power)
 }
 
 fn escape(text: &str) -> String {
