@@ -1,6 +1,6 @@
-//! Per-call overhead of the bulkhead over a bare `service_fn`, against
-//! tower's `ConcurrencyLimit` (alone and under `LoadShed`), the rejection
-//! path, and allocations per call.
+//! Per-call overhead of the bulkhead (fixed and adaptive) over a bare
+//! `service_fn`, against tower's `ConcurrencyLimit` (alone and under
+//! `LoadShed`), the rejection path, and allocations per call.
 //!
 //! Run with `cargo bench -p tower-bulkhead`. Every loop runs inside one
 //! `block_on` of a current-thread runtime, so the figures are the layers'
@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use tower::limit::ConcurrencyLimitLayer;
 use tower::load_shed::LoadShedLayer;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_bulkhead::adaptive::{Aimd, Gradient};
 use tower_bulkhead::{BulkheadLayer, HttpBulkheadLayer};
 
 #[global_allocator]
@@ -75,6 +76,10 @@ fn benches(c: &mut Criterion) {
     let client = BulkheadLayer::new("bench", ROOMY);
     let http = HttpBulkheadLayer::new("bench", ROOMY);
     let keyed = BulkheadLayer::new("bench", ROOMY).per_key(|_req: &Request<()>| "static-key");
+    // Adaptive, with bounds so high that the happy path never refuses.
+    let aimd = BulkheadLayer::adaptive("bench", Aimd::new().initial(ROOMY).bounds(ROOMY, ROOMY));
+    let gradient =
+        BulkheadLayer::adaptive("bench", Gradient::new().initial(ROOMY).bounds(ROOMY, ROOMY));
     let client_full = BulkheadLayer::new("full", 0);
     let http_full = HttpBulkheadLayer::new("full", 0);
     let concurrency = ConcurrencyLimitLayer::new(ROOMY);
@@ -101,6 +106,12 @@ fn benches(c: &mut Criterion) {
     });
     group.bench_function("Bulkhead (client)", |b| {
         b.iter_custom(|iters| run(&rt, client.layer(bare()), iters))
+    });
+    group.bench_function("Bulkhead adaptive Aimd", |b| {
+        b.iter_custom(|iters| run(&rt, aimd.layer(bare()), iters))
+    });
+    group.bench_function("Bulkhead adaptive Gradient", |b| {
+        b.iter_custom(|iters| run(&rt, gradient.layer(bare()), iters))
     });
     group.bench_function("HttpBulkhead", |b| {
         b.iter_custom(|iters| run(&rt, http.layer(bare()), iters))
@@ -132,6 +143,14 @@ fn benches(c: &mut Criterion) {
         (
             "Bulkhead (client)",
             allocations_per_call(&rt, client.layer(bare())),
+        ),
+        (
+            "Bulkhead adaptive Aimd",
+            allocations_per_call(&rt, aimd.layer(bare())),
+        ),
+        (
+            "Bulkhead adaptive Gradient",
+            allocations_per_call(&rt, gradient.layer(bare())),
         ),
         (
             "HttpBulkhead",

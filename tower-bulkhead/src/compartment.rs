@@ -898,6 +898,44 @@ mod tests {
         assert_eq!(format!("{permit:?}"), r#"Permit { compartment: "test" }"#);
     }
 
+    /// The fast path never looks a request's criticality up: only past
+    /// the lowest share, and then once per call.
+    #[test]
+    fn the_criticality_is_read_only_past_the_lowest_share() {
+        let c = compartment(4);
+        let reads = std::cell::Cell::new(0);
+        let read = || {
+            reads.set(reads.get() + 1);
+            Criticality::Sheddable
+        };
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            match Admission::decide(&c, WaitPolicy::default(), Shedding::DEFAULT, read) {
+                Admission::Go(permit) => held.push(permit),
+                _ => panic!("under half: admitted"),
+            }
+        }
+        assert_eq!(reads.get(), 0, "2 of 4 taken, none looked up");
+        let third = Admission::decide(&c, WaitPolicy::default(), Shedding::DEFAULT, read);
+        assert!(matches!(third, Admission::Full(_)));
+        assert_eq!(reads.get(), 1);
+        assert_eq!(c.stats().shed(), 1);
+        let off = Admission::decide(&c, WaitPolicy::default(), Shedding::OFF, read);
+        assert!(matches!(off, Admission::Go(_)));
+        assert_eq!(reads.get(), 1, "no shares, no look-up");
+    }
+
+    #[test]
+    fn shares_round_up_and_are_brought_into_range() {
+        let s = Shedding::from_shares([0.5, 0.75, 2.0, f64::NAN]);
+        assert_eq!(s, Shedding::DEFAULT);
+        assert_eq!(s.allowed(512, 3), 2);
+        assert_eq!(s.allowed(512, 1), 1);
+        assert_eq!(s.allowed(0, 100), 0);
+        assert_eq!(s.allowed(1024, 7), 7);
+        assert_eq!(Shedding::from_shares([-1.0; 4]).as_fractions(), [0.0; 4]);
+    }
+
     #[test]
     fn reject_counts_and_names_the_compartment() {
         let c = compartment(1);

@@ -377,24 +377,29 @@ async fn gradient_settles_near_the_dependencys_capacity_and_follows_it() {
     let svc = layer.layer(queued(servers.clone(), 10 * MS));
 
     // 64 callers, 8 servers of 10 ms: a fixed limit of 64 would queue 56
-    // calls (70 ms each); the gradient keeps the queue short.
+    // calls (70 ms each); the gradient keeps the queue short (about a
+    // quarter of the servers) and the servers busy.
     let served = drive(svc.clone(), 64, Duration::from_secs(5)).await;
     let stats = handle.stats();
-    assert!((8..=24).contains(&stats.limit()), "{stats:?}");
+    assert!((8..=14).contains(&stats.limit()), "{stats:?}");
     let no_load = stats.no_load_latency().unwrap();
     assert!(no_load >= 10 * MS && no_load < 12 * MS, "{stats:?}");
     assert!(stats.recent_latency().unwrap() < 3 * no_load, "{stats:?}");
     assert!(
-        served > 3_500,
+        served > 3_800,
         "8 servers for 5 s serve 4,000 at most: {served}"
     );
     assert_eq!(handle.in_flight(), 0);
 
     // The capacity doubles: the limit follows.
     servers.add_permits(8);
-    drive(svc, 64, Duration::from_secs(5)).await;
+    let served = drive(svc, 64, Duration::from_secs(5)).await;
     let stats = handle.stats();
-    assert!((18..=40).contains(&stats.limit()), "{stats:?}");
+    assert!((16..=28).contains(&stats.limit()), "{stats:?}");
+    assert!(
+        served > 7_800,
+        "16 servers for 5 s serve 8,000 at most: {served}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
