@@ -335,6 +335,18 @@
 //! marks and counts it, and can run the fallback on a share of healthy
 //! calls to show it still works. Its guide says when not to use one.
 //!
+//! # Adaptive throttling
+//!
+//! Where the breaker sheds everything or nothing, the [`throttle`] module
+//! sheds in proportion to what the dependency accepts: the Google SRE
+//! book's client-side rule, `max(0, (requests − K · accepts) / (requests +
+//! 1))` over a sliding window, as a layer ([`ThrottleLayer`]) with a
+//! shared [`ThrottleHandle`]. Its rejections
+//! ([`Throttled`](throttle::Throttled)) are local rejections, which this
+//! breaker does not count and no retry layer retries; less critical
+//! requests are shed first. Place it inside the retry layer, above the
+//! bulkhead; see the module for why.
+//!
 //! # Shared state (Redis, DynamoDB)
 //!
 //! A breaker in each process's memory does little for a fleet of many
@@ -510,7 +522,7 @@
 //!
 //! | feature | default | what |
 //! |---|---|---|
-//! | `metrics` | off | `metrics`: calls, rejections, state, transitions, probes and store errors through the [`metrics`](https://docs.rs/metrics) facade, labelled with the breaker's name; the full list of names is in `docs/metrics.md` at the repository's root |
+//! | `metrics` | off | `metrics`: calls, rejections, state, transitions, probes and store errors through the [`metrics`](https://docs.rs/metrics) facade, labelled with the breaker's name; the full list of names is in `docs/metrics.md` at the repository's root; and the throttle's requests, accepts, rejections and rejection probability (`throttle::metrics`) |
 //!
 //! The one-line stacks and the reqwest and tonic integrations are in
 //! [`tower-shield`](https://docs.rs/tower-shield), which depends on this

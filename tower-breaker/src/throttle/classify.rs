@@ -86,9 +86,21 @@ mod tests {
                 .body(())
                 .unwrap()
         };
-        assert_eq!(ThrottleClassifier.classify_response(&grpc("8")), Outcome::Failure);
-        assert_eq!(ThrottleClassifier.classify_response(&grpc("5")), Outcome::Success);
-        assert_eq!(ThrottleClassifier.classify_response(&grpc("14")), Outcome::Failure);
-        assert_eq!(ThrottleClassifier.classify_response(&grpc("0")), Outcome::Success);
+        assert_eq!(
+            ThrottleClassifier.classify_response(&grpc("8")),
+            Outcome::Failure
+        );
+        assert_eq!(
+            ThrottleClassifier.classify_response(&grpc("5")),
+            Outcome::Success
+        );
+        assert_eq!(
+            ThrottleClassifier.classify_response(&grpc("14")),
+            Outcome::Failure
+        );
+        assert_eq!(
+            ThrottleClassifier.classify_response(&grpc("0")),
+            Outcome::Success
+        );
     }
 }

@@ -11,6 +11,10 @@ use tower_resilience_base::random::RandomSource;
 /// sixtieth of the window (2 s with the default two minutes).
 pub(crate) const BUCKETS: usize = 60;
 
+/// How many rings of buckets the threads' counts are spread over (as the
+/// breaker's counters are).
+pub(crate) const STRIPES: usize = 8;
+
 /// The default [`window`](ThrottleConfig::window): the SRE book's two
 /// minutes.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(120);
@@ -43,7 +47,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 /// |---|---|---|
 /// | [`window`](Self::window) | 120 s ([`DEFAULT_WINDOW`]) | 60 ms to 1 day |
 /// | [`k`](Self::k) (Critical's K) | 2.0 ([`DEFAULT_K`]) | finite, at least 1.0 |
-/// | [`criticality_k`](Self::criticality_k) | CriticalPlus: K; SheddablePlus: max(1, 0.75 K); Sheddable: max(1, 0.5 K) | finite, at least 1.0, and ordered (see there) |
+/// | [`criticality_k`](Self::criticality_k) | CriticalPlus: K; SheddablePlus: max(1, 0.875 K); Sheddable: max(1, 0.75 K) | finite, at least 1.0, and ordered (see there) |
 /// | [`max_rejection`](Self::max_rejection) | 0.9 ([`DEFAULT_MAX_REJECTION`]) | `0.0..=1.0` |
 /// | [`min_requests`](Self::min_requests) | 10 ([`DEFAULT_MIN_REQUESTS`]) | any |
 /// | [`random`](Self::random) | a [`ProcessRandom`](tower_resilience_base::random::ProcessRandom) | any |
@@ -163,9 +167,14 @@ impl ThrottleConfig {
 
     /// The K of requests of `criticality` (setting `Critical`'s is the same
     /// as [`k`](Self::k)). Defaults: `CriticalPlus` takes `Critical`'s K;
-    /// `SheddablePlus` three quarters of it and `Sheddable` half of it, at
-    /// least 1.0 each, so that less critical requests are rejected first
-    /// and more often. Each criticality's rule reads the requests and
+    /// `SheddablePlus` seven eighths of it and `Sheddable` three quarters
+    /// of it, at least 1.0 each, so that less critical requests are
+    /// rejected first and more often. Against a dependency that fails a
+    /// steady share `f` of the requests it gets, a K starts rejecting when
+    /// `f > 1 − 1/K`: with K = 2, `Sheddable` (1.5) at 33% failures,
+    /// `SheddablePlus` (1.75) at 43%, `Critical` at 50%. (A K of 1 rejects
+    /// at the first failure, and a client whose traffic is all of that
+    /// criticality then climbs to the cap at any steady failure share.) Each criticality's rule reads the requests and
     /// accepts of that criticality and the ones above it (see the
     /// [module docs](super#criticality)).
     ///
@@ -323,8 +332,8 @@ impl ThrottleConfig {
     pub(crate) fn ks(&self) -> [f64; 4] {
         let k = self.k;
         let default = |c: Criticality| match c {
-            Criticality::Sheddable => (0.5 * k).max(1.0),
-            Criticality::SheddablePlus => (0.75 * k).max(1.0),
+            Criticality::Sheddable => (0.75 * k).max(1.0),
+            Criticality::SheddablePlus => (0.875 * k).max(1.0),
             Criticality::Critical | Criticality::CriticalPlus => k,
         };
         Criticality::ALL.map(|c| {
@@ -395,7 +404,7 @@ mod tests {
     fn defaults_are_valid_and_ordered() {
         let config = ThrottleConfig::new();
         assert_eq!(config.validate(), Ok(()));
-        assert_eq!(config.ks(), [1.0, 1.5, 2.0, 2.0]);
+        assert_eq!(config.ks(), [1.5, 1.75, 2.0, 2.0]);
         assert_eq!(ThrottleConfig::new().k(1.0).ks(), [1.0, 1.0, 1.0, 1.0]);
     }
 
@@ -410,7 +419,7 @@ mod tests {
             .clamped();
         assert_eq!(config.validate(), Ok(()));
         assert_eq!(config.window, MIN_WINDOW);
-        assert_eq!(config.ks(), [1.5, 1.5, 2.0, 2.0]);
+        assert_eq!(config.ks(), [1.75, 1.75, 2.0, 2.0]);
         assert_eq!(config.max_rejection, 1.0);
         let config = ThrottleConfig::new()
             .k(-3.0)

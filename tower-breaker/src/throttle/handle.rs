@@ -10,8 +10,9 @@ use tower_resilience_base::criticality::Criticality;
 use tower_resilience_base::error::Throttled;
 use tower_resilience_base::outcome::Outcome;
 use tower_resilience_base::random::{unit, ProcessRandom, RandomSource};
+use tower_resilience_base::stripe::thread_index;
 
-use super::config::{ThrottleConfig, ThrottleConfigError, BUCKETS};
+use super::config::{ThrottleConfig, ThrottleConfigError, BUCKETS, STRIPES};
 use super::metrics::ThrottleMetrics;
 use super::window::{Sums, Window};
 
@@ -31,7 +32,7 @@ const EVENT_INTERVAL: Duration = Duration::from_secs(1);
 ///
 /// # Clone
 ///
-/// Clones share everything (one `Arc`).
+/// Clones share everything (two `Arc`s).
 ///
 /// # Example
 ///
@@ -54,7 +55,19 @@ const EVENT_INTERVAL: Duration = Duration::from_secs(1);
 /// ```
 #[derive(Clone)]
 pub struct ThrottleHandle {
-    pub(crate) core: Arc<Core>,
+    core: Arc<Core>,
+    /// Handles on the core, one per thread stripe, each alone on its cache
+    /// lines: a call's permit holds one, so the reference counts that
+    /// every call touches are not shared between threads.
+    shards: Arc<[Arc<Shard>]>,
+}
+
+#[repr(align(128))]
+struct Shard {
+    core: Arc<Core>,
+    /// This stripe's own copy of the name (its own reference count), for
+    /// the errors of the calls it rejects.
+    name: Arc<str>,
 }
 
 /// The right to make one call, given by
@@ -64,9 +77,11 @@ pub struct ThrottleHandle {
 /// congestion, not nothing).
 #[must_use = "a permit counts as not accepted unless recorded"]
 pub struct ThrottlePermit {
-    core: Arc<Core>,
+    shard: Arc<Shard>,
     epoch: u64,
-    criticality: usize,
+    criticality: u8,
+    /// The stripe the request was counted on.
+    stripe: u8,
 }
 
 /// The figures of a throttle at one moment; see
@@ -104,14 +119,16 @@ pub struct ThrottleSnapshot {
     pub throttling: bool,
 }
 
-pub(crate) struct Core {
+struct Core {
     name: Arc<str>,
     config: ThrottleConfig,
     /// Each criticality's K, ordered (`ks[0]` is the smallest).
     ks: [f64; 4],
     max_rejection: f64,
     min_requests: u64,
-    width_ns: u64,
+    /// `2^64 / bucket width in ns`, rounded down: a bucket's epoch is a
+    /// multiplication and a shift, not a division (tens of cycles).
+    per_bucket: u64,
     base: Instant,
     window: Window,
     random: Arc<dyn RandomSource>,
@@ -164,7 +181,7 @@ impl ThrottleHandle {
             ks: config.ks(),
             max_rejection: config.max_rejection,
             min_requests: config.min_requests,
-            width_ns,
+            per_bucket: u64::MAX / width_ns,
             base: Instant::now(),
             window: Window::new(),
             random,
@@ -173,9 +190,16 @@ impl ThrottleHandle {
             next_event_ns: AtomicU64::new(0),
             config,
         };
-        Self {
-            core: Arc::new(core),
-        }
+        let core = Arc::new(core);
+        let shards = (0..STRIPES)
+            .map(|_| {
+                Arc::new(Shard {
+                    core: Arc::clone(&core),
+                    name: Arc::from(&*core.name),
+                })
+            })
+            .collect();
+        Self { core, shards }
     }
 
     /// The throttle's name (in its errors, events and metrics).
@@ -185,7 +209,6 @@ impl ThrottleHandle {
     }
 
     /// Its settings.
-    #[must_use]
     pub fn config(&self) -> &ThrottleConfig {
         &self.core.config
     }
@@ -198,11 +221,14 @@ impl ThrottleHandle {
     /// [`Throttled`] when the draw rejects the call (a local rejection:
     /// the call must not be made).
     pub fn try_acquire(&self, criticality: Criticality) -> Result<ThrottlePermit, Throttled> {
-        let epoch = self.core.admit(criticality)?;
+        let stripe = thread_index() % STRIPES;
+        let shard = &self.shards[stripe];
+        let epoch = self.core.admit(criticality, stripe, &shard.name)?;
         Ok(ThrottlePermit {
-            core: Arc::clone(&self.core),
+            shard: Arc::clone(shard),
             epoch,
-            criticality: criticality.index(),
+            criticality: criticality.index() as u8,
+            stripe: stripe as u8,
         })
     }
 
@@ -254,13 +280,15 @@ impl ThrottlePermit {
     /// the call locally: the dependency never saw it) takes the request
     /// back.
     pub fn record(self, outcome: Outcome) {
+        let core = &self.shard.core;
+        let c = usize::from(self.criticality);
         match outcome {
             Outcome::Success => {
-                self.core.window.accept(self.epoch, self.criticality);
-                self.core.metrics.accept();
+                core.window.accept(self.epoch, c, thread_index() % STRIPES);
+                core.metrics.accept();
             }
             Outcome::Failure => {}
-            Outcome::Ignored => self.core.window.forget(self.epoch, self.criticality),
+            Outcome::Ignored => core.window.forget(self.epoch, c, usize::from(self.stripe)),
         }
     }
 }
@@ -268,7 +296,7 @@ impl ThrottlePermit {
 impl fmt::Debug for ThrottlePermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ThrottlePermit")
-            .field("throttle", &&*self.core.name)
+            .field("throttle", &&*self.shard.name)
             .finish_non_exhaustive()
     }
 }
@@ -281,8 +309,18 @@ impl Core {
         crate::sync::call_since(self.base).as_nanos() as u64
     }
 
+    /// The bucket of the time `ns` (since `base`): about `ns / width`, by a
+    /// multiplication. Each bucket's start is read a little late (by
+    /// `ns * width / 2^64`: under 4 ms after a year with 2 s buckets),
+    /// which is harmless, since every reading goes through this one
+    /// function and it never goes backwards.
+    #[inline]
+    fn epoch(&self, ns: u64) -> u64 {
+        ((u128::from(ns) * u128::from(self.per_bucket)) >> 64) as u64
+    }
+
     fn epoch_now(&self) -> u64 {
-        crate::sync::since(self.base).as_nanos() as u64 / self.width_ns
+        self.epoch(crate::sync::since(self.base).as_nanos() as u64)
     }
 
     /// The rule: `max(0, (requests - K * accepts) / (requests + 1))`, at
@@ -309,22 +347,28 @@ impl Core {
         let mut accepts: u64 = sums.accepts.iter().sum();
         let mut ceiling = f64::INFINITY;
         let mut p = [0.0; 4];
-        for c in 0..4 {
+        for (c, p) in p.iter_mut().enumerate() {
             ceiling = ceiling.min(self.rule(self.ks[c], requests, accepts));
-            p[c] = ceiling;
+            *p = ceiling;
             requests -= sums.requests[c];
             accepts -= sums.accepts[c];
         }
         p
     }
 
-    /// Counts a request of `criticality` and draws its fate; the epoch it
-    /// was counted at.
+    /// Counts a request of `criticality` on `stripe` and draws its fate;
+    /// the epoch it was counted at. `name` is the stripe's copy of the
+    /// name, for the error.
     #[inline]
-    pub(crate) fn admit(&self, criticality: Criticality) -> Result<u64, Throttled> {
+    fn admit(
+        &self,
+        criticality: Criticality,
+        stripe: usize,
+        name: &Arc<str>,
+    ) -> Result<u64, Throttled> {
         let c = criticality.index();
         let now = self.now_ns();
-        let (epoch, sums, moved) = self.window.request(now / self.width_ns, c);
+        let (epoch, sums, moved) = self.window.request(self.epoch(now), c, stripe);
         self.metrics.request();
         // The least critical requests' rule, on every request, rejects
         // first: nothing to draw while it does not.
@@ -347,7 +391,7 @@ impl Core {
             if !self.announced.load(Relaxed) {
                 self.announce(true, now, &sums);
             }
-            return Err(Throttled::new(Arc::clone(&self.name), p));
+            return Err(Throttled::new(Arc::clone(name), p));
         }
         Ok(epoch)
     }
@@ -374,7 +418,12 @@ impl Core {
         if now < next
             || self
                 .next_event_ns
-                .compare_exchange(next, now + EVENT_INTERVAL.as_nanos() as u64, Relaxed, Relaxed)
+                .compare_exchange(
+                    next,
+                    now + EVENT_INTERVAL.as_nanos() as u64,
+                    Relaxed,
+                    Relaxed,
+                )
                 .is_err()
             || self
                 .announced

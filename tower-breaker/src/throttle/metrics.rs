@@ -3,7 +3,7 @@
 //!
 //! Every metric carries the label `throttle`, the throttle's name; the
 //! label `criticality` takes the four names of
-//! [`Criticality`](tower_resilience_base::criticality::Criticality)
+//! [`Criticality`]
 //! (`critical-plus`, `critical`, `sheddable-plus`, `sheddable`).
 //!
 //! | Name | Type | Unit | Labels | What |

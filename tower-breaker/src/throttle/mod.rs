@@ -59,14 +59,15 @@
 //! 20 of the 100 requests a second offered, with K = 2, about 40 a second
 //! are sent and 60% are rejected locally. Against one that accepts a fixed
 //! share `a` of what it is sent, the rejection share climbs to the cap
-//! when `K · a < 1` and stays at zero when `K · a > 1` (at `a = 1/2` with K
-//! = 2 it stays near zero: the window's noise decides).
+//! when `K · a < 1` and stays at zero when `K · a > 1`; at `K · a = 1`
+//! exactly (half failing, K = 2) the rule is neutral and the window's
+//! noise moves it.
 //!
 //! | setting | default | |
 //! |---|---|---|
 //! | [`window`](ThrottleConfig::window) | 120 s | the SRE book's two minutes; 60 buckets, no timer: the first call of a new bucket moves the window |
 //! | [`k`](ThrottleConfig::k) | 2.0 | the SRE book's; at least 1.0 |
-//! | [`criticality_k`](ThrottleConfig::criticality_k) | `Sheddable` 1.0, `SheddablePlus` 1.5, `Critical` 2.0, `CriticalPlus` 2.0 | derived from K: half, three quarters, K, K |
+//! | [`criticality_k`](ThrottleConfig::criticality_k) | `Sheddable` 1.5, `SheddablePlus` 1.75, `Critical` 2.0, `CriticalPlus` 2.0 | derived from K: ¾ K, ⅞ K, K, K (at least 1) |
 //! | [`max_rejection`](ThrottleConfig::max_rejection) | 0.9 | Envoy's admission control uses 0.8; see the setting for why 0.9 |
 //! | [`min_requests`](ThrottleConfig::min_requests) | 10 | no rejection on fewer requests in the window |
 //!
@@ -86,14 +87,18 @@
 //!   request nor an accept, since it never reached the dependency.
 //! - A call this throttle rejects stays a request.
 //!
-//! The counts are kept in a ring of 60 time buckets of atomics (eight
+//! The counts are kept in rings of 60 time buckets of atomics (eight
 //! words a bucket: requests and accepts of each criticality, each word
-//! stamped with its bucket's epoch); a call makes one
-//! clock reading (or takes the one a layer above made for it), one atomic
-//! add for its request and one for its accept, reads the window's totals
-//! from a cache that the first call of each bucket recomputes, and draws a
-//! random number only while some criticality is throttled. No lock, no
-//! allocation, no timer task.
+//! stamped with its bucket's epoch), one ring per thread stripe so that
+//! threads never write the same cache line. A call makes one clock
+//! reading (or takes the one a layer above made for it), one atomic add
+//! for its request and one for its accept on its own stripe, and reads the
+//! window's totals from a cache of the past buckets that the first call of
+//! each bucket recomputes (plus its own stripe's newest bucket: within one
+//! bucket, a sixtieth of the window, a thread does not yet see the other
+//! threads' calls). It draws a random number only while some criticality
+//! is throttled. No lock, no allocation, no timer task;
+//! [`ThrottleHandle::snapshot`] reads every stripe and is exact.
 //!
 //! # Criticality
 //!
@@ -102,19 +107,24 @@
 //! applied to the requests and accepts of `c` and every criticality above
 //! it, with `c`'s K, and never with a higher probability than a less
 //! critical one.** Less critical requests get a smaller K (by default
-//! `Sheddable` 1, `SheddablePlus` 1.5, `Critical` and `CriticalPlus` K),
-//! so they are rejected earlier and more often; the SRE book sheds the
-//! lowest criticality first.
+//! `Sheddable` 1.5, `SheddablePlus` 1.75, `Critical` and `CriticalPlus`
+//! K = 2), so they are rejected earlier and more often; the SRE book sheds
+//! the lowest criticality first. Against a dependency that fails a steady
+//! share `f` of its requests, a K rejects once `f > 1 − 1/K` (33%, 43% and
+//! 50% failures); against one of fixed capacity, the requests of a
+//! criticality and those above it are sent at most K times as often as
+//! they are accepted.
 //!
 //! Why counts "from `c` up": `Sheddable` requests are judged on all the
-//! evidence (any failure makes them rejectable), while the requests the
+//! evidence (the failures of critical calls too), while the requests the
 //! throttle rejects at a low criticality, which count as requests without
 //! accepts, never raise the rejection of a higher one. With one shared
 //! count, a dependency that fails half of its requests would let the
 //! sheddable rejections drag `Critical` (K = 2, on the rule's edge there)
-//! up to the cap. Measured in `tests/throttle.rs` (half of the calls
-//! failing, the four criticalities mixed evenly): `Sheddable` 65% rejected,
-//! `SheddablePlus` 38%, `Critical` 8%, `CriticalPlus` 7%.
+//! up to the cap. Measured with the four criticalities mixed evenly
+//! (`tests/throttle.rs`): with 40% of the calls failing, `Sheddable` 11%
+//! rejected and the others none; with 50% (`Critical`'s edge), 40%, 24%,
+//! 11% and 8% from `Sheddable` to `CriticalPlus`.
 //!
 //! `CriticalPlus` is never throttled beyond `Critical`'s rule: its
 //! probability is at most `Critical`'s, and its K at least `Critical`'s (a
@@ -182,9 +192,13 @@
 //! - A dependency that answers 429 by design (quota) is throttled against
 //!   too; give the throttle the breaker's [`DefaultClassifier`](crate::DefaultClassifier)
 //!   if 429 should count as accepted.
-//! - Changes are as slow as the window: with two minutes, a recovered
-//!   dependency gets its full traffic back over about two minutes (the
-//!   cap keeps at least 10% of the requests going meanwhile).
+//! - Changes are as slow as the window: after an outage at the cap, a
+//!   recovered dependency gets its full traffic back over about two
+//!   windows (four minutes by default; measured with a 6 s window: 65%
+//!   still rejected after one window, none after two). The cap keeps at
+//!   least 10% of the requests going meanwhile, which is how the throttle
+//!   sees the recovery. A shorter window reacts faster and on less
+//!   evidence.
 //! - The layer's setters build a new throttle each: take
 //!   [`ThrottleLayer::handle`] after the last one.
 

@@ -190,11 +190,9 @@ where
     #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
         match self.handle.try_acquire(Criticality::of(&request)) {
-            Ok(permit) => ResponseFuture::called(
-                self.inner.call(request),
-                permit,
-                self.classifier.clone(),
-            ),
+            Ok(permit) => {
+                ResponseFuture::called(self.inner.call(request), permit, self.classifier.clone())
+            }
             Err(throttled) => ResponseFuture::rejected(throttled),
         }
     }
@@ -219,11 +217,9 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         let criticality = Criticality::current().unwrap_or_default();
         match self.handle.try_acquire(criticality) {
-            Ok(permit) => ResponseFuture::called(
-                self.inner.call(request),
-                permit,
-                self.classifier.clone(),
-            ),
+            Ok(permit) => {
+                ResponseFuture::called(self.inner.call(request), permit, self.classifier.clone())
+            }
             Err(throttled) => ResponseFuture::rejected(throttled),
         }
     }

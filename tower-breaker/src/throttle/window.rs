@@ -10,18 +10,26 @@
 //! clearing, and a count never leaks into a later epoch. A sum reads only
 //! the words stamped with the epochs the window covers.
 //!
+//! Threads do not share the words they write: each thread stripe has its
+//! own ring, as the breaker's counters have their stripes, so that two
+//! threads calling through one throttle never bounce a cache line between
+//! them on the happy path.
+//!
 //! The hot path needs the window's totals, not a scan of every bucket: the
-//! sums of the buckets before the newest one are cached when the newest
-//! epoch moves on (by the one call that moves it), and a call adds the
-//! newest bucket's live counts to them. A count that arrives for a bucket
-//! that is no longer the newest (a call that spans a bucket's end) is
-//! added to the cache too. The cache is recomputed from the buckets at
-//! each move, so whatever a race put in it or left out of it lasts one
-//! bucket at most; [`Window::sums`] (the snapshot's) always scans.
+//! sums of the buckets before the newest one, over every stripe, are
+//! cached when the newest epoch moves on (by the one call that moves it),
+//! and a call adds its own stripe's counts of the newest bucket to them.
+//! So within the newest bucket (a sixtieth of the window) a thread sees
+//! the other threads' calls only once the bucket is past; with one thread,
+//! the sums are exact. A count that arrives for a bucket that is no longer
+//! the newest (a call that spans a bucket's end) is added to the cache
+//! too. The cache is recomputed from the buckets at each move, so whatever
+//! a race put in it or left out of it lasts one bucket at most;
+//! [`Window::sums`] (the snapshot's) always scans every stripe.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use super::config::BUCKETS;
+use super::config::{BUCKETS, STRIPES};
 
 const COUNT_MASK: u64 = u32::MAX as u64;
 
@@ -29,9 +37,10 @@ const COUNT_MASK: u64 = u32::MAX as u64;
 #[derive(Debug, Default)]
 struct Word(AtomicU64);
 
-/// One bucket: requests and accepts of each criticality (by
-/// `Criticality::index`), one cache line.
+/// One bucket of one stripe: requests and accepts of each criticality
+/// (by `Criticality::index`), one cache line.
 #[derive(Debug, Default)]
+#[repr(align(64))]
 struct Bucket {
     requests: [Word; 4],
     accepts: [Word; 4],
@@ -44,13 +53,20 @@ struct Padded<T>(T);
 
 #[derive(Debug)]
 pub(super) struct Window {
-    buckets: Box<[Padded<Bucket>]>,
+    /// `STRIPES` rings of `BUCKETS` buckets, one after the other.
+    buckets: Box<[Bucket]>,
     /// The newest epoch a call has moved the window to.
     head: Padded<AtomicU64>,
-    /// The sums of requests and accepts of the buckets before `head`
-    /// within the window, per criticality.
-    past_requests: [AtomicU64; 4],
-    past_accepts: [AtomicU64; 4],
+    /// The sums of the buckets before `head` within the window.
+    past: Padded<Past>,
+}
+
+/// The cached sums of requests and accepts of the buckets before the
+/// newest, per criticality.
+#[derive(Debug, Default)]
+struct Past {
+    requests: [AtomicU64; 4],
+    accepts: [AtomicU64; 4],
 }
 
 /// Window counts, per criticality (by `Criticality::index`).
@@ -63,8 +79,11 @@ pub(super) struct Sums {
 // === impl Word ===
 
 impl Word {
+    /// The stamp of `epoch`: its low 32 bits, in the word's high half (it
+    /// wraps after 2^32 buckets, 49 days of 1 ms buckets: stamps are
+    /// compared as wrapping numbers).
     fn stamp(epoch: u64) -> u64 {
-        epoch << 32
+        (epoch & COUNT_MASK) << 32
     }
 
     /// The count for `epoch`, zero if the word holds another epoch.
@@ -94,7 +113,8 @@ impl Word {
                 }
                 return Some(self.0.fetch_add(1, Relaxed) & COUNT_MASK);
             }
-            if held > stamp {
+            // Later than `epoch`, as wrapping 32-bit numbers.
+            if ((held >> 32) as u32).wrapping_sub(epoch as u32) as i32 > 0 {
                 return None;
             }
             match self.0.compare_exchange_weak(w, stamp | 1, Relaxed, Relaxed) {
@@ -126,65 +146,71 @@ impl Word {
 impl Window {
     pub(super) fn new() -> Self {
         Self {
-            buckets: (0..BUCKETS).map(|_| Padded::default()).collect(),
+            buckets: (0..STRIPES * BUCKETS).map(|_| Bucket::default()).collect(),
             head: Padded(AtomicU64::new(0)),
-            past_requests: Default::default(),
-            past_accepts: Default::default(),
+            past: Padded::default(),
         }
     }
 
-    fn bucket(&self, epoch: u64) -> &Bucket {
-        &self.buckets[(epoch % BUCKETS as u64) as usize].0
+    /// The bucket of `epoch` in the ring of `stripe` (taken modulo
+    /// `STRIPES`).
+    fn bucket(&self, stripe: usize, epoch: u64) -> &Bucket {
+        let i = (stripe % STRIPES) * BUCKETS + (epoch % BUCKETS as u64) as usize;
+        &self.buckets[i]
     }
 
     /// Counts a request of criticality `c` at `epoch` (the caller's clock
-    /// reading, in buckets); returns the epoch it was counted at (never
-    /// before the newest epoch seen), the window's sums as they stood
-    /// before it, and whether this call moved the window on.
+    /// reading, in buckets) on `stripe`; returns the epoch it was counted
+    /// at (never before the newest epoch seen), the window's sums as this
+    /// stripe saw them before it, and whether this call moved the window
+    /// on.
     #[inline]
-    pub(super) fn request(&self, epoch: u64, c: usize) -> (u64, Sums, bool) {
+    pub(super) fn request(&self, epoch: u64, c: usize, stripe: usize) -> (u64, Sums, bool) {
         let head = self.head.0.load(Relaxed);
         let (epoch, moved) = if epoch > head {
             self.advance(head, epoch)
         } else {
             (head, false)
         };
-        let bucket = self.bucket(epoch);
+        let bucket = self.bucket(stripe, epoch);
         let before = bucket.requests[c].add(epoch).unwrap_or(0);
+        let past = &self.past.0;
         let mut sums = Sums::default();
         for i in 0..4 {
-            sums.requests[i] = self.past_requests[i].load(Relaxed)
-                + if i == c {
-                    before
-                } else {
-                    bucket.requests[i].count(epoch)
-                };
-            sums.accepts[i] = self.past_accepts[i].load(Relaxed) + bucket.accepts[i].count(epoch);
+            let live = if i == c {
+                before
+            } else {
+                bucket.requests[i].count(epoch)
+            };
+            sums.requests[i] = past.requests[i].load(Relaxed) + live;
+            sums.accepts[i] = past.accepts[i].load(Relaxed) + bucket.accepts[i].count(epoch);
         }
         (epoch, sums, moved)
     }
 
-    /// Counts an accept of a request of criticality `c` counted at `epoch`.
+    /// Counts an accept of a request of criticality `c` counted at
+    /// `epoch`, on `stripe` (any stripe: the one of the thread that
+    /// completes the call).
     #[inline]
-    pub(super) fn accept(&self, epoch: u64, c: usize) {
+    pub(super) fn accept(&self, epoch: u64, c: usize, stripe: usize) {
         if self.is_gone(epoch) {
             return;
         }
-        if self.bucket(epoch).accepts[c].add(epoch).is_some() && self.is_past(epoch) {
-            self.past_accepts[c].fetch_add(1, Relaxed);
+        if self.bucket(stripe, epoch).accepts[c].add(epoch).is_some() && self.is_past(epoch) {
+            self.past.0.accepts[c].fetch_add(1, Relaxed);
         }
     }
 
-    /// Takes back a request of criticality `c` counted at `epoch` (it
-    /// turned out not to reach the dependency).
-    pub(super) fn forget(&self, epoch: u64, c: usize) {
+    /// Takes back a request of criticality `c` counted at `epoch` on
+    /// `stripe` (the one it was counted on): it turned out not to reach
+    /// the dependency.
+    pub(super) fn forget(&self, epoch: u64, c: usize, stripe: usize) {
         if self.is_gone(epoch) {
             return;
         }
-        if self.bucket(epoch).requests[c].sub(epoch) && self.is_past(epoch) {
-            let _ = self.past_requests[c].fetch_update(Relaxed, Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
+        if self.bucket(stripe, epoch).requests[c].sub(epoch) && self.is_past(epoch) {
+            let _ = self.past.0.requests[c]
+                .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
         }
     }
 
@@ -216,10 +242,11 @@ impl Window {
                 .compare_exchange_weak(head, epoch, Relaxed, Relaxed)
             {
                 Ok(_) => {
-                    let past = self.scan(epoch, false);
+                    let sums = self.scan(epoch, false);
+                    let past = &self.past.0;
                     for i in 0..4 {
-                        self.past_requests[i].store(past.requests[i], Relaxed);
-                        self.past_accepts[i].store(past.accepts[i], Relaxed);
+                        past.requests[i].store(sums.requests[i], Relaxed);
+                        past.accepts[i].store(sums.accepts[i], Relaxed);
                     }
                     return (epoch, true);
                 }
@@ -232,16 +259,22 @@ impl Window {
     /// newest bucket included or not.
     fn scan(&self, epoch: u64, newest: bool) -> Sums {
         let first = epoch.saturating_sub(BUCKETS as u64 - 1);
-        let last = if newest { epoch } else { epoch.saturating_sub(1) };
+        let last = if newest {
+            epoch
+        } else {
+            epoch.saturating_sub(1)
+        };
         let mut sums = Sums::default();
         if !newest && epoch == 0 {
             return sums;
         }
-        for e in first..=last {
-            let bucket = self.bucket(e);
-            for i in 0..4 {
-                sums.requests[i] += bucket.requests[i].count(e);
-                sums.accepts[i] += bucket.accepts[i].count(e);
+        for stripe in 0..STRIPES {
+            for e in first..=last {
+                let bucket = self.bucket(stripe, e);
+                for i in 0..4 {
+                    sums.requests[i] += bucket.requests[i].count(e);
+                    sums.accepts[i] += bucket.accepts[i].count(e);
+                }
             }
         }
         sums
@@ -269,30 +302,30 @@ mod tests {
     fn counts_slide_out_bucket_by_bucket() {
         let w = Window::new();
         for _ in 0..3 {
-            w.request(1, 2);
+            w.request(1, 2, 0);
         }
-        w.accept(1, 2);
-        let (_, before, _) = w.request(2, 2);
+        w.accept(1, 2, 0);
+        let (_, before, _) = w.request(2, 2, 0);
         assert_eq!(before, sums(3, 1));
         assert_eq!(w.sums(2), sums(4, 1));
         // Epoch 1 leaves the window when epoch 1 + BUCKETS begins.
         let last = BUCKETS as u64;
-        assert_eq!(w.request(last, 2).1, sums(4, 1));
-        assert_eq!(w.request(last + 1, 2).1, sums(2, 0));
+        assert_eq!(w.request(last, 2, 0).1, sums(4, 1));
+        assert_eq!(w.request(last + 1, 2, 0).1, sums(2, 0));
         assert_eq!(w.sums(last + 1), sums(3, 0));
         // A stale add is dropped.
-        w.accept(1, 2);
+        w.accept(1, 2, 0);
         assert_eq!(w.sums(last + 1), sums(3, 0));
-        assert_eq!(w.request(10 * last, 2).1, Sums::default());
+        assert_eq!(w.request(10 * last, 2, 0).1, Sums::default());
     }
 
     #[test]
     fn criticalities_are_counted_apart() {
         let w = Window::new();
-        w.request(1, 0);
-        w.request(1, 3);
-        w.accept(1, 3);
-        let (_, before, _) = w.request(1, 0);
+        w.request(1, 0, 0);
+        w.request(1, 3, 0);
+        w.accept(1, 3, 0);
+        let (_, before, _) = w.request(1, 0, 0);
         assert_eq!(before.requests, [1, 0, 0, 1]);
         assert_eq!(before.accepts, [0, 0, 0, 1]);
     }
@@ -300,20 +333,44 @@ mod tests {
     #[test]
     fn late_accepts_and_forgotten_requests_reach_the_cache() {
         let w = Window::new();
-        let (e, _, _) = w.request(5, 2);
-        w.request(6, 2); // moves on: epoch 5 is in the cache
-        w.accept(e, 2);
-        w.forget(e, 2);
-        assert_eq!(w.request(6, 2).1, sums(1, 1));
+        let (e, _, _) = w.request(5, 2, 0);
+        w.request(6, 2, 0); // moves on: epoch 5 is in the cache
+        w.accept(e, 2, 0);
+        w.forget(e, 2, 0);
+        assert_eq!(w.request(6, 2, 0).1, sums(1, 1));
         assert_eq!(w.sums(6), sums(2, 1));
+    }
+
+    #[test]
+    fn stripes_count_apart_and_meet_when_the_bucket_is_past() {
+        let w = Window::new();
+        w.request(1, 2, 0);
+        w.accept(1, 2, 1);
+        // Stripe 1 sees its own live counts, not stripe 0's.
+        assert_eq!(w.request(1, 2, 1).1, sums(0, 1));
+        assert_eq!(w.sums(1), sums(2, 1));
+        // Once the bucket is past, every stripe sees all of it.
+        assert_eq!(w.request(2, 2, 3).1, sums(2, 1));
+    }
+
+    #[test]
+    fn stamps_wrap_after_2_pow_32_buckets() {
+        let w = Window::new();
+        let before_wrap = u64::from(u32::MAX) - 1;
+        w.request(before_wrap, 2, 0);
+        // The next use of that bucket's slot is after the wrap.
+        let after = before_wrap + BUCKETS as u64;
+        assert_eq!(w.request(after, 2, 0).1, Sums::default());
+        assert_eq!(w.request(after, 2, 0).1, sums(1, 0));
+        assert_eq!(w.sums(after), sums(2, 0));
     }
 
     #[test]
     fn an_old_clock_reading_counts_at_the_newest_epoch() {
         let w = Window::new();
-        w.request(9, 2);
-        assert_eq!(w.request(3, 2).0, 9);
-        assert!(!w.request(9, 2).2);
-        assert!(w.request(10, 2).2);
+        w.request(9, 2, 0);
+        assert_eq!(w.request(3, 2, 0).0, 9);
+        assert!(!w.request(9, 2, 0).2);
+        assert!(w.request(10, 2, 0).2);
     }
 }
