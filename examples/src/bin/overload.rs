@@ -227,16 +227,22 @@ fn steady(seed: u64) -> Result<Vec<Panel>, BoxError> {
                     ceiling(MS * mean_ms, MS * deadline_ms)
                 );
                 println!("| contender | 1x | 2x | 5x | 10x |\n|---|---|---|---|---|");
-                // The best fixed size per load: the most goodput, then the
-                // lowest p99.
+                // The best fixed size per load: the lowest p99 among those
+                // within half a point of the most goodput (closer than that
+                // is the window's noise).
                 let best: Vec<usize> = (0..LOADS.len())
                     .map(|l| {
-                        (0..contenders.len())
+                        let fixed: Vec<usize> = (0..contenders.len())
                             .filter(|&i| matches!(contenders[i], Contender::Fixed(_)))
-                            .max_by(|&a, &b| {
-                                let (ra, rb) = (&results[a][l], &results[b][l]);
-                                ra.successes.cmp(&rb.successes).then(rb.p99.cmp(&ra.p99))
-                            })
+                            .collect();
+                        let top = fixed
+                            .iter()
+                            .map(|&i| results[i][l].goodput_pct)
+                            .fold(0.0, f64::max);
+                        fixed
+                            .into_iter()
+                            .filter(|&i| results[i][l].goodput_pct >= top - 0.5)
+                            .min_by_key(|&i| results[i][l].p99)
                             .unwrap_or(0)
                     })
                     .collect();
@@ -265,7 +271,8 @@ fn steady(seed: u64) -> Result<Vec<Panel>, BoxError> {
                     .map(|(l, &i)| format!("{}x: {}", LOADS[l], contenders[i].name()))
                     .collect();
                 println!(
-                    "\nBest fixed (bold): {}. Run time of this table: {:.1} s.\n",
+                    "\nBest fixed (bold: the lowest p99 within 0.5 point of the most goodput): {}. \
+                     Run time of this table: {:.1} s.\n",
                     best_names.join(", "),
                     started.elapsed().as_secs_f64()
                 );
