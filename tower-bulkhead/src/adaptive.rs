@@ -43,6 +43,11 @@
 //!   the response was a `503` or `504`, or a gRPC `DEADLINE_EXCEEDED` or
 //!   `RESOURCE_EXHAUSTED`. A deadline cut is the congestion that matters:
 //!   an algorithm that ignores it never sees the overload its callers see.
+//!   A timed call that is cut is also a latency sample (its latency, when
+//!   it was cut, is a lower bound), counted in
+//!   [`Window::congested_samples`], so that the share of calls cut can be
+//!   told from the cuts a dependency causes even without load (a deadline
+//!   close to its service time).
 //! - **nothing**: the call failed otherwise (a fast failure says nothing
 //!   about load); in the HTTP server flavour, an error of the inner
 //!   service.
@@ -54,8 +59,8 @@
 //! once, under a try-lock (a call that finds it taken goes on). A window
 //! lasts at least [`MIN_WINDOW`] and twice the recent mean latency, at
 //! most [`MAX_WINDOW`], and closes with at least [`MIN_SAMPLES`] timed
-//! calls or a congestion signal (or, at [`MAX_WINDOW`], with whatever it
-//! has). So a 1 ms dependency gets a new limit about every 10 ms and a 1 s
+//! calls and congestion signals together (or, at [`MAX_WINDOW`], with
+//! whatever it has), so that one window's figures are not one call's. So a 1 ms dependency gets a new limit about every 10 ms and a 1 s
 //! dependency every 2 s, with no setting to tune.
 //!
 //! # The algorithms
@@ -196,6 +201,7 @@ pub struct Window {
     max_latency: Option<Duration>,
     max_in_flight: usize,
     congestion: u64,
+    congested_samples: u64,
 }
 
 // === impl Window ===
@@ -213,6 +219,7 @@ impl Window {
             max_latency: None,
             max_in_flight: 0,
             congestion: 0,
+            congested_samples: 0,
         }
     }
 
@@ -227,6 +234,16 @@ impl Window {
         self.max_latency = Some(self.max_latency.map_or(latency, |m| m.max(latency)));
         self.max_in_flight = self.max_in_flight.max(in_flight);
         self
+    }
+
+    /// This window with one more timed call that was cut (dropped by its
+    /// caller, timed out) after `latency`: a sample whose latency is a
+    /// lower bound, and a congestion signal.
+    #[must_use]
+    pub fn with_congested_sample(self, latency: Duration, in_flight: usize) -> Self {
+        let mut window = self.with_sample(latency, in_flight).with_congestion(1);
+        window.congested_samples += 1;
+        window
     }
 
     /// This window with `signals` more congestion signals.
@@ -247,6 +264,7 @@ impl Window {
         max_latency: Option<Duration>,
         max_in_flight: usize,
         congestion: u64,
+        congested_samples: u64,
     ) -> Self {
         Self {
             now,
@@ -257,6 +275,7 @@ impl Window {
             max_latency,
             max_in_flight,
             congestion,
+            congested_samples,
         }
     }
 
@@ -272,10 +291,21 @@ impl Window {
         self.duration
     }
 
-    /// The timed calls that completed in it.
+    /// The timed calls that ended in it: completed, or cut (see
+    /// [`congested_samples`](Self::congested_samples)).
     #[must_use]
     pub const fn samples(&self) -> u64 {
         self.samples
+    }
+
+    /// Of the [`samples`](Self::samples), those cut by their caller or a
+    /// timeout (their latency is when they were cut). Calls are chosen
+    /// for timing when they start, whatever their end, so
+    /// `congested_samples / samples` estimates the share of all calls that
+    /// were cut.
+    #[must_use]
+    pub const fn congested_samples(&self) -> u64 {
+        self.congested_samples
     }
 
     /// The mean latency of its timed calls, if any.
@@ -304,8 +334,8 @@ impl Window {
         self.max_in_flight
     }
 
-    /// Its congestion signals: calls dropped by their callers, cut by a
-    /// deadline or a timeout, or answered 503/504.
+    /// Its congestion signals, timed calls or not: calls dropped by their
+    /// callers, cut by a deadline or a timeout, or answered 503/504.
     #[must_use]
     pub const fn congestion(&self) -> u64 {
         self.congestion
@@ -322,6 +352,7 @@ impl fmt::Debug for Window {
             .field("max_latency", &self.max_latency)
             .field("max_in_flight", &self.max_in_flight)
             .field("congestion", &self.congestion)
+            .field("congested_samples", &self.congested_samples)
             .finish()
     }
 }

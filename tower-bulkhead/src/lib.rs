@@ -69,7 +69,10 @@
 //!
 //! | knob | default | meaning |
 //! |---|---|---|
-//! | [`new(name, limit)`](BulkheadLayer::new) | required | the compartment's name (in errors, logs, handles) and its limit; `0` refuses everything |
+//! | [`new(name, limit)`](BulkheadLayer::new) | required (or `adaptive`) | the compartment's name (in errors, logs, handles) and its limit; `0` refuses everything |
+//! | [`adaptive(name, algorithm)`](BulkheadLayer::adaptive) | instead of `new` | the limit follows the dependency: [`Aimd`](adaptive::Aimd) (20 initially, `[1, 1000]`) or [`Gradient`](adaptive::Gradient) (20 initially, `[3, 1000]`), or your [`LimitAlgorithm`](adaptive::LimitAlgorithm); see [`adaptive`] |
+//! | [`criticality_shares`](BulkheadLayer::criticality_shares) | `[0.5, 0.75, 1.0, 1.0]` | the share of the limit each criticality (Sheddable, SheddablePlus, Critical, CriticalPlus) may use; past it, refused at once |
+//! | [`without_criticality_shedding`](BulkheadLayer::without_criticality_shedding) | shedding on | every criticality may use the whole limit |
 //! | [`max_wait`](BulkheadLayer::max_wait) | none | wait up to this long, in the response future, for a slot before refusing |
 //! | [`max_waiters`](BulkheadLayer::max_waiters) | the compartment's limit | with `max_wait`: the most calls waiting per compartment at once; past it, refuse at once |
 //! | [`per_key`](BulkheadLayer::per_key) | one compartment | a key function over the request; one compartment of `limit` per key |
@@ -104,6 +107,16 @@
 //! many times `Layer::layer` is called (`axum::serve` may call it once per
 //! connection): the limit is global to the layer value.
 //!
+//! **Adaptive limits.** With [`BulkheadLayer::adaptive`], the limit is not
+//! a number chosen in advance: an algorithm moves it from the latency of
+//! the calls and from congestion signals (calls dropped by their callers,
+//! deadlines exceeded, timeouts, 503/504 answers), once per window of
+//! calls, and the compartment refuses exactly as a fixed one does, against
+//! the limit of the moment. A fixed compartment pays nothing for this;
+//! an adaptive one times one call in sixteen and adds up its samples in
+//! atomics. The algorithms, the signals and their defaults, which need no
+//! tuning for dependencies of 1 ms to 1 s, are in the [`adaptive`] module.
+//!
 //! **Observability.** [`BulkheadLayer::handle`] gives a
 //! [`CompartmentHandle`] (or a [`KeyedHandle`] for keyed bulkheads) with the
 //! calls in flight, the calls waiting and the calls refused per compartment
@@ -111,6 +124,46 @@
 //! also a `WARN` event of [`tracing`](https://docs.rs/tracing) with the
 //! compartment's name, at most one per compartment per second; the next
 //! event reports how many were `suppressed` in between.
+//!
+//! # Criticality
+//!
+//! A request carries one of the four criticalities of
+//! [`Criticality`](tower_resilience_base::criticality::Criticality)
+//! (Sheddable < SheddablePlus < Critical, the default, < CriticalPlus).
+//! As a compartment fills, the lowest are refused first: a request of
+//! criticality `c` takes a slot only while fewer than `share(c) * limit`
+//! (rounded up) calls are in flight, with the shares of
+//! [`criticality_shares`](BulkheadLayer::criticality_shares) (default
+//! Sheddable 0.5, SheddablePlus 0.75, Critical and CriticalPlus 1.0). So
+//! at 60% of its limit a compartment refuses sheddable requests and still
+//! admits critical ones, which keep the last slots to themselves. A
+//! request shed this way fails at once with
+//! [`BulkheadFull`](error::BulkheadFull) (503 in the HTTP flavour, never
+//! after a wait), is logged with its criticality, and is counted in
+//! [`Stats::shed`] (and in [`Stats::rejected`]). The same shares apply to
+//! fixed and adaptive limits; turn them off with
+//! [`without_criticality_shedding`](BulkheadLayer::without_criticality_shedding).
+//!
+//! The criticality is looked up only when the compartment is past the
+//! lowest share (past half of it, by default), so most calls never pay for
+//! it. Where it is read from depends on what the bulkhead can know about
+//! the request, with no specialization:
+//!
+//! - [`HttpBulkhead`], and [`Bulkhead`] in body mode
+//!   ([`hold_until_body_end`](BulkheadLayer::hold_until_body_end), so for
+//!   `http::Request`s, as `tower_shield`'s client stack builds it): the
+//!   request's extension, then the task-local scope, then Critical
+//!   (`Criticality::of`).
+//! - [`Bulkhead`] in its default mode (any request type): the task-local
+//!   scope (`Criticality::current`), then Critical. A handler served
+//!   inside the server stack's scope passes its criticality on to every
+//!   client call it makes. To use an `http::Request`'s extension with
+//!   such a bulkhead, run `call` in its scope:
+//!   `Criticality::of(&req).sync_scope(|| service.call(req))`.
+//!
+//! The scope is read in `call`, not when the response future is polled:
+//! `Criticality::Sheddable.scope(service.call(req))` creates the call
+//! *outside* the scope; write `scope(async { service.call(req).await })`.
 //!
 //! # Readiness
 //!
@@ -250,7 +303,12 @@
 //!   reading or dropping its body keeps the slot.
 //! - Keyed compartments take a short lock and read the clock per call, and
 //!   allocate if the key function does; prefer cheap keys.
-//! - Evicting a keyed compartment forgets its counters.
+//! - Evicting a keyed compartment forgets its counters (and, for an
+//!   adaptive one, what it learnt).
+//! - An adaptive limit learns from the calls it sees: put the bulkhead
+//!   where it sees each attempt (below the retry layer) and above the
+//!   timeout that cuts them, so that the cuts reach it as errors or drops.
+//! - The criticality scope must surround `call` (see "Criticality").
 //!
 //! # Feature flags
 //!

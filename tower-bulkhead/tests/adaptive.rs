@@ -194,11 +194,50 @@ fn gradient_on_a_noisy_trace_stays_bounded_and_congestion_caps_it() {
         assert!((5..=200).contains(&limit), "{limit}");
     }
     assert_eq!(limit, 200, "noise within the tolerance is no congestion");
-    let capped = g.update(200, &window(now, 10 * MS, 200, 10).with_congestion(1));
-    assert_eq!(capped, 180);
+    let cut = window(now, 10 * MS, 200, 10).with_congested_sample(30 * MS, 200);
+    assert_eq!(g.update(200, &cut), 180);
     // Only congestion, no sample: capped again.
     let capped = g.update(180, &Window::new(now, 20 * MS).with_congestion(3));
     assert_eq!(capped, 162);
+    // Untimed cuts while the timed calls (an unbiased sample) show none:
+    // not capped.
+    let untimed = window(now, 10 * MS, 162, 10).with_congestion(1);
+    assert!(g.update(162, &untimed) > 162);
+}
+
+/// 20 ms calls behind a 25 ms deadline: about a quarter are cut even
+/// without load. Those cuts are the dependency's, not a queue's: the limit
+/// must not sink for them, only for more.
+#[test]
+fn gradient_tells_cuts_without_load_from_cuts_of_a_queue() {
+    let now = Instant::now();
+    let mut g = gradient();
+    // One window in four cut at 25 ms, measured at the minimum.
+    let with_cuts = |limit: usize, cut_of_12: usize| {
+        (0..12).fold(Window::new(now, 50 * MS), |w, i| {
+            if i < cut_of_12 {
+                w.with_congested_sample(25 * MS, limit)
+            } else {
+                w.with_sample(18 * MS, limit)
+            }
+        })
+    };
+    assert_eq!(g.update(20, &with_cuts(20, 3)), 3);
+    for _ in 0..3 {
+        assert_eq!(g.update(3, &with_cuts(3, 3)), 3);
+    }
+    let mut limit = g.update(3, &with_cuts(3, 3));
+    assert_eq!(limit, 20);
+    // The same share of cuts under load: no queue, the limit grows.
+    for _ in 0..20 {
+        let next = g.update(limit, &with_cuts(limit, 3));
+        assert!(next >= limit, "{next} < {limit}");
+        limit = next;
+    }
+    assert!(limit > 30, "{limit}");
+    // Twice as many cut: capped at 90%.
+    let capped = (limit as f64 * 0.9).round() as usize;
+    assert_eq!(g.update(limit, &with_cuts(limit, 8)), capped);
 }
 
 #[test]
@@ -258,17 +297,38 @@ async fn a_call_dropped_by_its_caller_lowers_the_limit() {
     let svc = layer.layer(answers_after(50 * MS));
     advance(20 * MS).await;
 
-    let cut = timeout(5 * MS, svc.clone().oneshot(request())).await;
-    assert!(cut.is_err(), "the caller gave up");
+    // Ten callers give up together: a window's worth of signals.
+    let calls: Vec<_> = (0..10)
+        .map(|_| timeout(5 * MS, svc.clone().oneshot(request())))
+        .collect();
+    for cut in together(calls).await {
+        assert!(cut.is_err(), "the caller gave up");
+    }
     assert_eq!(handle.limit(), 9);
     assert_eq!(handle.in_flight(), 0);
 
-    // A second drop in the same (new, 10 ms) window does not close it yet.
+    // One more drop soon after does not close the new window...
     let _ = timeout(5 * MS, svc.clone().oneshot(request())).await;
     assert_eq!(handle.limit(), 9);
-    advance(10 * MS).await;
+    // ...but once it has lasted its longest, whatever it has counts.
+    advance(tower_bulkhead::adaptive::MAX_WINDOW).await;
     let _ = timeout(5 * MS, svc.clone().oneshot(request())).await;
     assert_eq!(handle.limit(), 8);
+}
+
+/// Runs all `futures` at once on their own tasks, collecting their
+/// outputs in the given order.
+async fn together<F>(futures: Vec<F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let tasks: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut outputs = Vec::new();
+    for task in tasks {
+        outputs.push(task.await.unwrap());
+    }
+    outputs
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -296,6 +356,10 @@ async fn a_deadline_exceeded_in_the_error_chain_lowers_the_limit_and_other_error
         10,
         "a plain failure says nothing about load"
     );
+    for _ in 0..9 {
+        assert!(failing(true).oneshot(request()).await.is_err());
+    }
+    assert_eq!(handle.limit(), 10, "nine signals: the window is still open");
     assert!(failing(true).oneshot(request()).await.is_err());
     assert_eq!(handle.limit(), 9);
     assert_eq!(handle.in_flight(), 0);
@@ -312,8 +376,10 @@ async fn an_http_503_from_the_dependency_is_congestion() {
         Ok::<_, std::convert::Infallible>(response)
     }));
     advance(20 * MS).await;
-    let response = svc.oneshot(request()).await.unwrap();
-    assert_eq!(response.status(), 503);
+    for _ in 0..10 {
+        let response = svc.clone().oneshot(request()).await.unwrap();
+        assert_eq!(response.status(), 503);
+    }
     assert_eq!(handle.limit(), 9);
 }
 
@@ -421,9 +487,14 @@ async fn per_key_adaptive_compartments_learn_independently() {
     let svc = layer.layer(answers_after(20 * MS));
     advance(20 * MS).await;
     // Calls to "slow" are cut by their callers; calls to "fast" are not.
-    for _ in 0..5 {
-        let _ = timeout(MS, svc.clone().oneshot(request_to("slow"))).await;
-        svc.clone().oneshot(request_to("fast")).await.unwrap();
+    for _ in 0..3 {
+        let cut: Vec<_> = (0..10)
+            .map(|_| timeout(MS, svc.clone().oneshot(request_to("slow"))))
+            .collect();
+        together(cut).await;
+        for _ in 0..10 {
+            svc.clone().oneshot(request_to("fast")).await.unwrap();
+        }
         advance(10 * MS).await;
     }
     let slow = handle.get(&"slow".to_owned()).unwrap();
@@ -519,6 +590,40 @@ async fn racing_tasks_leak_no_permit_and_the_limit_stays_within_bounds() {
     assert_eq!(handle.in_flight(), 0);
     let limit = handle.limit();
     assert!((2..=16).contains(&limit), "{limit}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn every_change_of_limit_is_a_debug_event_at_most_one_per_second() {
+    let events = support::Events::with_debug();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let layer = BulkheadLayer::adaptive("dep", Aimd::new().initial(20));
+    let handle = layer.handle();
+    let svc = layer.layer(answers_after(50 * MS));
+    let cut_ten = || {
+        let calls: Vec<_> = (0..10)
+            .map(|_| timeout(5 * MS, svc.clone().oneshot(request())))
+            .collect();
+        together(calls)
+    };
+    let changes = |events: &support::Events| {
+        events
+            .seen()
+            .into_iter()
+            .filter(|(message, _)| message == "bulkhead limit changed")
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..3 {
+        advance(20 * MS).await;
+        cut_ten().await;
+    }
+    assert_eq!(handle.limit(), 14, "20, 18, 16, 14");
+    assert_eq!(changes(&events).len(), 1, "the later two are suppressed");
+    advance(Duration::from_secs(1)).await;
+    cut_ten().await;
+    assert_eq!(handle.limit(), 12);
+    let seen = changes(&events);
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].1, 2, "it reports the two suppressed changes");
 }
 
 #[test]

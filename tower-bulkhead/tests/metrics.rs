@@ -108,3 +108,42 @@ async fn keyed_compartments_record_under_the_layer_name_not_the_key() {
     b.await.unwrap();
     assert_eq!(sample(&page, metrics::IN_FLIGHT, &label), 0.0);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_limit_gauge_is_set_at_creation_and_follows_an_adaptive_limit() {
+    let (recorder, page) = exporter();
+    let (fixed, adaptive) = ::metrics::with_local_recorder(&recorder, || {
+        let fixed = BulkheadLayer::new("fixed", 7);
+        let adaptive = BulkheadLayer::adaptive(
+            "learning",
+            tower_bulkhead::adaptive::Aimd::new().initial(10),
+        );
+        (fixed, adaptive)
+    });
+    assert_eq!(
+        sample(&page, metrics::LIMIT, &[("compartment", "fixed")]),
+        7.0
+    );
+    let label = [("compartment", "learning")];
+    assert_eq!(sample(&page, metrics::LIMIT, &label), 10.0);
+
+    // Ten calls cut by their callers close a window: the limit and the
+    // gauge come down together.
+    let handle = adaptive.handle();
+    let service = adaptive.layer(service_fn(slow));
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let cuts: Vec<_> = (0..10)
+        .map(|_| {
+            tokio::spawn(tokio::time::timeout(
+                Duration::from_millis(5),
+                service.clone().oneshot(Request::new("")),
+            ))
+        })
+        .collect();
+    for cut in cuts {
+        assert!(cut.await.unwrap().is_err());
+    }
+    assert_eq!(handle.limit(), 9);
+    assert_eq!(sample(&page, metrics::LIMIT, &label), 9.0);
+    drop(fixed);
+}

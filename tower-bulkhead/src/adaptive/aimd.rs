@@ -22,6 +22,17 @@ use super::{LimitAlgorithm, Window};
 /// Defaults (those of Netflix's `AIMDLimit`): initial limit 20, bounds
 /// `[1, 1000]`, backoff ratio 0.9, timeout 5 s.
 ///
+/// **Trade-off.** AIMD learns only from congestion: it grows until calls
+/// are cut (or exceed `timeout`), so it keeps a queue at the dependency as
+/// long as the callers' deadlines tolerate one, and its latency is the
+/// deadline's rather than the dependency's. Where latency matters, prefer
+/// [`Gradient`](super::Gradient), or set [`timeout`](Self::timeout) to the
+/// latency you accept (say half the callers' deadline). And every cut
+/// counts: a dependency whose own latency is close to its callers'
+/// deadline (calls cut even without load) drives AIMD to its minimum,
+/// where [`Gradient`](super::Gradient) compares the share cut with the
+/// share cut without load.
+///
 /// # Example
 ///
 /// ```

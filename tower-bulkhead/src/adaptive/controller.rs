@@ -13,12 +13,12 @@ use tokio::time::Instant;
 use super::{LimitAlgorithm, Window};
 use crate::metrics::CompartmentMetrics;
 
-/// One call in this many is timed (per thread), once a window has
+/// One call in this many (a power of two) is timed (per thread), once a window has
 /// [`MIN_SAMPLES`] samples: 16.
 pub const SAMPLE_EVERY: u32 = 16;
-/// A window closes once it has this many timed calls (or a congestion
-/// signal, or has lasted [`MAX_WINDOW`]): 10. Until then every call is
-/// timed.
+/// A window closes once it has this many timed calls and congestion
+/// signals together (or has lasted [`MAX_WINDOW`]): 10. Until then every
+/// call is timed.
 pub const MIN_SAMPLES: u64 = 10;
 /// The shortest window: 10 ms.
 pub const MIN_WINDOW: Duration = Duration::from_millis(10);
@@ -71,6 +71,7 @@ pub(crate) struct Controller {
     max_ns: AtomicU64,
     max_in_flight: AtomicUsize,
     congestion: AtomicU64,
+    congested_samples: AtomicU64,
     recent_ns: AtomicU64,
     no_load_ns: AtomicU64,
     last_log_ns: AtomicU64,
@@ -115,6 +116,7 @@ impl Controller {
             max_ns: AtomicU64::new(0),
             max_in_flight: AtomicUsize::new(0),
             congestion: AtomicU64::new(0),
+            congested_samples: AtomicU64::new(0),
             recent_ns: AtomicU64::new(NOT_TIMED),
             no_load_ns: AtomicU64::new(NOT_TIMED),
             last_log_ns: AtomicU64::new(NOT_TIMED),
@@ -139,7 +141,7 @@ impl Controller {
             t.set(n);
             n
         });
-        if tick % SAMPLE_EVERY == 0 || self.samples.load(Relaxed) < MIN_SAMPLES {
+        if tick & (SAMPLE_EVERY - 1) == 0 || self.samples.load(Relaxed) < MIN_SAMPLES {
             self.now_ns()
         } else {
             NOT_TIMED
@@ -198,9 +200,14 @@ impl Controller {
         if elapsed < self.window_len_ns.load(Relaxed) {
             return;
         }
-        let samples = self.samples.load(Relaxed);
-        let congestion = self.congestion.load(Relaxed);
-        if elapsed < nanos(MAX_WINDOW) && samples < MIN_SAMPLES && congestion == 0 {
+        // Calls that ended: timed ones, plus congestion signals of calls
+        // that were not timed.
+        let signals = self.samples.load(Relaxed).saturating_add(
+            self.congestion
+                .load(Relaxed)
+                .saturating_sub(self.congested_samples.load(Relaxed)),
+        );
+        if elapsed < nanos(MAX_WINDOW) && signals < MIN_SAMPLES {
             return;
         }
         let mut algorithm = match self.algorithm.try_lock() {
@@ -217,6 +224,7 @@ impl Controller {
         let max = self.max_ns.swap(0, Relaxed);
         let max_in_flight = self.max_in_flight.swap(0, Relaxed);
         let congestion = self.congestion.swap(0, Relaxed);
+        let congested_samples = self.congested_samples.swap(0, Relaxed).min(samples);
         self.window_start_ns.store(now_ns, Relaxed);
         if samples == 0 && congestion == 0 {
             return; // nothing happened: nothing to learn
@@ -238,6 +246,7 @@ impl Controller {
             max,
             max_in_flight,
             congestion,
+            congested_samples,
         );
         let old = limit.load(Relaxed);
         let new = algorithm.update(old, &window).clamp(self.min, self.max);

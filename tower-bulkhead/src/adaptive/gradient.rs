@@ -26,12 +26,18 @@ use super::{LimitAlgorithm, Window};
 /// grows by its headroom (about `0.2 * sqrt(limit)` per window); once
 /// calls queue and the recent latency rises past `no_load * (1 +
 /// tolerance)`, the gradient falls and the limit with it, until the queue
-/// drains. The headroom is left out while a queue is measured (unlike
+/// drains. A cut call (see [`Window::congested_samples`]) counts with
+/// the latency it had when it was cut, so a queue that makes callers give
+/// up shows in the mean. The headroom is left out while a queue is measured (unlike
 /// Envoy's controller, which always adds it): added on top of a measured
 /// queue, it would keep a standing queue of about `sqrt(limit)` calls,
-/// which every call then waits behind. A window with a congestion signal
-/// (a call dropped by its caller, a deadline exceeded, a local timeout)
-/// also caps the limit at `limit * 0.9`.
+/// which every call then waits behind. A window with congestion signals
+/// (calls dropped by their callers, deadlines exceeded, local timeouts)
+/// also caps the limit at `limit * 0.9`, if its share of cut calls is
+/// above the share cut during the no-load measurement by more than its
+/// noise: a dependency whose latency is close to its callers' deadline
+/// has calls cut even without load, and shrinking the limit below its
+/// servers would not save them.
 ///
 /// **Measuring the no-load latency.** As Envoy's adaptive concurrency
 /// filter does, the no-load latency is *measured*, not guessed: the limit
@@ -105,6 +111,9 @@ struct State {
     estimate: Option<f64>,
     /// The no-load latency of the last measurement.
     no_load: Option<Duration>,
+    /// The share of timed calls cut during the last measurement: cuts the
+    /// dependency causes without load (a deadline close to its latency).
+    no_load_cut: f64,
     /// When the next measurement starts (once one has been made).
     next_remeasure: Option<Instant>,
     /// A measurement under way.
@@ -118,6 +127,7 @@ struct Measuring {
     /// The limit to return to.
     saved: f64,
     samples: u64,
+    cut: u64,
     latency_sum: Duration,
 }
 
@@ -218,6 +228,19 @@ impl Gradient {
         now.checked_add(wait)
     }
 
+    /// Whether the window's share of cut calls is above the share measured
+    /// without load, by more than its noise (two standard deviations of a
+    /// binomial share, plus 1%). With no timed call, any cut counts.
+    fn more_cuts_than_without_load(&self, window: &Window) -> bool {
+        let n = window.samples() as f64;
+        if n == 0.0 {
+            return true;
+        }
+        let base = self.state.no_load_cut;
+        let share = window.congested_samples() as f64 / n;
+        share > base + 2.0 * (base * (1.0 - base) / n).sqrt() + 0.01
+    }
+
     fn bounded(&self, estimate: f64) -> f64 {
         estimate.clamp(self.min as f64, self.max as f64)
     }
@@ -255,6 +278,7 @@ impl LimitAlgorithm for Gradient {
         if let Some(mut m) = self.state.measuring {
             if window.samples() > 0 && window.max_in_flight() <= self.min {
                 m.samples += window.samples();
+                m.cut += window.congested_samples();
                 m.latency_sum = m.latency_sum.saturating_add(
                     window.mean_latency().unwrap_or_default() * window.samples() as u32,
                 );
@@ -265,6 +289,7 @@ impl LimitAlgorithm for Gradient {
             }
             self.state.measuring = None;
             self.state.no_load = Some(m.latency_sum / m.samples as u32);
+            self.state.no_load_cut = m.cut as f64 / m.samples as f64;
             self.state.next_remeasure = self.next_remeasure(now);
             self.state.estimate = Some(m.saved);
             return m.saved.round() as usize;
@@ -276,6 +301,7 @@ impl LimitAlgorithm for Gradient {
             self.state.measuring = Some(Measuring {
                 saved: estimate,
                 samples: 0,
+                cut: 0,
                 latency_sum: Duration::ZERO,
             });
             self.state.next_remeasure = None;
@@ -299,7 +325,7 @@ impl LimitAlgorithm for Gradient {
             let target = estimate * gradient + headroom;
             estimate = (1.0 - self.smoothing) * estimate + self.smoothing * target;
         }
-        if window.congestion() > 0 {
+        if window.congestion() > 0 && self.more_cuts_than_without_load(window) {
             estimate = estimate.min(limit as f64 * 0.9);
         }
         estimate = self.bounded(estimate);

@@ -38,11 +38,9 @@ fn wait(c: &Arc<Compartment>, max_waiters: usize) -> Option<Permit> {
         return Some(permit);
     }
     let place = WaiterPlace::try_take(c, max_waiters)?;
-    loom::future::block_on(wait_for_slot(&place.compartment));
+    let in_flight = loom::future::block_on(wait_for_slot(&place.compartment));
     drop(place);
-    Some(Permit {
-        compartment: c.clone(),
-    })
+    Some(Permit::new(c, in_flight))
 }
 
 /// Three calls race for a compartment of two slots, each taking a slot if

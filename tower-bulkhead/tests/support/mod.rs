@@ -137,9 +137,18 @@ impl Service<Request> for GateService {
 pub struct Events {
     seen: Arc<Mutex<Vec<(String, u64)>>>,
     next_id: Arc<AtomicU64>,
+    debug: bool,
 }
 
 impl Events {
+    /// A subscriber that also records `DEBUG` events.
+    pub fn with_debug() -> Self {
+        Self {
+            debug: true,
+            ..Self::default()
+        }
+    }
+
     /// `(message, suppressed)` of each event so far.
     pub fn seen(&self) -> Vec<(String, u64)> {
         self.seen.lock().unwrap().clone()
@@ -167,7 +176,12 @@ impl tracing::field::Visit for Fields {
 
 impl tracing::Subscriber for Events {
     fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        *metadata.level() <= tracing::Level::WARN
+        let max = if self.debug {
+            tracing::Level::DEBUG
+        } else {
+            tracing::Level::WARN
+        };
+        *metadata.level() <= max
     }
 
     fn new_span(&self, _span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
