@@ -65,16 +65,18 @@ pub struct Compartment {
 /// panic unwinding) gives the slot back.
 pub struct Permit {
     compartment: Arc<Compartment>,
-    /// Adaptive compartments only: when the call started (nanoseconds
-    /// since the controller's epoch) if it is timed, else [`NOT_TIMED`].
-    start_ns: u64,
-    /// Adaptive compartments only: calls in flight when it started,
-    /// itself included.
-    in_flight: usize,
-    /// How the call ended, as the response future tells; a permit dropped
-    /// untold is a call its caller dropped.
-    ending: Ending,
+    /// Adaptive compartments only, packed so that a permit stays two words
+    /// (every response future moves it): in the low [`START_BITS`] bits,
+    /// when the call started (nanoseconds since the controller's epoch) if
+    /// it is timed, else all ones; in the top two bits, how the call ended
+    /// as the response future tells ([`Ending`]; a permit dropped untold
+    /// is a call its caller dropped).
+    meta: u64,
 }
+
+/// Bits of [`Permit::meta`] that hold the start: 2^62 ns, 146 years.
+const START_BITS: u32 = 62;
+const START_MASK: u64 = (1 << START_BITS) - 1;
 
 /// One taken waiter place of a [`Compartment`]: a call that may wait for
 /// a slot. Dropping it frees the place.
@@ -365,16 +367,9 @@ impl Compartment {
     }
 
     #[inline]
-    fn release(&self, start_ns: u64, in_flight: usize, ending: Ending) {
+    fn release(&self, meta: u64) {
         if let Some(controller) = &self.adaptive {
-            controller.end(
-                &self.limit,
-                &self.name,
-                &self.metrics,
-                start_ns,
-                in_flight,
-                ending,
-            );
+            self.end_adaptive(controller, meta);
         }
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.metrics.released();
@@ -385,6 +380,36 @@ impl Compartment {
 
     /// Counts a rejection, logs it (rate limited) and builds the error.
     #[cold]
+    /// The adaptive part of a release, out of line: a fixed compartment's
+    /// release stays small enough to inline.
+    #[inline(never)]
+    fn end_adaptive(&self, controller: &Controller, meta: u64) {
+        let start = meta & START_MASK;
+        let start_ns = if start == START_MASK {
+            NOT_TIMED
+        } else {
+            start
+        };
+        let ending = match meta >> START_BITS {
+            0 => Ending::Dropped,
+            1 => Ending::Completed,
+            2 => Ending::Congested,
+            _ => Ending::Ignored,
+        };
+        // The calls in flight as this one ends, itself included: the
+        // concurrency it ran at, read once instead of carried by every
+        // permit.
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        controller.end(
+            &self.limit,
+            &self.name,
+            &self.metrics,
+            start_ns,
+            in_flight,
+            ending,
+        );
+    }
+
     pub(crate) fn reject(&self, waited: Option<Duration>) -> BulkheadFull {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         self.metrics.rejected();
@@ -505,20 +530,28 @@ impl Permit {
         Some(Self::new(compartment, in_flight))
     }
 
-    /// The permit of a slot just taken, with `in_flight` calls in flight;
-    /// in an adaptive compartment, timed if the sampler says so.
+    /// The permit of a slot just taken (`_in_flight` calls in flight with
+    /// it; the controller reads the count again at the release); in an
+    /// adaptive compartment, timed if the sampler says so.
     #[inline]
-    fn new(compartment: &Arc<Compartment>, in_flight: usize) -> Self {
-        let start_ns = match &compartment.adaptive {
-            Some(controller) => controller.start(),
-            None => NOT_TIMED,
+    fn new(compartment: &Arc<Compartment>, _in_flight: usize) -> Self {
+        let meta = match &compartment.adaptive {
+            Some(controller) => match controller.start() {
+                NOT_TIMED => START_MASK,
+                // An epoch 146 years old cannot be; saturate anyway.
+                start => start.min(START_MASK - 1),
+            },
+            None => START_MASK,
         };
         Self {
             compartment: compartment.clone(),
-            start_ns,
-            in_flight,
-            ending: Ending::Dropped,
+            meta,
         }
+    }
+
+    #[inline]
+    fn set_ending(&mut self, ending: u64) {
+        self.meta = (self.meta & START_MASK) | ending << START_BITS;
     }
 
     /// Whether this permit's compartment adapts its limit (and so wants to
@@ -531,18 +564,18 @@ impl Permit {
     /// The call completed (a response): a latency sample if timed.
     #[inline]
     pub(crate) fn completed(&mut self) {
-        self.ending = Ending::Completed;
+        self.set_ending(1);
     }
 
     /// The call ended in congestion: a deadline, a timeout, an overloaded
     /// answer.
     pub(crate) fn congested(&mut self) {
-        self.ending = Ending::Congested;
+        self.set_ending(2);
     }
 
     /// The call failed in a way that says nothing about load.
     pub(crate) fn ignored(&mut self) {
-        self.ending = Ending::Ignored;
+        self.set_ending(3);
     }
 
     /// Waits up to `max_wait` for a slot of the compartment whose waiter
@@ -588,8 +621,7 @@ async fn wait_for_slot(compartment: &Compartment) -> usize {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        self.compartment
-            .release(self.start_ns, self.in_flight, self.ending);
+        self.compartment.release(self.meta);
     }
 }
 
