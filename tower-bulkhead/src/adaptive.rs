@@ -32,7 +32,7 @@
 //! - **a sample**: the call completed (a response, or for HTTP a response
 //!   that is not a 503 or 504): its latency, from the slot being taken to
 //!   the slot being given back (in body mode, the end of the body), and
-//!   the calls in flight when it started. Only one call in
+//!   the calls in flight as it ends. Only one call in
 //!   [`SAMPLE_EVERY`] is timed (plus every call while a window has fewer
 //!   than [`MIN_SAMPLES`] samples), so most calls never read the clock.
 //! - **congestion**: the caller dropped the call before it completed
@@ -224,8 +224,8 @@ impl Window {
     }
 
     /// This window with one more timed call that completed after
-    /// `latency`, started with `in_flight` calls in flight (itself
-    /// included).
+    /// `latency`, with `in_flight` calls in flight (itself included) when
+    /// it ended (what the bulkhead records: the count at the release).
     #[must_use]
     pub fn with_sample(mut self, latency: Duration, in_flight: usize) -> Self {
         self.samples += 1;
@@ -327,8 +327,8 @@ impl Window {
         self.max_latency
     }
 
-    /// The most calls in flight seen by a timed call when it started
-    /// (itself included): how much of the limit was used.
+    /// The most calls in flight seen by a timed call as it ended (itself
+    /// included): how much of the limit was used.
     #[must_use]
     pub const fn max_in_flight(&self) -> usize {
         self.max_in_flight
