@@ -78,10 +78,11 @@ struct Shard {
 #[must_use = "a permit counts as not accepted unless recorded"]
 pub struct ThrottlePermit {
     shard: Arc<Shard>,
-    epoch: u64,
-    criticality: u8,
-    /// The stripe the request was counted on.
-    stripe: u8,
+    /// `epoch << 8 | stripe << 2 | criticality`: the bucket the request
+    /// was counted in, the stripe it was counted on and its criticality
+    /// (one word, so that a response future carrying a permit stays
+    /// small).
+    tag: u64,
 }
 
 /// The figures of a throttle at one moment; see
@@ -183,7 +184,7 @@ impl ThrottleHandle {
             min_requests: config.min_requests,
             per_bucket: u64::MAX / width_ns,
             base: Instant::now(),
-            window: Window::new(),
+            window: Window::new(config.ks()[0], config.min_requests),
             random,
             rejected: Default::default(),
             announced: AtomicBool::new(false),
@@ -226,9 +227,7 @@ impl ThrottleHandle {
         let epoch = self.core.admit(criticality, stripe, &shard.name)?;
         Ok(ThrottlePermit {
             shard: Arc::clone(shard),
-            epoch,
-            criticality: criticality.index() as u8,
-            stripe: stripe as u8,
+            tag: epoch << 8 | (stripe as u64) << 2 | criticality.index() as u64,
         })
     }
 
@@ -281,14 +280,15 @@ impl ThrottlePermit {
     /// back.
     pub fn record(self, outcome: Outcome) {
         let core = &self.shard.core;
-        let c = usize::from(self.criticality);
+        let epoch = self.tag >> 8;
+        let c = (self.tag & 3) as usize;
         match outcome {
             Outcome::Success => {
-                core.window.accept(self.epoch, c, thread_index() % STRIPES);
+                core.window.accept(epoch, c, thread_index() % STRIPES);
                 core.metrics.accept();
             }
             Outcome::Failure => {}
-            Outcome::Ignored => core.window.forget(self.epoch, c, usize::from(self.stripe)),
+            Outcome::Ignored => core.window.forget(epoch, c, (self.tag >> 2 & 7) as usize),
         }
     }
 }
@@ -368,8 +368,31 @@ impl Core {
     ) -> Result<u64, Throttled> {
         let c = criticality.index();
         let now = self.now_ns();
-        let (epoch, sums, moved) = self.window.request(self.epoch(now), c, stripe);
+        let counted = self.window.request(self.epoch(now), c, stripe);
+        let (epoch, moved) = (counted.epoch, counted.moved);
         self.metrics.request();
+        if counted.quiet {
+            // Within the margin: the rule is zero for every criticality.
+            if moved || self.announced.load(Relaxed) {
+                self.quiet(now, moved);
+            }
+            return Ok(epoch);
+        }
+        self.judge(criticality, counted, stripe, now, name)
+    }
+
+    /// The rule, for a request that the margin does not admit.
+    fn judge(
+        &self,
+        criticality: Criticality,
+        counted: super::window::Counted,
+        stripe: usize,
+        now: u64,
+        name: &Arc<str>,
+    ) -> Result<u64, Throttled> {
+        let c = criticality.index();
+        let (epoch, moved) = (counted.epoch, counted.moved);
+        let sums = self.window.seen(counted, c, stripe);
         // The least critical requests' rule, on every request, rejects
         // first: nothing to draw while it does not.
         let requests = sums.requests.iter().sum();

@@ -19,6 +19,12 @@
 //! sums of the buckets before the newest one, over every stripe, are
 //! cached when the newest epoch moves on (by the one call that moves it),
 //! and a call adds its own stripe's counts of the newest bucket to them.
+//! The same move also caches a *margin*: how many more requests, none of
+//! them accepted, the newest bucket may take before the least critical
+//! rule could reject anything. A call whose stripe's requests in the
+//! newest bucket are within it is admitted after one compare, without the
+//! sums (the healthy case: the accepts of the past buckets leave a margin
+//! of about half their requests with K = 2).
 //! So within the newest bucket (a sixtieth of the window) a thread sees
 //! the other threads' calls only once the bucket is past; with one thread,
 //! the sums are exact. A count that arrives for a bucket that is no longer
@@ -55,10 +61,40 @@ struct Padded<T>(T);
 pub(super) struct Window {
     /// `STRIPES` rings of `BUCKETS` buckets, one after the other.
     buckets: Box<[Bucket]>,
-    /// The newest epoch a call has moved the window to.
-    head: Padded<AtomicU64>,
+    /// The newest epoch and its margin: the words every call reads.
+    head: Padded<Head>,
     /// The sums of the buckets before `head` within the window.
     past: Padded<Past>,
+    /// The least critical K, for the margin.
+    k0: f64,
+    /// The least number of requests before any rejection, for the margin.
+    min_requests: u64,
+}
+
+#[derive(Debug, Default)]
+struct Head {
+    /// The newest epoch a call has moved the window to.
+    epoch: AtomicU64,
+    /// The margin of that epoch: `epoch (low 32 bits) << 32 | margin (an
+    /// i32)`. The requests (of any criticality, on one stripe) that the
+    /// newest bucket may hold with the rule of `k0` still at zero, whatever
+    /// it accepts; negative when the past alone asks for the rule.
+    margin: AtomicU64,
+}
+
+/// What [`Window::request`] did.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Counted {
+    /// The epoch the request was counted at.
+    pub(super) epoch: u64,
+    /// This stripe's requests of the request's criticality in the newest
+    /// bucket before it.
+    pub(super) before: u64,
+    /// Whether this call moved the window on.
+    pub(super) moved: bool,
+    /// Whether the margin says no criticality can be rejected: the rule
+    /// need not be computed.
+    pub(super) quiet: bool,
 }
 
 /// The cached sums of requests and accepts of the buckets before the
@@ -144,12 +180,33 @@ impl Word {
 // === impl Window ===
 
 impl Window {
-    pub(super) fn new() -> Self {
-        Self {
+    /// An empty window for a throttle whose least critical K is `k0`
+    /// and that rejects nothing below `min_requests` requests.
+    pub(super) fn new(k0: f64, min_requests: u64) -> Self {
+        let window = Self {
             buckets: (0..STRIPES * BUCKETS).map(|_| Bucket::default()).collect(),
-            head: Padded(AtomicU64::new(0)),
+            head: Padded::default(),
             past: Padded::default(),
-        }
+            k0,
+            min_requests,
+        };
+        window.set_margin(0, &Sums::default());
+        window
+    }
+
+    /// Caches the margin of `epoch`, whose past buckets sum to `past`.
+    fn set_margin(&self, epoch: u64, past: &Sums) {
+        let requests: u64 = past.requests.iter().sum();
+        let accepts: u64 = past.accepts.iter().sum();
+        let under_min = self.min_requests as i128 - 1 - i128::from(requests);
+        // floor(k0 * accepts) - requests: a request count within it keeps
+        // `requests - k0 * accepts` at or below zero.
+        let under_k = (self.k0 * accepts as f64).floor() as i128 - i128::from(requests);
+        let margin = under_min.max(under_k).clamp(-1, i128::from(i32::MAX)) as i32;
+        self.head.0.margin.store(
+            (epoch & COUNT_MASK) << 32 | u64::from(margin as u32),
+            Relaxed,
+        );
     }
 
     /// The bucket of `epoch` in the ring of `stripe` (taken modulo
@@ -160,13 +217,12 @@ impl Window {
     }
 
     /// Counts a request of criticality `c` at `epoch` (the caller's clock
-    /// reading, in buckets) on `stripe`; returns the epoch it was counted
-    /// at (never before the newest epoch seen), the window's sums as this
-    /// stripe saw them before it, and whether this call moved the window
-    /// on.
+    /// reading, in buckets) on `stripe`: at the newest epoch seen, if that
+    /// is later. Says whether the margin admits it without the rule (see
+    /// the module docs).
     #[inline]
-    pub(super) fn request(&self, epoch: u64, c: usize, stripe: usize) -> (u64, Sums, bool) {
-        let head = self.head.0.load(Relaxed);
+    pub(super) fn request(&self, epoch: u64, c: usize, stripe: usize) -> Counted {
+        let head = self.head.0.epoch.load(Relaxed);
         let (epoch, moved) = if epoch > head {
             self.advance(head, epoch)
         } else {
@@ -174,18 +230,42 @@ impl Window {
         };
         let bucket = self.bucket(stripe, epoch);
         let before = bucket.requests[c].add(epoch).unwrap_or(0);
+        let margin = self.head.0.margin.load(Relaxed);
+        let quiet = margin >> 32 == epoch & COUNT_MASK && {
+            let mut live = before;
+            for (i, word) in bucket.requests.iter().enumerate() {
+                if i != c {
+                    live += word.count(epoch);
+                }
+            }
+            live as i64 <= i64::from(margin as u32 as i32)
+        };
+        Counted {
+            epoch,
+            before,
+            moved,
+            quiet,
+        }
+    }
+
+    /// The window's sums as `stripe` saw them before the request that
+    /// [`request`](Self::request) counted as `counted`: the cached past
+    /// and this stripe's newest bucket.
+    pub(super) fn seen(&self, counted: Counted, c: usize, stripe: usize) -> Sums {
+        let epoch = counted.epoch;
+        let bucket = self.bucket(stripe, epoch);
         let past = &self.past.0;
         let mut sums = Sums::default();
         for i in 0..4 {
             let live = if i == c {
-                before
+                counted.before
             } else {
                 bucket.requests[i].count(epoch)
             };
             sums.requests[i] = past.requests[i].load(Relaxed) + live;
             sums.accepts[i] = past.accepts[i].load(Relaxed) + bucket.accepts[i].count(epoch);
         }
-        (epoch, sums, moved)
+        sums
     }
 
     /// Counts an accept of a request of criticality `c` counted at
@@ -216,13 +296,13 @@ impl Window {
 
     /// Whether `epoch` has left the window.
     fn is_gone(&self, epoch: u64) -> bool {
-        self.head.0.load(Relaxed).saturating_sub(epoch) >= BUCKETS as u64
+        self.head.0.epoch.load(Relaxed).saturating_sub(epoch) >= BUCKETS as u64
     }
 
     /// Whether `epoch` is an older bucket still in the window, whose counts
     /// the cache holds.
     fn is_past(&self, epoch: u64) -> bool {
-        let head = self.head.0.load(Relaxed);
+        let head = self.head.0.epoch.load(Relaxed);
         epoch < head && head - epoch < BUCKETS as u64
     }
 
@@ -239,6 +319,7 @@ impl Window {
             match self
                 .head
                 .0
+                .epoch
                 .compare_exchange_weak(head, epoch, Relaxed, Relaxed)
             {
                 Ok(_) => {
@@ -248,6 +329,9 @@ impl Window {
                         past.requests[i].store(sums.requests[i], Relaxed);
                         past.accepts[i].store(sums.accepts[i], Relaxed);
                     }
+                    // Until this store, calls of the new epoch find the
+                    // old epoch's margin and compute the rule.
+                    self.set_margin(epoch, &sums);
                     return (epoch, true);
                 }
                 Err(now) => head = now,
@@ -283,13 +367,19 @@ impl Window {
     /// The exact sums of the window that ends at `epoch` (or at the newest
     /// epoch seen, if later), read bucket by bucket.
     pub(super) fn sums(&self, epoch: u64) -> Sums {
-        self.scan(epoch.max(self.head.0.load(Relaxed)), true)
+        self.scan(epoch.max(self.head.0.epoch.load(Relaxed)), true)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request, with the sums its stripe saw before it.
+    fn req(w: &Window, epoch: u64, c: usize, stripe: usize) -> (u64, Sums, bool) {
+        let counted = w.request(epoch, c, stripe);
+        (counted.epoch, w.seen(counted, c, stripe), counted.moved)
+    }
 
     fn sums(requests: u64, accepts: u64) -> Sums {
         Sums {
@@ -300,77 +390,109 @@ mod tests {
 
     #[test]
     fn counts_slide_out_bucket_by_bucket() {
-        let w = Window::new();
+        let w = Window::new(1.5, 10);
         for _ in 0..3 {
-            w.request(1, 2, 0);
+            req(&w, 1, 2, 0);
         }
         w.accept(1, 2, 0);
-        let (_, before, _) = w.request(2, 2, 0);
+        let (_, before, _) = req(&w, 2, 2, 0);
         assert_eq!(before, sums(3, 1));
         assert_eq!(w.sums(2), sums(4, 1));
         // Epoch 1 leaves the window when epoch 1 + BUCKETS begins.
         let last = BUCKETS as u64;
-        assert_eq!(w.request(last, 2, 0).1, sums(4, 1));
-        assert_eq!(w.request(last + 1, 2, 0).1, sums(2, 0));
+        assert_eq!(req(&w, last, 2, 0).1, sums(4, 1));
+        assert_eq!(req(&w, last + 1, 2, 0).1, sums(2, 0));
         assert_eq!(w.sums(last + 1), sums(3, 0));
         // A stale add is dropped.
         w.accept(1, 2, 0);
         assert_eq!(w.sums(last + 1), sums(3, 0));
-        assert_eq!(w.request(10 * last, 2, 0).1, Sums::default());
+        assert_eq!(req(&w, 10 * last, 2, 0).1, Sums::default());
     }
 
     #[test]
     fn criticalities_are_counted_apart() {
-        let w = Window::new();
-        w.request(1, 0, 0);
-        w.request(1, 3, 0);
+        let w = Window::new(1.5, 10);
+        req(&w, 1, 0, 0);
+        req(&w, 1, 3, 0);
         w.accept(1, 3, 0);
-        let (_, before, _) = w.request(1, 0, 0);
+        let (_, before, _) = req(&w, 1, 0, 0);
         assert_eq!(before.requests, [1, 0, 0, 1]);
         assert_eq!(before.accepts, [0, 0, 0, 1]);
     }
 
     #[test]
     fn late_accepts_and_forgotten_requests_reach_the_cache() {
-        let w = Window::new();
-        let (e, _, _) = w.request(5, 2, 0);
-        w.request(6, 2, 0); // moves on: epoch 5 is in the cache
+        let w = Window::new(1.5, 10);
+        let (e, _, _) = req(&w, 5, 2, 0);
+        req(&w, 6, 2, 0); // moves on: epoch 5 is in the cache
         w.accept(e, 2, 0);
         w.forget(e, 2, 0);
-        assert_eq!(w.request(6, 2, 0).1, sums(1, 1));
+        assert_eq!(req(&w, 6, 2, 0).1, sums(1, 1));
         assert_eq!(w.sums(6), sums(2, 1));
     }
 
     #[test]
     fn stripes_count_apart_and_meet_when_the_bucket_is_past() {
-        let w = Window::new();
-        w.request(1, 2, 0);
+        let w = Window::new(1.5, 10);
+        req(&w, 1, 2, 0);
         w.accept(1, 2, 1);
         // Stripe 1 sees its own live counts, not stripe 0's.
-        assert_eq!(w.request(1, 2, 1).1, sums(0, 1));
+        assert_eq!(req(&w, 1, 2, 1).1, sums(0, 1));
         assert_eq!(w.sums(1), sums(2, 1));
         // Once the bucket is past, every stripe sees all of it.
-        assert_eq!(w.request(2, 2, 3).1, sums(2, 1));
+        assert_eq!(req(&w, 2, 2, 3).1, sums(2, 1));
     }
 
     #[test]
     fn stamps_wrap_after_2_pow_32_buckets() {
-        let w = Window::new();
+        let w = Window::new(1.5, 10);
         let before_wrap = u64::from(u32::MAX) - 1;
-        w.request(before_wrap, 2, 0);
+        req(&w, before_wrap, 2, 0);
         // The next use of that bucket's slot is after the wrap.
         let after = before_wrap + BUCKETS as u64;
-        assert_eq!(w.request(after, 2, 0).1, Sums::default());
-        assert_eq!(w.request(after, 2, 0).1, sums(1, 0));
+        assert_eq!(req(&w, after, 2, 0).1, Sums::default());
+        assert_eq!(req(&w, after, 2, 0).1, sums(1, 0));
         assert_eq!(w.sums(after), sums(2, 0));
     }
 
     #[test]
+    fn the_margin_admits_while_the_rule_is_surely_zero() {
+        // K0 = 1.5, at least 10 requests.
+        let w = Window::new(1.5, 10);
+        // Below the least number of requests: 9 before this one.
+        for n in 0..10 {
+            assert!(w.request(1, 2, 0).quiet, "request {n}");
+        }
+        assert!(!w.request(1, 2, 0).quiet, "10 before it: the rule decides");
+        // 20 requests, 20 accepts in a past bucket: floor(1.5 * 20) - 20
+        // = 10 more requests (of any criticality) before the rule could
+        // reject.
+        let w = Window::new(1.5, 10);
+        for _ in 0..20 {
+            let counted = w.request(1, 2, 0);
+            w.accept(counted.epoch, 2, 0);
+        }
+        for n in 0..11 {
+            let c = if n % 2 == 0 { 0 } else { 3 };
+            assert!(w.request(2, c, 0).quiet, "request {n} of the new bucket");
+        }
+        assert!(!w.request(2, 2, 0).quiet);
+        // Another stripe has its own newest bucket.
+        assert!(w.request(2, 2, 1).quiet);
+        // A past that failed: no margin at all.
+        let w = Window::new(1.5, 10);
+        for _ in 0..20 {
+            w.request(1, 2, 0);
+        }
+        assert!(!w.request(2, 2, 0).quiet);
+    }
+
+    #[test]
     fn an_old_clock_reading_counts_at_the_newest_epoch() {
-        let w = Window::new();
-        w.request(9, 2, 0);
-        assert_eq!(w.request(3, 2, 0).0, 9);
-        assert!(!w.request(9, 2, 0).2);
-        assert!(w.request(10, 2, 0).2);
+        let w = Window::new(1.5, 10);
+        req(&w, 9, 2, 0);
+        assert_eq!(req(&w, 3, 2, 0).0, 9);
+        assert!(!req(&w, 9, 2, 0).2);
+        assert!(req(&w, 10, 2, 0).2);
     }
 }
