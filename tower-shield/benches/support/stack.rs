@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower_breaker::throttle::{ThrottleHandle, ThrottleLayer};
 use tower_breaker::{Breaker, BreakerLayer, Mode};
 use tower_bulkhead::BulkheadLayer;
 use tower_deadline::{ClientDeadlineLayer, Deadline};
@@ -191,6 +192,23 @@ pub fn one_line(inner: Bare) -> impl Service<Request<()>> + Clone {
     one_line_with(inner, |stack| stack)
 }
 
+/// One throttle for every round: a throttle admits its calls without
+/// computing the rule once its window has a past (two buckets, 4 s with
+/// the default window), which a throttle built per round of milliseconds
+/// never reaches.
+fn shared_throttle() -> ThrottleHandle {
+    static THROTTLE: std::sync::OnceLock<ThrottleHandle> = std::sync::OnceLock::new();
+    THROTTLE.get_or_init(|| ThrottleHandle::new("bench")).clone()
+}
+
+/// The one-line stack with the client-side throttle (one shared throttle,
+/// see [`shared_throttle`]).
+pub fn one_line_throttled(inner: Bare) -> impl Service<Request<()>> + Clone {
+    one_line_with(inner, |stack| {
+        stack.throttle(ThrottleLayer::with_handle(shared_throttle()))
+    })
+}
+
 /// The one-line stack on the coarse clock.
 pub fn one_line_coarse(inner: Bare) -> impl Service<Request<()>> + Clone {
     one_line_with(inner, |stack| stack.coarse_clock(true))
@@ -358,6 +376,7 @@ macro_rules! for_each_variant {
         "breaker + retry + bulkhead" => step_breaker(bare()),
         "full stack by hand" => full_by_hand(bare(), Breaker::new("bench")),
         "client_stack (one line)" => one_line(bare()),
+        "client_stack with the throttle" => one_line_throttled(bare()),
         "tower equivalent of the stack, no breaker" => tower_equivalent(bare()),
         "full stack, circuit open (rejection)" => open(bare()),
         "client_stack, coarse clock" => one_line_coarse(bare()),
