@@ -215,9 +215,16 @@ fn gradient_on_a_noisy_trace_stays_bounded_and_congestion_caps_it() {
     let capped = g.update(180, &Window::new(now, 20 * MS).with_congestion(3));
     assert_eq!(capped, 162);
     // Untimed cuts while the timed calls (an unbiased sample) show none:
-    // not capped.
+    // not capped (and not grown either while the cut share smoothed over
+    // the windows is still above the one measured without load).
     let untimed = window(now, 10 * MS, 162, 10).with_congestion(1);
-    assert!(g.update(162, &untimed) > 162);
+    assert_eq!(g.update(162, &untimed), 162);
+    // Once the cuts are a few windows behind, it grows again.
+    let mut limit = 162;
+    for _ in 0..10 {
+        limit = g.update(limit, &window(now, 10 * MS, limit, 10));
+    }
+    assert!(limit > 162, "{limit}");
 }
 
 /// 20 ms calls behind a 25 ms deadline: about a quarter are cut even
@@ -250,6 +257,17 @@ fn gradient_tells_cuts_without_load_from_cuts_of_a_queue() {
         limit = next;
     }
     assert!(limit > 30, "{limit}");
+    // A few more cut (5 in 12): too few to bring the limit down, but the
+    // first sign of a queue behind a deadline that caps its latency: it
+    // stops growing within a few windows.
+    for _ in 0..4 {
+        let next = g.update(limit, &with_cuts(limit, 5));
+        assert!(next >= limit, "{next} < {limit}");
+        limit = next;
+    }
+    for _ in 0..20 {
+        assert_eq!(g.update(limit, &with_cuts(limit, 5)), limit);
+    }
     // Twice as many cut: capped at 90%.
     let capped = (limit as f64 * 0.9).round() as usize;
     assert_eq!(g.update(limit, &with_cuts(limit, 8)), capped);

@@ -16,8 +16,9 @@ use super::{LimitAlgorithm, Window};
 ///
 /// ```text
 /// gradient  = clamp(no_load * (1 + tolerance) / recent, 0.5, 1.0)
-/// headroom  = sqrt(limit) if gradient == 1 and the compartment was at
-///             least half used (window.max_in_flight >= limit / 2), else 0
+/// headroom  = sqrt(limit) if gradient == 1, the compartment was at
+///             least half used (window.max_in_flight >= limit / 2) and
+///             the cut share is not rising (see below), else 0
 /// target    = limit * gradient + headroom
 /// limit     = (1 - smoothing) * limit + smoothing * target
 /// ```
@@ -32,7 +33,13 @@ use super::{LimitAlgorithm, Window};
 /// up shows in the mean. The headroom is left out while a queue is measured (unlike
 /// Envoy's controller, which always adds it): added on top of a measured
 /// queue, it would keep a standing queue of about `sqrt(limit)` calls,
-/// which every call then waits behind. A window with congestion signals
+/// which every call then waits behind. It is also left out while the
+/// share of cut calls, smoothed over the last windows, is above the share
+/// cut during the no-load measurement by more than half that
+/// measurement's noise (plus 1%): when the callers' deadline is close to
+/// the dependency's latency, the latency a queue adds is capped by the
+/// deadline and hardly moves the mean, while the calls it cuts do.
+/// A window with congestion signals
 /// (calls dropped by their callers, deadlines exceeded, local timeouts)
 /// also caps the limit at `limit * 0.9`, if its share of cut calls (or
 /// that share smoothed over the last windows) is above the share cut
@@ -254,6 +261,16 @@ impl Gradient {
         burst || lasting
     }
 
+    /// Whether the cut share smoothed over the last windows is above the
+    /// share cut without load by more than half the noise of that
+    /// baseline (and 1%): too little to bring the limit down, enough to
+    /// stop probing upwards.
+    fn cuts_rising(&self) -> bool {
+        let base = self.state.no_load_cut;
+        let base_noise = 2.0 * (base * (1.0 - base) / Self::MEASURE_SAMPLES as f64).sqrt();
+        self.state.recent_cut > base + base_noise / 2.0 + 0.01
+    }
+
     fn bounded(&self, estimate: f64) -> f64 {
         estimate.clamp(self.min as f64, self.max as f64)
     }
@@ -322,6 +339,7 @@ impl LimitAlgorithm for Gradient {
             return self.min;
         }
 
+        let cut = self.more_cuts_than_without_load(window);
         if let (Some(mean), Some(no_load)) = (window.mean_latency(), self.state.no_load) {
             let ratio = no_load.as_secs_f64() * (1.0 + self.tolerance) / mean.as_secs_f64();
             let gradient = if ratio.is_finite() {
@@ -333,8 +351,12 @@ impl LimitAlgorithm for Gradient {
             // of a measured queue would keep one standing) and while the
             // compartment is used (at least half of it: a limit that is
             // never reached, say behind a throttle, must not drift up).
+            // Nor while the smoothed share of cut calls is above the
+            // share cut without load: a deadline close to the latency caps
+            // the latencies a queue adds, and more calls cut is then the
+            // first sign of one.
             let used = window.max_in_flight().saturating_mul(2) >= limit;
-            let headroom = if gradient >= 1.0 && used {
+            let headroom = if gradient >= 1.0 && used && !self.cuts_rising() {
                 estimate.sqrt()
             } else {
                 0.0
@@ -342,7 +364,6 @@ impl LimitAlgorithm for Gradient {
             let target = estimate * gradient + headroom;
             estimate = (1.0 - self.smoothing) * estimate + self.smoothing * target;
         }
-        let cut = self.more_cuts_than_without_load(window);
         if window.congestion() > 0 && cut {
             estimate = estimate.min(limit as f64 * 0.9);
         }

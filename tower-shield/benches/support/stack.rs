@@ -198,7 +198,9 @@ pub fn one_line(inner: Bare) -> impl Service<Request<()>> + Clone {
 /// never reaches.
 fn shared_throttle() -> ThrottleHandle {
     static THROTTLE: std::sync::OnceLock<ThrottleHandle> = std::sync::OnceLock::new();
-    THROTTLE.get_or_init(|| ThrottleHandle::new("bench")).clone()
+    THROTTLE
+        .get_or_init(|| ThrottleHandle::new("bench"))
+        .clone()
 }
 
 /// The one-line stack with the client-side throttle (one shared throttle,
