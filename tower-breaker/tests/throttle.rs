@@ -388,6 +388,35 @@ async fn a_dropped_call_is_a_request_not_accepted() {
     assert_eq!((s.requests, s.accepts), (1, 0));
 }
 
+/// A call in flight has not been refused: a throttle that starts (or whose
+/// window has emptied) in front of a healthy dependency whose answers take
+/// a second rejects none of the calls made before the first answer comes
+/// back. (Counted as not accepted until they end, the first second's calls
+/// alone would make the rule reject 90% of them.)
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn slow_healthy_calls_in_flight_are_not_throttled() {
+    let handle = throttle(ThrottleConfig::new(), 31);
+    let slow = service_fn(|n: u32| async move {
+        tokio::time::sleep(secs(1)).await;
+        Ok::<u32, BoxError>(n)
+    });
+    let svc = PlainThrottle::new(slow, handle.clone());
+    let mut calls = Vec::new();
+    for n in 0..300 {
+        calls.push(tokio::spawn(svc.clone().oneshot(n)));
+        tokio::time::sleep(ms(5)).await;
+    }
+    let mut rejected = 0;
+    for call in calls {
+        if call.await.expect("no panic").is_err() {
+            rejected += 1;
+        }
+    }
+    assert_eq!(rejected, 0, "{:?}", handle.snapshot());
+    let s = handle.snapshot();
+    assert_eq!((s.requests, s.accepts, s.rejected), (300, 300, 0));
+}
+
 /// Under the same failures (40% of the calls: above `Sheddable`'s 33%
 /// threshold, under `Critical`'s 50%), sheddable requests are rejected and
 /// critical ones are not, and critical-plus no more than critical;

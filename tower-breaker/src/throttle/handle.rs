@@ -16,6 +16,9 @@ use super::config::{ThrottleConfig, ThrottleConfigError, BUCKETS, STRIPES};
 use super::metrics::ThrottleMetrics;
 use super::window::{Sums, Window};
 
+/// The bit of a permit's tag that says it was recorded.
+const RECORDED: u64 = 1 << 5;
+
 /// The least time between two `throttling_started` / `throttling_stopped`
 /// events of one throttle.
 const EVENT_INTERVAL: Duration = Duration::from_secs(1);
@@ -72,16 +75,18 @@ struct Shard {
 
 /// The right to make one call, given by
 /// [`ThrottleHandle::try_acquire`]: say how it went with
-/// [`record`](Self::record). A permit dropped without a record counts as a
-/// request the dependency did not accept (a call the caller gave up on is
-/// congestion, not nothing).
+/// [`record`](Self::record). The request counts as accepted from the
+/// moment the permit is given until it is recorded otherwise: a call in
+/// flight has not been refused. A permit dropped without a record counts
+/// as a request the dependency did not accept (a call the caller gave up
+/// on is congestion, not nothing).
 #[must_use = "a permit counts as not accepted unless recorded"]
 pub struct ThrottlePermit {
     shard: Arc<Shard>,
-    /// `epoch << 8 | stripe << 2 | criticality`: the bucket the request
-    /// was counted in, the stripe it was counted on and its criticality
-    /// (one word, so that a response future carrying a permit stays
-    /// small).
+    /// `epoch << 8 | recorded << 5 | stripe << 2 | criticality`: the
+    /// bucket the request was counted in, whether its outcome was
+    /// recorded, the stripe it was counted on and its criticality (one
+    /// word, so that a response future carrying a permit stays small).
     tag: u64,
 }
 
@@ -97,7 +102,9 @@ pub struct ThrottleSnapshot {
     /// rejected ones included (as the SRE book counts them), less those a
     /// layer below refused locally.
     pub requests: u64,
-    /// Requests in the window that the dependency accepted.
+    /// Requests in the window that the dependency accepted, or that are
+    /// still in flight (a request counts as accepted until it fails, is
+    /// cut or is dropped).
     pub accepts: u64,
     /// [`requests`](Self::requests) by criticality
     /// ([`Criticality::index`]).
@@ -184,7 +191,7 @@ impl ThrottleHandle {
             min_requests: config.min_requests,
             per_bucket: u64::MAX / width_ns,
             base: Instant::now(),
-            window: Window::new(config.ks()[0], config.min_requests),
+            window: Window::new(config.ks()[0]),
             random,
             rejected: Default::default(),
             announced: AtomicBool::new(false),
@@ -273,22 +280,35 @@ impl fmt::Debug for ThrottleHandle {
 // === impl ThrottlePermit ===
 
 impl ThrottlePermit {
-    /// Counts how the call went: a [`Success`](Outcome::Success) is an
-    /// accept; a [`Failure`](Outcome::Failure) leaves a request that was
-    /// not accepted; [`Ignored`](Outcome::Ignored) (a layer below refused
-    /// the call locally: the dependency never saw it) takes the request
-    /// back.
-    pub fn record(self, outcome: Outcome) {
+    /// Counts how the call went: a [`Success`](Outcome::Success) leaves
+    /// the request accepted (as it counted from the start); a
+    /// [`Failure`](Outcome::Failure) refuses it;
+    /// [`Ignored`](Outcome::Ignored) (a layer below refused the call
+    /// locally: the dependency never saw it) takes the request back.
+    pub fn record(mut self, outcome: Outcome) {
         let core = &self.shard.core;
         let epoch = self.tag >> 8;
         let c = (self.tag & 3) as usize;
+        let stripe = (self.tag >> 2 & 7) as usize;
         match outcome {
-            Outcome::Success => {
-                core.window.accept(epoch, c, thread_index() % STRIPES);
-                core.metrics.accept();
-            }
-            Outcome::Failure => {}
-            Outcome::Ignored => core.window.forget(epoch, c, (self.tag >> 2 & 7) as usize),
+            // Counted as accepted from the start: nothing to write.
+            Outcome::Success => core.metrics.accept(),
+            Outcome::Failure => core.window.refuse(epoch, c, stripe),
+            Outcome::Ignored => core.window.forget(epoch, c, stripe),
+        }
+        self.tag |= RECORDED;
+    }
+}
+
+impl Drop for ThrottlePermit {
+    /// A permit dropped without a record: the caller gave up on the call
+    /// (its deadline, or it was cancelled), which counts as a refusal.
+    fn drop(&mut self) {
+        if self.tag & RECORDED == 0 {
+            let epoch = self.tag >> 8;
+            let c = (self.tag & 3) as usize;
+            let stripe = (self.tag >> 2 & 7) as usize;
+            self.shard.core.window.refuse(epoch, c, stripe);
         }
     }
 }
@@ -409,6 +429,8 @@ impl Core {
         }
         let p = p[c];
         if p > 0.0 && unit(&*self.random) < p {
+            // A request the dependency did not accept: it never got it.
+            self.window.refuse(epoch, c, stripe);
             self.rejected[c].fetch_add(1, Relaxed);
             self.metrics.rejected(criticality);
             if !self.announced.load(Relaxed) {

@@ -81,23 +81,31 @@
 //! - A call that fails, or that the caller drops before it completes (its
 //!   deadline passed: congestion, not nothing), is a request that was not
 //!   accepted.
+//! - A call **in flight** counts as accepted until it fails, is cut or is
+//!   dropped: it has not been refused. (Counted as not accepted until it
+//!   ends, a throttle starting in front of a healthy dependency of 1 s
+//!   answers would reject 90% of its first second's calls: every one of
+//!   them a request without an accept yet.)
 //! - A **local rejection from below** (a full bulkhead, an open circuit,
 //!   another throttle: [`is_local_rejection`](tower_resilience_base::error::is_local_rejection),
 //!   or an HTTP answer such a layer built) is taken back: neither a
 //!   request nor an accept, since it never reached the dependency.
-//! - A call this throttle rejects stays a request.
+//! - A call this throttle rejects stays a request, refused.
 //!
 //! The counts are kept in rings of 60 time buckets of atomics (eight
-//! words a bucket: requests and accepts of each criticality, each word
-//! stamped with its bucket's epoch), one ring per thread stripe so that
-//! threads never write the same cache line. A call makes one clock
-//! reading (or takes the one a layer above made for it), one atomic add
-//! for its request and one for its accept on its own stripe, and reads the
-//! window's totals from a cache of the past buckets that the first call of
-//! each bucket recomputes (plus its own stripe's newest bucket: within one
-//! bucket, a sixtieth of the window, a thread does not yet see the other
-//! threads' calls). It draws a random number only while some criticality
-//! is throttled. No lock, no allocation, no timer task;
+//! words a bucket: requests and refusals of each criticality, each word
+//! stamped with its bucket's epoch; accepts are requests less refusals),
+//! one ring per thread stripe so that threads never write the same cache
+//! line. A call makes one clock reading (or takes the one a layer above
+//! made for it) and one atomic add for its request on its own stripe; a
+//! call that succeeds writes nothing more. While the refusals since the
+//! newest bucket began are within a budget set from the past buckets (how
+//! many the rule can take before it rejects anything), that is all; past
+//! it, the call reads the window's totals from a cache of the past
+//! buckets that the first call of each bucket recomputes (plus its own
+//! stripe's newest bucket: within one bucket, a sixtieth of the window, a
+//! thread does not yet see the other threads' calls). It draws a random
+//! number only while some criticality is throttled. No lock, no allocation, no timer task;
 //! [`ThrottleHandle::snapshot`] reads every stripe and is exact.
 //!
 //! # Criticality

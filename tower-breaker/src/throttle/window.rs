@@ -1,4 +1,4 @@
-//! The sliding window of requests and accepts, per criticality: a ring of
+//! The sliding window of requests and refusals, per criticality: a ring of
 //! time buckets,
 //! each count an atomic word that carries the bucket's epoch beside the
 //! count, so a bucket is reused by the first add of a new epoch without a
@@ -19,12 +19,22 @@
 //! sums of the buckets before the newest one, over every stripe, are
 //! cached when the newest epoch moves on (by the one call that moves it),
 //! and a call adds its own stripe's counts of the newest bucket to them.
-//! The same move also caches a *margin*: how many more requests, none of
-//! them accepted, the newest bucket may take before the least critical
-//! rule could reject anything. A call whose stripe's requests in the
-//! newest bucket are within it is admitted after one compare, without the
-//! sums (the healthy case: the accepts of the past buckets leave a margin
-//! of about half their requests with K = 2).
+//!
+//! A request counts as accepted from the moment it is made until it is
+//! refused (it failed, was cut or dropped): the window counts requests
+//! and *refusals*, and accepts are their difference. So a healthy call
+//! writes one word, when it starts, and nothing when it ends; and calls in
+//! flight, not refused yet, never make the rule reject (counted as not
+//! accepted until they end, a second's worth of slow calls at a
+//! throttle's start would).
+//!
+//! The move to a new bucket also sets a *budget*: how many refusals (or
+//! requests taken back) the newest bucket may take before the least
+//! critical rule could reject anything, given the past buckets (requests
+//! only lower `requests − K·accepts` when K ≥ 1). Each refusal spends one;
+//! while some is left, a call is admitted after one load, without the
+//! sums (the healthy case: with K = 2, a past of R requests and no refusal
+//! leaves R/3 for `Sheddable`'s K of 1.5).
 //! So within the newest bucket (a sixtieth of the window) a thread sees
 //! the other threads' calls only once the bucket is past; with one thread,
 //! the sums are exact. A count that arrives for a bucket that is no longer
@@ -43,13 +53,13 @@ const COUNT_MASK: u64 = u32::MAX as u64;
 #[derive(Debug, Default)]
 struct Word(AtomicU64);
 
-/// One bucket of one stripe: requests and accepts of each criticality
+/// One bucket of one stripe: requests and refusals of each criticality
 /// (by `Criticality::index`), one cache line.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 struct Bucket {
     requests: [Word; 4],
-    accepts: [Word; 4],
+    refusals: [Word; 4],
 }
 
 /// Cache-line padding for the words that every call touches.
@@ -61,25 +71,24 @@ struct Padded<T>(T);
 pub(super) struct Window {
     /// `STRIPES` rings of `BUCKETS` buckets, one after the other.
     buckets: Box<[Bucket]>,
-    /// The newest epoch and its margin: the words every call reads.
+    /// The newest epoch and its budget: the words every call reads.
     head: Padded<Head>,
     /// The sums of the buckets before `head` within the window.
     past: Padded<Past>,
-    /// The least critical K, for the margin.
+    /// The least critical K, for the budget.
     k0: f64,
-    /// The least number of requests before any rejection, for the margin.
-    min_requests: u64,
 }
 
 #[derive(Debug, Default)]
 struct Head {
     /// The newest epoch a call has moved the window to.
     epoch: AtomicU64,
-    /// The margin of that epoch: `epoch (low 32 bits) << 32 | margin (an
-    /// i32)`. The requests (of any criticality, on one stripe) that the
-    /// newest bucket may hold with the rule of `k0` still at zero, whatever
-    /// it accepts; negative when the past alone asks for the rule.
-    margin: AtomicU64,
+    /// The budget of that epoch: `epoch (low 32 bits) << 32 | budget (an
+    /// i32)`. The refusals (or requests taken back) the window may take
+    /// from the start of the newest bucket with the rule of `k0` still at
+    /// zero; negative once spent, or when the past alone asks for the
+    /// rule.
+    budget: AtomicU64,
 }
 
 /// What [`Window::request`] did.
@@ -92,24 +101,34 @@ pub(super) struct Counted {
     pub(super) before: u64,
     /// Whether this call moved the window on.
     pub(super) moved: bool,
-    /// Whether the margin says no criticality can be rejected: the rule
+    /// Whether the budget says no criticality can be rejected: the rule
     /// need not be computed.
     pub(super) quiet: bool,
 }
 
-/// The cached sums of requests and accepts of the buckets before the
+/// The cached sums of requests and refusals of the buckets before the
 /// newest, per criticality.
 #[derive(Debug, Default)]
 struct Past {
     requests: [AtomicU64; 4],
-    accepts: [AtomicU64; 4],
+    refusals: [AtomicU64; 4],
 }
 
 /// Window counts, per criticality (by `Criticality::index`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct Sums {
     pub(super) requests: [u64; 4],
+    /// Requests not refused (yet): accepted, or in flight.
     pub(super) accepts: [u64; 4],
+}
+
+impl Sums {
+    fn from_counts(requests: [u64; 4], refusals: [u64; 4]) -> Self {
+        Self {
+            requests,
+            accepts: std::array::from_fn(|i| requests[i].saturating_sub(refusals[i])),
+        }
+    }
 }
 
 // === impl Word ===
@@ -180,33 +199,52 @@ impl Word {
 // === impl Window ===
 
 impl Window {
-    /// An empty window for a throttle whose least critical K is `k0`
-    /// and that rejects nothing below `min_requests` requests.
-    pub(super) fn new(k0: f64, min_requests: u64) -> Self {
+    /// An empty window for a throttle whose least critical K is `k0`.
+    pub(super) fn new(k0: f64) -> Self {
         let window = Self {
             buckets: (0..STRIPES * BUCKETS).map(|_| Bucket::default()).collect(),
             head: Padded::default(),
             past: Padded::default(),
             k0,
-            min_requests,
         };
-        window.set_margin(0, &Sums::default());
+        window.set_budget(0, 0, 0);
         window
     }
 
-    /// Caches the margin of `epoch`, whose past buckets sum to `past`.
-    fn set_margin(&self, epoch: u64, past: &Sums) {
-        let requests: u64 = past.requests.iter().sum();
-        let accepts: u64 = past.accepts.iter().sum();
-        let under_min = self.min_requests as i128 - 1 - i128::from(requests);
-        // floor(k0 * accepts) - requests: a request count within it keeps
-        // `requests - k0 * accepts` at or below zero.
-        let under_k = (self.k0 * accepts as f64).floor() as i128 - i128::from(requests);
-        let margin = under_min.max(under_k).clamp(-1, i128::from(i32::MAX)) as i32;
-        self.head.0.margin.store(
-            (epoch & COUNT_MASK) << 32 | u64::from(margin as u32),
+    /// Sets the budget of `epoch`, whose past buckets hold `requests`
+    /// requests and `refusals` refusals.
+    ///
+    /// With R requests and F refusals in all, `requests − k0·accepts` is at
+    /// most `k0·F − (k0 − 1)·R` (accepts are at least R − F), which more
+    /// requests only lower: the rule stays at zero while the refusals
+    /// since the past was summed are at most
+    /// `((k0 − 1)·R_past − k0·F_past) / k0`.
+    fn set_budget(&self, epoch: u64, requests: u64, refusals: u64) {
+        let room = ((self.k0 - 1.0) * requests as f64 - self.k0 * refusals as f64) / self.k0;
+        let budget = room.floor().clamp(-1.0, f64::from(i32::MAX)) as i32;
+        self.head.0.budget.store(
+            (epoch & COUNT_MASK) << 32 | u64::from(budget as u32),
             Relaxed,
         );
+    }
+
+    /// Spends one of the newest bucket's budget: a refusal, or a request
+    /// taken back.
+    fn spend(&self) {
+        let head = &self.head.0;
+        let mut w = head.budget.load(Relaxed);
+        loop {
+            if w >> 32 != head.epoch.load(Relaxed) & COUNT_MASK || (w as u32 as i32) < 0 {
+                // Another epoch's (the move to a new one is setting it), or
+                // spent already.
+                return;
+            }
+            let next = (w & !COUNT_MASK) | u64::from((w as u32 as i32 - 1) as u32);
+            match head.budget.compare_exchange_weak(w, next, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(now) => w = now,
+            }
+        }
     }
 
     /// The bucket of `epoch` in the ring of `stripe` (taken modulo
@@ -218,7 +256,7 @@ impl Window {
 
     /// Counts a request of criticality `c` at `epoch` (the caller's clock
     /// reading, in buckets) on `stripe`: at the newest epoch seen, if that
-    /// is later. Says whether the margin admits it without the rule (see
+    /// is later. Says whether the budget admits it without the rule (see
     /// the module docs).
     #[inline]
     pub(super) fn request(&self, epoch: u64, c: usize, stripe: usize) -> Counted {
@@ -230,16 +268,8 @@ impl Window {
         };
         let bucket = self.bucket(stripe, epoch);
         let before = bucket.requests[c].add(epoch).unwrap_or(0);
-        let margin = self.head.0.margin.load(Relaxed);
-        let quiet = margin >> 32 == epoch & COUNT_MASK && {
-            let mut live = before;
-            for (i, word) in bucket.requests.iter().enumerate() {
-                if i != c {
-                    live += word.count(epoch);
-                }
-            }
-            live as i64 <= i64::from(margin as u32 as i32)
-        };
+        let budget = self.head.0.budget.load(Relaxed);
+        let quiet = budget >> 32 == epoch & COUNT_MASK && budget as u32 as i32 >= 0;
         Counted {
             epoch,
             before,
@@ -255,35 +285,39 @@ impl Window {
         let epoch = counted.epoch;
         let bucket = self.bucket(stripe, epoch);
         let past = &self.past.0;
-        let mut sums = Sums::default();
+        let mut requests = [0; 4];
+        let mut refusals = [0; 4];
         for i in 0..4 {
             let live = if i == c {
                 counted.before
             } else {
                 bucket.requests[i].count(epoch)
             };
-            sums.requests[i] = past.requests[i].load(Relaxed) + live;
-            sums.accepts[i] = past.accepts[i].load(Relaxed) + bucket.accepts[i].count(epoch);
+            requests[i] = past.requests[i].load(Relaxed) + live;
+            refusals[i] = past.refusals[i].load(Relaxed) + bucket.refusals[i].count(epoch);
         }
-        sums
+        Sums::from_counts(requests, refusals)
     }
 
-    /// Counts an accept of a request of criticality `c` counted at
-    /// `epoch`, on `stripe` (any stripe: the one of the thread that
-    /// completes the call).
-    #[inline]
-    pub(super) fn accept(&self, epoch: u64, c: usize, stripe: usize) {
+    /// Counts the refusal of a request of criticality `c` counted at
+    /// `epoch` on `stripe` (the one it was counted on): it failed, or its
+    /// caller gave up on it.
+    #[cold]
+    pub(super) fn refuse(&self, epoch: u64, c: usize, stripe: usize) {
         if self.is_gone(epoch) {
             return;
         }
-        if self.bucket(stripe, epoch).accepts[c].add(epoch).is_some() && self.is_past(epoch) {
-            self.past.0.accepts[c].fetch_add(1, Relaxed);
+        if self.bucket(stripe, epoch).refusals[c].add(epoch).is_some() && self.is_past(epoch) {
+            self.past.0.refusals[c].fetch_add(1, Relaxed);
         }
+        self.spend();
     }
 
     /// Takes back a request of criticality `c` counted at `epoch` on
     /// `stripe` (the one it was counted on): it turned out not to reach
-    /// the dependency.
+    /// the dependency. (One request and one accept fewer: that raises
+    /// `requests − K·accepts` by K − 1, so it spends the budget as a
+    /// refusal does.)
     pub(super) fn forget(&self, epoch: u64, c: usize, stripe: usize) {
         if self.is_gone(epoch) {
             return;
@@ -292,6 +326,7 @@ impl Window {
             let _ = self.past.0.requests[c]
                 .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
         }
+        self.spend();
     }
 
     /// Whether `epoch` has left the window.
@@ -323,15 +358,15 @@ impl Window {
                 .compare_exchange_weak(head, epoch, Relaxed, Relaxed)
             {
                 Ok(_) => {
-                    let sums = self.scan(epoch, false);
+                    let (requests, refusals) = self.scan(epoch, false);
                     let past = &self.past.0;
                     for i in 0..4 {
-                        past.requests[i].store(sums.requests[i], Relaxed);
-                        past.accepts[i].store(sums.accepts[i], Relaxed);
+                        past.requests[i].store(requests[i], Relaxed);
+                        past.refusals[i].store(refusals[i], Relaxed);
                     }
                     // Until this store, calls of the new epoch find the
-                    // old epoch's margin and compute the rule.
-                    self.set_margin(epoch, &sums);
+                    // old epoch's budget and compute the rule.
+                    self.set_budget(epoch, requests.iter().sum(), refusals.iter().sum());
                     return (epoch, true);
                 }
                 Err(now) => head = now,
@@ -339,35 +374,37 @@ impl Window {
         }
     }
 
-    /// The sums of the buckets of the window that ends at `epoch`, the
-    /// newest bucket included or not.
-    fn scan(&self, epoch: u64, newest: bool) -> Sums {
+    /// The requests and refusals of the buckets of the window that ends
+    /// at `epoch`, the newest bucket included or not.
+    fn scan(&self, epoch: u64, newest: bool) -> ([u64; 4], [u64; 4]) {
         let first = epoch.saturating_sub(BUCKETS as u64 - 1);
         let last = if newest {
             epoch
         } else {
             epoch.saturating_sub(1)
         };
-        let mut sums = Sums::default();
+        let mut requests = [0; 4];
+        let mut refusals = [0; 4];
         if !newest && epoch == 0 {
-            return sums;
+            return (requests, refusals);
         }
         for stripe in 0..STRIPES {
             for e in first..=last {
                 let bucket = self.bucket(stripe, e);
                 for i in 0..4 {
-                    sums.requests[i] += bucket.requests[i].count(e);
-                    sums.accepts[i] += bucket.accepts[i].count(e);
+                    requests[i] += bucket.requests[i].count(e);
+                    refusals[i] += bucket.refusals[i].count(e);
                 }
             }
         }
-        sums
+        (requests, refusals)
     }
 
     /// The exact sums of the window that ends at `epoch` (or at the newest
     /// epoch seen, if later), read bucket by bucket.
     pub(super) fn sums(&self, epoch: u64) -> Sums {
-        self.scan(epoch.max(self.head.0.epoch.load(Relaxed)), true)
+        let (requests, refusals) = self.scan(epoch.max(self.head.0.epoch.load(Relaxed)), true);
+        Sums::from_counts(requests, refusals)
     }
 }
 
@@ -390,106 +427,117 @@ mod tests {
 
     #[test]
     fn counts_slide_out_bucket_by_bucket() {
-        let w = Window::new(1.5, 10);
+        let w = Window::new(1.5);
         for _ in 0..3 {
             req(&w, 1, 2, 0);
         }
-        w.accept(1, 2, 0);
+        w.refuse(1, 2, 0);
+        w.refuse(1, 2, 0);
         let (_, before, _) = req(&w, 2, 2, 0);
         assert_eq!(before, sums(3, 1));
-        assert_eq!(w.sums(2), sums(4, 1));
+        assert_eq!(w.sums(2), sums(4, 2));
         // Epoch 1 leaves the window when epoch 1 + BUCKETS begins.
         let last = BUCKETS as u64;
-        assert_eq!(req(&w, last, 2, 0).1, sums(4, 1));
-        assert_eq!(req(&w, last + 1, 2, 0).1, sums(2, 0));
-        assert_eq!(w.sums(last + 1), sums(3, 0));
-        // A stale add is dropped.
-        w.accept(1, 2, 0);
-        assert_eq!(w.sums(last + 1), sums(3, 0));
+        assert_eq!(req(&w, last, 2, 0).1, sums(4, 2));
+        assert_eq!(req(&w, last + 1, 2, 0).1, sums(2, 2));
+        assert_eq!(w.sums(last + 1), sums(3, 3));
+        // A stale refusal is dropped.
+        w.refuse(1, 2, 0);
+        assert_eq!(w.sums(last + 1), sums(3, 3));
         assert_eq!(req(&w, 10 * last, 2, 0).1, Sums::default());
     }
 
     #[test]
     fn criticalities_are_counted_apart() {
-        let w = Window::new(1.5, 10);
+        let w = Window::new(1.5);
         req(&w, 1, 0, 0);
         req(&w, 1, 3, 0);
-        w.accept(1, 3, 0);
+        w.refuse(1, 0, 0);
         let (_, before, _) = req(&w, 1, 0, 0);
         assert_eq!(before.requests, [1, 0, 0, 1]);
         assert_eq!(before.accepts, [0, 0, 0, 1]);
     }
 
     #[test]
-    fn late_accepts_and_forgotten_requests_reach_the_cache() {
-        let w = Window::new(1.5, 10);
+    fn late_refusals_and_forgotten_requests_reach_the_cache() {
+        let w = Window::new(1.5);
         let (e, _, _) = req(&w, 5, 2, 0);
+        req(&w, 5, 2, 0);
         req(&w, 6, 2, 0); // moves on: epoch 5 is in the cache
-        w.accept(e, 2, 0);
+        w.refuse(e, 2, 0);
         w.forget(e, 2, 0);
-        assert_eq!(req(&w, 6, 2, 0).1, sums(1, 1));
-        assert_eq!(w.sums(6), sums(2, 1));
+        // Epoch 5: one request left, refused.
+        assert_eq!(req(&w, 6, 2, 0).1, sums(2, 1));
+        assert_eq!(w.sums(6), sums(3, 2));
     }
 
     #[test]
     fn stripes_count_apart_and_meet_when_the_bucket_is_past() {
-        let w = Window::new(1.5, 10);
+        let w = Window::new(1.5);
         req(&w, 1, 2, 0);
-        w.accept(1, 2, 1);
+        w.refuse(1, 2, 0);
+        req(&w, 1, 2, 1);
         // Stripe 1 sees its own live counts, not stripe 0's.
-        assert_eq!(req(&w, 1, 2, 1).1, sums(0, 1));
-        assert_eq!(w.sums(1), sums(2, 1));
+        assert_eq!(req(&w, 1, 2, 1).1, sums(1, 1));
+        assert_eq!(w.sums(1), sums(3, 2));
         // Once the bucket is past, every stripe sees all of it.
-        assert_eq!(req(&w, 2, 2, 3).1, sums(2, 1));
+        assert_eq!(req(&w, 2, 2, 3).1, sums(3, 2));
     }
 
     #[test]
     fn stamps_wrap_after_2_pow_32_buckets() {
-        let w = Window::new(1.5, 10);
+        let w = Window::new(1.5);
         let before_wrap = u64::from(u32::MAX) - 1;
         req(&w, before_wrap, 2, 0);
         // The next use of that bucket's slot is after the wrap.
         let after = before_wrap + BUCKETS as u64;
         assert_eq!(req(&w, after, 2, 0).1, Sums::default());
-        assert_eq!(req(&w, after, 2, 0).1, sums(1, 0));
-        assert_eq!(w.sums(after), sums(2, 0));
+        assert_eq!(req(&w, after, 2, 0).1, sums(1, 1));
+        assert_eq!(w.sums(after), sums(2, 2));
     }
 
     #[test]
-    fn the_margin_admits_while_the_rule_is_surely_zero() {
-        // K0 = 1.5, at least 10 requests.
-        let w = Window::new(1.5, 10);
-        // Below the least number of requests: 9 before this one.
-        for n in 0..10 {
-            assert!(w.request(1, 2, 0).quiet, "request {n}");
+    fn the_budget_admits_while_the_rule_is_surely_zero() {
+        // K0 = 1.5: a past of 30 requests and no refusal leaves
+        // (0.5 * 30 - 0) / 1.5 = 10 refusals before the rule could reject.
+        let w = Window::new(1.5);
+        for _ in 0..30 {
+            assert!(w.request(1, 2, 0).quiet, "no refusal yet");
         }
-        assert!(!w.request(1, 2, 0).quiet, "10 before it: the rule decides");
-        // 20 requests, 20 accepts in a past bucket: floor(1.5 * 20) - 20
-        // = 10 more requests (of any criticality) before the rule could
-        // reject.
-        let w = Window::new(1.5, 10);
-        for _ in 0..20 {
-            let counted = w.request(1, 2, 0);
-            w.accept(counted.epoch, 2, 0);
-        }
-        for n in 0..11 {
-            let c = if n % 2 == 0 { 0 } else { 3 };
-            assert!(w.request(2, c, 0).quiet, "request {n} of the new bucket");
-        }
-        assert!(!w.request(2, 2, 0).quiet);
-        // Another stripe has its own newest bucket.
-        assert!(w.request(2, 2, 1).quiet);
-        // A past that failed: no margin at all.
-        let w = Window::new(1.5, 10);
-        for _ in 0..20 {
+        // The first bucket has no past: its first refusal spends it all.
+        w.refuse(1, 2, 0);
+        assert!(!w.request(1, 2, 0).quiet);
+        let w = Window::new(1.5);
+        for _ in 0..30 {
             w.request(1, 2, 0);
+        }
+        assert!(w.request(2, 0, 3).quiet);
+        for n in 0..10 {
+            // Refusals of any criticality, on any stripe, of any bucket.
+            w.refuse(2, n % 4, 3);
+            assert!(w.request(2, 2, 0).quiet, "{} refusals", n + 1);
+        }
+        // The eleventh.
+        w.refuse(1, 2, 0);
+        assert!(!w.request(2, 2, 0).quiet);
+        // A request taken back spends it as a refusal does.
+        let w = Window::new(1.5);
+        w.request(1, 2, 0);
+        assert!(w.request(2, 2, 0).quiet);
+        w.forget(1, 2, 0);
+        assert!(!w.request(2, 2, 0).quiet);
+        // A past with too many refusals: no budget at all.
+        let w = Window::new(1.5);
+        for _ in 0..30 {
+            w.request(1, 2, 0);
+            w.refuse(1, 2, 0);
         }
         assert!(!w.request(2, 2, 0).quiet);
     }
 
     #[test]
     fn an_old_clock_reading_counts_at_the_newest_epoch() {
-        let w = Window::new(1.5, 10);
+        let w = Window::new(1.5);
         req(&w, 9, 2, 0);
         assert_eq!(req(&w, 3, 2, 0).0, 9);
         assert!(!req(&w, 9, 2, 0).2);
