@@ -144,8 +144,8 @@
 //! per call, to see whether a refresh is due). With
 //! [`coarse_clock`](BreakerConfig::coarse_clock) each of those reads is an
 //! atomic load of a clock a background thread advances every millisecond
-//! (its error is documented there); it follows the real clock, not paused
-//! test time.
+//! while it is read (it sleeps after 100 ms without a reading; its error is
+//! documented there); it follows the real clock, not paused test time.
 //!
 //! HTTP calls end when their response body ends ([`body`]): the client and
 //! server flavours settle a good head's outcome in the response body, so a

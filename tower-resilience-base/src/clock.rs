@@ -1,27 +1,49 @@
 //! [`CoarseClock`]: a reading of the real clock that one background thread
-//! advances every millisecond, read with one atomic load instead of a
-//! clock read, for the layers that can trade a bounded error for speed
-//! (`BreakerConfig::coarse_clock` in `tower-breaker`,
-//! `ClientDeadlineLayer::coarse_clock` in `tower-deadline`).
+//! advances every millisecond while something reads it, read with one
+//! atomic load instead of a clock read, for the layers that can trade a
+//! bounded error for speed (`BreakerConfig::coarse_clock` in
+//! `tower-breaker`, `ClientDeadlineLayer::coarse_clock` in
+//! `tower-deadline`).
 
 // The coarse clock is the real clock by design: it does not follow
 // tokio's paused test clock, as documented on `CoarseClock`.
 #![allow(clippy::disallowed_types)]
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{LazyLock, OnceLock};
+use std::thread::Thread;
 use std::time::Duration;
+
+use Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 use tokio::time::Instant;
 
 /// How often the shared clock's thread advances it.
 pub const TICK: Duration = Duration::from_millis(1);
 
+/// How many ticks without a reading before the shared clock's thread
+/// sleeps until the next one: 100 (100 ms).
+pub const IDLE_TICKS: u32 = 100;
+
+/// `state`: somebody read the clock since the last tick.
+const READ: u8 = 1;
+/// `state`: the ticking thread sleeps until a reading wakes it; readings
+/// read the real clock meanwhile.
+const PARKED: u8 = 2;
+
 /// A reading of the real clock, as nanoseconds since its origin, advanced
 /// by whoever ticks it: for [`shared`](CoarseClock::shared), one
 /// background thread per process (named `tower-resilience-clock`, started
-/// on first use) every [`TICK`]; for a [`manual`](CoarseClock::manual)
-/// clock, the test that owns it.
+/// on first use) every [`TICK`] while the clock is read; for a
+/// [`manual`](CoarseClock::manual) clock, the test that owns it.
+///
+/// A thread that wakes every millisecond costs every other thread of the
+/// process (on a 2-vCPU virtual machine, a 1 kHz wake-up took a fifth of
+/// the requests per second of a reqwest client in the same process), so
+/// the shared clock's thread sleeps after [`IDLE_TICKS`] ticks without a
+/// reading. While it sleeps, a reading reads the real clock (and the
+/// first one wakes the thread): a process that stopped calling pays
+/// nothing, one that calls gets the coarse clock back within a tick.
 ///
 /// Its error, by construction: a reading is a past reading of the real
 /// clock, so it is never ahead of it; readings never go backwards; a
@@ -50,6 +72,10 @@ pub const TICK: Duration = Duration::from_millis(1);
 pub struct CoarseClock {
     origin: std::time::Instant,
     ns: AtomicU64,
+    /// [`READ`] and [`PARKED`].
+    state: AtomicU8,
+    /// The ticking thread, once it parks for the first time.
+    ticker: OnceLock<Thread>,
 }
 
 impl CoarseClock {
@@ -65,10 +91,7 @@ impl CoarseClock {
             let clock: &'static CoarseClock = &CLOCK;
             let spawned = std::thread::Builder::new()
                 .name("tower-resilience-clock".into())
-                .spawn(move || loop {
-                    std::thread::sleep(TICK);
-                    clock.advance_to(clock.origin.elapsed());
-                });
+                .spawn(move || clock.tick_while_read(TICK, IDLE_TICKS));
             if let Err(e) = &spawned {
                 tracing::warn!(
                     error = %e,
@@ -94,7 +117,51 @@ impl CoarseClock {
         Self {
             origin,
             ns: AtomicU64::new(0),
+            state: AtomicU8::new(0),
+            ticker: OnceLock::new(),
         }
+    }
+
+    /// The ticking thread's loop: advance every `tick`, and after `idle`
+    /// ticks without a reading, park until a reading unparks it.
+    fn tick_while_read(&'static self, tick: Duration, idle: u32) -> ! {
+        let mut unread = 0;
+        loop {
+            std::thread::sleep(tick);
+            self.advance_to(self.origin.elapsed());
+            if self.state.fetch_and(!READ, AcqRel) & READ != 0 {
+                unread = 0;
+                continue;
+            }
+            unread += 1;
+            if unread < idle {
+                continue;
+            }
+            self.ticker.get_or_init(std::thread::current);
+            // From here on, readings read the real clock. One that came
+            // between the last tick and this store read a reading at most
+            // a tick old, as any.
+            self.state.fetch_or(PARKED, AcqRel);
+            while self.state.load(Acquire) & PARKED != 0 {
+                std::thread::park();
+            }
+            unread = 0;
+        }
+    }
+
+    /// A reading while the ticking thread sleeps: the real clock, stored
+    /// so that the readings after it are never behind it; wakes the
+    /// thread.
+    #[cold]
+    fn wake(&self) -> u64 {
+        let now = nanos(self.origin.elapsed());
+        self.ns.fetch_max(now, Release);
+        if self.state.fetch_and(!PARKED, AcqRel) & PARKED != 0 {
+            if let Some(ticker) = self.ticker.get() {
+                ticker.unpark();
+            }
+        }
+        now.max(self.ns.load(Acquire))
     }
 
     /// Moves the reading `by` forward.
@@ -108,11 +175,20 @@ impl CoarseClock {
     }
 
     /// The latest reading, in nanoseconds since the clock's
-    /// [`origin`](CoarseClock::origin): one atomic load.
+    /// [`origin`](CoarseClock::origin): two atomic loads (and, once per
+    /// tick, a store to say the clock is in use); the real clock while the
+    /// ticking thread sleeps.
     #[inline]
     #[must_use]
     pub fn nanos(&self) -> u64 {
-        self.ns.load(Relaxed)
+        let state = self.state.load(Acquire);
+        if state != READ {
+            if state & PARKED != 0 {
+                return self.wake();
+            }
+            self.state.fetch_or(READ, Relaxed);
+        }
+        self.ns.load(Acquire)
     }
 
     /// The latest reading, as an instant.
@@ -161,6 +237,50 @@ mod tests {
             std::hint::spin_loop();
         }
         assert!(last > first);
+    }
+
+    /// Waits (polling the real clock, at most 5 s) until `done`.
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let start = std::time::Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(5), "never {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn the_ticking_thread_sleeps_when_unread_and_a_reading_wakes_it() {
+        let clock: &'static CoarseClock =
+            Box::leak(Box::new(CoarseClock::at(std::time::Instant::now())));
+        std::thread::spawn(move || clock.tick_while_read(Duration::from_millis(1), 5));
+        // Read: it ticks.
+        let first = clock.nanos();
+        wait_for("ticked", || clock.nanos() > first);
+        // Unread for 5 ticks: it parks, and the reading stands still.
+        wait_for("parked", || clock.state.load(Acquire) & PARKED != 0);
+        let parked_at = clock.ns.load(Acquire);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(clock.ns.load(Acquire), parked_at, "no tick while parked");
+        // A reading meanwhile is the real clock's, never behind an earlier
+        // one, and wakes the thread.
+        let real_before = nanos(clock.origin.elapsed());
+        let woken = clock.nanos();
+        assert!(woken >= real_before, "{woken} < {real_before}");
+        assert!(woken >= parked_at + 20_000_000);
+        assert_eq!(clock.state.load(Acquire) & PARKED, 0);
+        wait_for("ticked again", || clock.ns.load(Acquire) > woken);
+        // Readings never go backwards across sleeps and wake-ups.
+        let mut last = clock.nanos();
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(60) {
+            let now = clock.nanos();
+            assert!(now >= last, "{now} < {last}");
+            last = now;
+            if start.elapsed().as_millis() % 20 < 10 {
+                // Unread for a while: it may park.
+                std::thread::sleep(Duration::from_millis(8));
+            }
+        }
     }
 
     #[test]
