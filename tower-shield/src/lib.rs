@@ -81,6 +81,9 @@ pub mod stack;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod tonic;
+#[cfg(feature = "view")]
+#[cfg_attr(docsrs, doc(cfg(feature = "view")))]
+pub mod view;
 
 pub use stack::{client_stack, server_stack, ClientStack, ServerStack};
 
@@ -88,6 +91,10 @@ pub use stack::{client_stack, server_stack, ClientStack, ServerStack};
 pub use tower_breaker as breaker;
 /// The bulkhead: `tower-bulkhead`, re-exported.
 pub use tower_bulkhead as bulkhead;
+/// Fault injection for game days (feature `chaos`): `tower-chaos`.
+#[cfg(feature = "chaos")]
+#[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
+pub use tower_chaos as chaos;
 /// Deadlines: `tower-deadline`, re-exported.
 pub use tower_deadline as deadline;
 /// Retries and hedges within one budget: `tower-retry-budget`,

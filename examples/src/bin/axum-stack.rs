@@ -20,6 +20,9 @@
 //! 4. the client-side breaker: `inventory` fails, the retries and the
 //!    breaker count every attempt, the circuit opens and `shop` answers
 //!    503 in microseconds without calling `inventory`.
+//! 5. The live view: `shop`'s ops listener serves every dependency's state
+//!    as JSON and an HTML page polling it (`tower_shield::view`); fetched
+//!    while the circuit is open, it says so.
 //!
 //! Run it with:
 //!
@@ -45,6 +48,7 @@ use tower_bulkhead::{CompartmentHandle, HttpBulkheadLayer};
 use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
 use tower_shield::reqwest::{Client, ReqwestService};
 use tower_shield::stack::{client_stack, server_stack};
+use tower_shield::view::LiveView;
 
 // ---------------------------------------------------------------- inventory
 
@@ -230,6 +234,19 @@ async fn main() {
     );
     let bulkhead = HttpBulkheadLayer::new("shop", 2).retry_after(Duration::from_secs(1));
     let compartment = bulkhead.handle();
+    // The ops listener: what an operator curls during an incident (mount
+    // it behind your own authentication).
+    let view = LiveView::new();
+    let _ = view.dependency("inventory").breaker(client_breaker.clone());
+    let _ = view
+        .dependency("shop (server)")
+        .bulkhead(compartment.clone());
+    let ops = serve_local(
+        Router::new()
+            .route_service("/ops/resilience.json", view.json_service())
+            .route_service("/ops/resilience", view.page_service("/ops/resilience.json")),
+    )
+    .await;
     let shop = start_shop(
         Shop {
             inventory,
@@ -335,6 +352,32 @@ async fn main() {
             && last.headers.contains_key("retry-after")
             && call_us.is_some_and(|us| us < 5_000),
         "the circuit opened, and shop answers 503 at once without calling inventory",
+        &mut failures,
+    );
+
+    println!("\n5. The live view: http://{ops}/ops/resilience (JSON at /ops/resilience.json)");
+    let text = reqwest::get(format!("http://{ops}/ops/resilience.json"))
+        .await
+        .expect("the ops listener answers")
+        .text()
+        .await
+        .unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let inventory_state = json["dependencies"][0]["breaker"]["state"].clone();
+    println!(
+        "   inventory: {inventory_state}, next probe in {} ms; shop (server): {} in flight",
+        json["dependencies"][0]["breaker"]["retry_after_ms"],
+        json["dependencies"][1]["bulkhead"]["in_flight"]
+    );
+    let page = reqwest::get(format!("http://{ops}/ops/resilience"))
+        .await
+        .expect("the ops listener answers")
+        .text()
+        .await
+        .unwrap_or_default();
+    check(
+        inventory_state == "open" && page.contains("/ops/resilience.json"),
+        "the live view shows the open circuit, and its page polls the JSON",
         &mut failures,
     );
 
