@@ -28,7 +28,11 @@
 //!
 //! ```text
 //! cargo run -p examples --bin axum-stack
+//! cargo run -p examples --bin axum-stack -- --hold 30   # keep the ops listener up 30 s more
 //! ```
+//!
+//! (`scripts/view-screenshot` uses `--hold` to take a headless browser's
+//! picture of the live view while the circuit is open.)
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -384,5 +388,11 @@ async fn main() {
     if !failures.is_empty() {
         eprintln!("\nnot demonstrated: {failures:?}");
         std::process::exit(1);
+    }
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some("--hold") {
+        let secs: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(30);
+        println!("\nholding the ops listener for {secs} s at http://{ops}/ops/resilience");
+        tokio::time::sleep(Duration::from_secs(secs)).await;
     }
 }
