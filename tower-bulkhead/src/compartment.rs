@@ -785,7 +785,83 @@ impl CompartmentHandle {
     pub fn is_adaptive(&self) -> bool {
         self.compartment.adaptive.is_some()
     }
+
+    /// Changes a fixed compartment's limit at run time, for every service
+    /// built from it; returns the limit it had.
+    ///
+    /// Nothing else changes: calls in flight keep their slots (after a cut
+    /// below them, new calls are refused until enough have ended), the
+    /// counters go on, and calls waiting for a slot (`max_wait`) are woken
+    /// to take the new ones. The change is one atomic store: a call sees
+    /// the old limit or the new one.
+    ///
+    /// # Errors
+    ///
+    /// [`SetLimitError::Zero`] for a limit of 0 (use a breaker forced open
+    /// to refuse everything), [`SetLimitError::Adaptive`] for an adaptive
+    /// compartment (its algorithm owns the limit: change its bounds by
+    /// building another); the limit is left as it was.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_bulkhead::{BulkheadLayer, SetLimitError};
+    ///
+    /// let layer = BulkheadLayer::new("search", 16);
+    /// let handle = layer.handle();
+    /// assert_eq!(handle.set_limit(4), Ok(16));
+    /// assert_eq!(handle.limit(), 4);
+    /// assert_eq!(handle.set_limit(0), Err(SetLimitError::Zero));
+    /// ```
+    pub fn set_limit(&self, limit: usize) -> Result<usize, SetLimitError> {
+        let compartment = &self.compartment;
+        if limit == 0 {
+            return Err(SetLimitError::Zero);
+        }
+        if compartment.adaptive.is_some() {
+            return Err(SetLimitError::Adaptive);
+        }
+        let old = compartment.limit.swap(limit, Ordering::SeqCst);
+        compartment.metrics.limit(limit);
+        // One wake-up per new slot, for the calls waiting for one.
+        let waiting = compartment.waiters.load(Ordering::SeqCst);
+        for _ in 0..limit.saturating_sub(old).min(waiting) {
+            compartment.notify.notify_one();
+        }
+        tracing::info!(
+            compartment = %compartment.name,
+            from = old,
+            to = limit,
+            "bulkhead_limit_changed"
+        );
+        Ok(old)
+    }
 }
+
+/// Why [`CompartmentHandle::set_limit`] refused a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SetLimitError {
+    /// A limit of 0.
+    Zero,
+    /// The compartment's limit is adaptive: its algorithm sets it.
+    Adaptive,
+}
+
+impl fmt::Display for SetLimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SetLimitError::Zero => f.write_str(
+                "a bulkhead limit of 0 would refuse every call; force a breaker open instead",
+            ),
+            SetLimitError::Adaptive => f.write_str(
+                "the compartment's limit is adaptive: its algorithm sets it, within the bounds it was built with",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SetLimitError {}
 
 impl fmt::Debug for CompartmentHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

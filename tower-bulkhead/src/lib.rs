@@ -341,7 +341,7 @@ pub mod release;
 mod service;
 mod sync;
 
-pub use compartment::{CompartmentHandle, Stats};
+pub use compartment::{CompartmentHandle, SetLimitError, Stats};
 pub use layer::{BulkheadLayer, HttpBulkheadLayer, DEFAULT_RETRY_AFTER};
 pub use partition::{KeyedHandle, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
 pub use service::{Bulkhead, HttpBulkhead};

@@ -13,7 +13,7 @@
 //! |------|------|------|--------|------|
 //! | `tower_bulkhead_in_flight` | gauge | calls | `compartment` | calls holding a slot now (summed over the keys of a keyed bulkhead) |
 //! | `tower_bulkhead_rejections_total` | counter | calls | `compartment` | calls refused because the compartment was full (at once, or after the bounded wait) or over their criticality's share |
-//! | `tower_bulkhead_limit` | gauge | calls | `compartment` | the compartment's limit: set when it is created and at every change of an adaptive limit (for a keyed bulkhead, the last key's to change) |
+//! | `tower_bulkhead_limit` | gauge | calls | `compartment` | the compartment's limit: set when it is created, at every change of an adaptive limit (for a keyed bulkhead, the last key's to change) and by `CompartmentHandle::set_limit` |
 //!
 //! # Registration
 //!
