@@ -41,3 +41,71 @@ where
     KEEPER.get_or_init(|| Dispatch::new(NoSubscriber::default()));
     tracing::subscriber::set_default(subscriber)
 }
+
+/// A subscriber that records every event as one line, `message key=value
+/// ...` (values by `Debug`, so strings are quoted), for tests that check
+/// the events a layer emits. Install it with [`set_default`].
+///
+/// # Example
+///
+/// ```
+/// let capture = resilience_testkit::Capture::default();
+/// let _guard = resilience_testkit::set_default(capture.clone());
+/// tracing::info!(attempt = 2, "hedge won");
+/// assert_eq!(capture.lines("hedge"), ["hedge won attempt=2"]);
+/// ```
+#[derive(Clone, Default)]
+pub struct Capture(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+struct Line(String);
+
+impl tracing::field::Visit for Line {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0.insert_str(0, &format!("{value:?}"));
+        } else {
+            self.0.push_str(&format!(" {}={value:?}", field.name()));
+        }
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = Line(String::new());
+        event.record(&mut line);
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(line.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+impl Capture {
+    /// The recorded lines that start with `starting`, in order.
+    #[must_use]
+    pub fn lines(&self, starting: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|l| l.starts_with(starting))
+            .cloned()
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capture").finish_non_exhaustive()
+    }
+}

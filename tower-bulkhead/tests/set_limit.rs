@@ -11,10 +11,13 @@ use tower::{service_fn, BoxError, Layer, ServiceExt};
 use tower_bulkhead::adaptive::Aimd;
 use tower_bulkhead::{BulkheadLayer, SetLimitError};
 
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_cut_keeps_the_calls_in_flight_and_refuses_new_ones_until_they_end() {
-    let layer = BulkheadLayer::new("dep", 4);
-    let handle = layer.handle();
+/// `layer` over a service whose calls end one per `gate.notify_one()`.
+fn gated(
+    layer: BulkheadLayer,
+) -> (
+    impl tower::Service<(), Response = (), Error = BoxError, Future = impl Send> + Clone,
+    Arc<Notify>,
+) {
     let gate = Arc::new(Notify::new());
     let svc = layer.layer(service_fn({
         let gate = gate.clone();
@@ -26,6 +29,14 @@ async fn a_cut_keeps_the_calls_in_flight_and_refuses_new_ones_until_they_end() {
             }
         }
     }));
+    (svc, gate)
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_cut_keeps_the_calls_in_flight_and_refuses_new_ones_until_they_end() {
+    let layer = BulkheadLayer::new("dep", 4);
+    let handle = layer.handle();
+    let (svc, gate) = gated(layer);
     let calls: Vec<_> = (0..4)
         .map(|_| tokio::spawn(svc.clone().oneshot(())))
         .collect();
@@ -68,17 +79,7 @@ async fn a_raise_wakes_the_calls_waiting_for_a_slot() {
         .max_wait(Duration::from_secs(10))
         .max_waiters(4);
     let handle = layer.handle();
-    let gate = Arc::new(Notify::new());
-    let svc = layer.layer(service_fn({
-        let gate = gate.clone();
-        move |_: ()| {
-            let gate = gate.clone();
-            async move {
-                gate.notified().await;
-                Ok::<_, BoxError>(())
-            }
-        }
-    }));
+    let (svc, gate) = gated(layer);
     let first = tokio::spawn(svc.clone().oneshot(()));
     tokio::task::yield_now().await;
     let waiting: Vec<_> = (0..2)

@@ -3,9 +3,8 @@
 //! racing calls, marks, and how our other layers take injected faults.
 //! Paused time and seeded draws throughout (except the race).
 
-use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes_free::body_frames;
@@ -20,9 +19,6 @@ use tower_resilience_base::answer::is_local_answer;
 use tower_resilience_base::classify::is_transient_error;
 use tower_resilience_base::criticality::Criticality;
 use tower_resilience_base::random::SeededRandom;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
 
 /// Reading a response body to its end (or its error) with
 /// `http-body-util`.
@@ -459,7 +455,7 @@ async fn racing_calls_and_switches_count_exactly() {
 /// fault, with `injected = true`.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn every_fault_is_an_event_marked_injected() {
-    let capture = Capture::default();
+    let capture = resilience_testkit::Capture::default();
     let _guard = resilience_testkit::set_default(capture.clone());
     let faults = seeded(8);
     let svc = FaultLayer::new(faults.clone()).layer(dependency(Arc::default()));
@@ -468,29 +464,15 @@ async fn every_fault_is_an_event_marked_injected() {
         let _ = svc.clone().oneshot(request()).await;
     }
     faults.off();
-    let lines = capture.lines();
-    assert_eq!(
-        lines
-            .iter()
-            .filter(|l| l.contains("fault_injection_on"))
-            .count(),
-        1
-    );
-    assert_eq!(
-        lines
-            .iter()
-            .filter(|l| l.contains("fault_injection_off"))
-            .count(),
-        1
-    );
-    let injected: Vec<_> = lines
-        .iter()
-        .filter(|l| l.contains("fault_injected "))
-        .collect();
-    assert_eq!(injected.len(), 3, "{lines:#?}");
-    assert!(injected.iter().all(|l| l.contains("injected=true")
-        && l.contains("fault=error")
-        && l.contains("layer=dep")));
+    assert_eq!(capture.lines("fault_injection_on").len(), 1);
+    assert_eq!(capture.lines("fault_injection_off").len(), 1);
+    let injected = capture.lines("fault_injected ");
+    assert_eq!(injected.len(), 3, "{injected:#?}");
+    for line in &injected {
+        assert!(line.contains("injected=true"), "{line}");
+        assert!(line.contains(r#"fault="error""#), "{line}");
+        assert!(line.contains("layer=dep"), "{line}");
+    }
 }
 
 /// Our own layers meet injected faults as real ones: the breaker counts
@@ -510,55 +492,6 @@ async fn the_breaker_counts_injected_errors_and_opens() {
         let _ = svc.clone().oneshot(request()).await;
     }
     assert_eq!(breaker.snapshot().state, State::Open);
-}
-
-// --- a recording subscriber ----------------------------------------------
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<String>>>);
-
-struct Line(String);
-
-impl Visit for Line {
-    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
-        if field.name() == "message" {
-            self.0.push_str(&format!("{value:?} "));
-        } else {
-            self.0.push_str(&format!("{}={value:?} ", field.name()));
-        }
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.0.push_str(&format!("{value} "));
-        } else {
-            self.0.push_str(&format!("{}={value} ", field.name()));
-        }
-    }
-}
-
-impl Subscriber for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let mut line = Line(String::new());
-        event.record(&mut line);
-        self.0.lock().unwrap().push(line.0);
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
-
-impl Capture {
-    fn lines(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
-    }
 }
 
 /// The plain flavour: latency delays the service's own answer; a status

@@ -3,62 +3,14 @@
 
 mod hedge_support;
 
-use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hedge_support::{get, Replicas, Reply, MS};
 use tower::{Layer, ServiceExt};
 use tower_retry_budget::hedge::HedgeLayer;
 use tower_retry_budget::RetryBudget;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Metadata, Subscriber};
 
-/// Records every event as "message key=value ...".
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<String>>>);
-
-struct Line(String);
-
-impl Visit for Line {
-    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
-        if field.name() == "message" {
-            self.0.insert_str(0, &format!("{value:?}"));
-        } else {
-            self.0.push_str(&format!(" {}={value:?}", field.name()));
-        }
-    }
-}
-
-impl Subscriber for Capture {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-    fn event(&self, event: &Event<'_>) {
-        let mut line = Line(String::new());
-        event.record(&mut line);
-        self.0.lock().unwrap().push(line.0);
-    }
-    fn enter(&self, _: &Id) {}
-    fn exit(&self, _: &Id) {}
-}
-
-impl Capture {
-    fn lines(&self, starting: &str) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.starts_with(starting))
-            .cloned()
-            .collect()
-    }
-}
+use resilience_testkit::Capture;
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn each_hedge_sent_won_and_refused_is_an_event() {
