@@ -864,3 +864,209 @@ fn clamp_rate(rate: f64) -> f64 {
         rate.clamp(0.0, 1.0)
     }
 }
+
+/// What [`Breaker::reconfigure`](crate::Breaker::reconfigure) did with a
+/// new configuration: the settings it changed on the running breaker, and
+/// those it could not change there (they keep their old values).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_breaker::{Breaker, BreakerConfig};
+///
+/// let breaker = Breaker::new("catalog");
+/// let done = breaker.reconfigure(BreakerConfig::new().failure_rate(0.25).count_window(50));
+/// assert_eq!(done.applied, ["failure_rate"]);
+/// assert_eq!(done.not_live[0].setting, "window");
+/// assert!(!done.is_complete());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Reconfigured {
+    /// The settings that changed and apply from now on, named as
+    /// [`BreakerConfig`]'s setters are.
+    pub applied: Vec<&'static str>,
+    /// The settings that differ but cannot change on a running breaker.
+    /// Build a new breaker to change them (its window and state start
+    /// afresh).
+    pub not_live: Vec<NotLive>,
+}
+
+/// A setting that [`Breaker::reconfigure`](crate::Breaker::reconfigure)
+/// could not change on a running breaker, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NotLive {
+    /// The setting, named as [`BreakerConfig`]'s setter is.
+    pub setting: &'static str,
+    /// Why it cannot change live.
+    pub reason: &'static str,
+}
+
+impl Reconfigured {
+    /// Whether every setting that differed was applied.
+    #[must_use]
+    pub fn is_complete(&self) -> bool {
+        self.not_live.is_empty()
+    }
+}
+
+impl BreakerConfig {
+    /// `new` with the settings of `self` that a running breaker cannot
+    /// change put back, and the report of what differs.
+    pub(crate) fn live_merge(&self, new: &BreakerConfig) -> (BreakerConfig, Reconfigured) {
+        let mut done = Reconfigured::default();
+        let mut effective = new.clone();
+        if effective.window != self.window {
+            effective.window = self.window;
+            done.not_live.push(NotLive {
+                setting: "window",
+                reason: "the window's shape (count or time, its size) is its memory; a new breaker starts an empty one",
+            });
+        }
+        if effective.slow_call_duration.is_some() != self.slow_call_duration.is_some() {
+            effective.slow_call_duration = self.slow_call_duration;
+            effective.slow_call_rate = self.slow_call_rate;
+            effective.slow_call_end = self.slow_call_end;
+            done.not_live.push(NotLive {
+                setting: "slow_calls",
+                reason: "turning slow-call detection on or off changes what the window counts; its threshold and rate can change live",
+            });
+        }
+        let fleet_differs = match (&self.fleet, &new.fleet) {
+            (None, None) => false,
+            (Some(a), Some(b)) => {
+                !Arc::ptr_eq(&a.store, &b.store)
+                    || a.refresh_interval != b.refresh_interval
+                    || a.store_failure != b.store_failure
+                    || a.fleet_window != b.fleet_window
+                    || a.flush_interval != b.flush_interval
+                    || a.election_timeout != b.election_timeout
+                    || a.probe_lease != b.probe_lease
+                    || a.max_staleness != b.max_staleness
+                    || a.flush_timeout != b.flush_timeout
+            }
+            _ => true,
+        };
+        if fleet_differs {
+            done.not_live.push(NotLive {
+                setting: "fleet",
+                reason: "the store and how the breaker talks to it are set when it is built",
+            });
+        }
+        effective.fleet = self.fleet.clone();
+        if effective.coarse_clock.is_some() != self.coarse_clock.is_some() {
+            done.not_live.push(NotLive {
+                setting: "coarse_clock",
+                reason: "the breaker's readings are offsets from the clock it was built with",
+            });
+        }
+        effective.coarse_clock = self.coarse_clock;
+        // The breaker's own: a new configuration's defaults would differ
+        // by identity alone.
+        effective.random = Arc::clone(&self.random);
+        effective.listener = self.listener.clone();
+        let mut applied = |name: &'static str, differs: bool| {
+            if differs {
+                done.applied.push(name);
+            }
+        };
+        applied("minimum_calls", effective.minimum_calls != self.minimum_calls);
+        applied("failure_rate", effective.failure_rate != self.failure_rate);
+        applied(
+            "slow_calls",
+            effective.slow_call_duration != self.slow_call_duration
+                || effective.slow_call_rate != self.slow_call_rate,
+        );
+        applied("slow_call_end", effective.slow_call_end != self.slow_call_end);
+        applied(
+            "consecutive_failures",
+            effective.consecutive_failures != self.consecutive_failures,
+        );
+        applied("open_period", effective.open_period != self.open_period);
+        applied("max_open_period", effective.max_open_period != self.max_open_period);
+        applied("open_growth", effective.open_growth != self.open_growth);
+        applied("jitter", effective.jitter != self.jitter);
+        applied("permitted_probes", effective.permitted_probes != self.permitted_probes);
+        applied("successes_to_close", effective.successes_to_close != self.successes_to_close);
+        applied("max_half_open_wait", effective.max_half_open_wait != self.max_half_open_wait);
+        applied("ramp_up", effective.ramp_up != self.ramp_up);
+        applied(
+            "rejection_event_interval",
+            effective.rejection_event_interval != self.rejection_event_interval,
+        );
+        (effective, done)
+    }
+}
+
+/// The settings as set (after the setters' clamping), for code that shows
+/// or compares configurations (a settings file's round trip, a live view).
+impl BreakerConfig {
+    /// The window: [`count_window`](Self::count_window) or
+    /// [`time_window`](Self::time_window).
+    #[must_use]
+    pub fn get_window(&self) -> WindowKind {
+        self.window
+    }
+
+    /// [`minimum_calls`](Self::minimum_calls).
+    #[must_use]
+    pub fn get_minimum_calls(&self) -> u32 {
+        self.minimum_calls
+    }
+
+    /// [`failure_rate`](Self::failure_rate).
+    #[must_use]
+    pub fn get_failure_rate(&self) -> f64 {
+        self.failure_rate
+    }
+
+    /// The slow-call threshold of [`slow_calls`](Self::slow_calls), if on.
+    #[must_use]
+    pub fn get_slow_call_duration(&self) -> Option<Duration> {
+        self.slow_call_duration
+    }
+
+    /// The slow-call rate of [`slow_calls`](Self::slow_calls).
+    #[must_use]
+    pub fn get_slow_call_rate(&self) -> f64 {
+        self.slow_call_rate
+    }
+
+    /// [`consecutive_failures`](Self::consecutive_failures), if on.
+    #[must_use]
+    pub fn get_consecutive_failures(&self) -> Option<u32> {
+        self.consecutive_failures
+    }
+
+    /// [`open_period`](Self::open_period).
+    #[must_use]
+    pub fn get_open_period(&self) -> Duration {
+        self.open_period
+    }
+
+    /// [`max_open_period`](Self::max_open_period).
+    #[must_use]
+    pub fn get_max_open_period(&self) -> Duration {
+        self.max_open_period
+    }
+
+    /// [`permitted_probes`](Self::permitted_probes).
+    #[must_use]
+    pub fn get_permitted_probes(&self) -> u32 {
+        self.permitted_probes
+    }
+
+    /// [`successes_to_close`](Self::successes_to_close).
+    #[must_use]
+    pub fn get_successes_to_close(&self) -> u32 {
+        self.successes_to_close
+    }
+
+    /// [`max_half_open_wait`](Self::max_half_open_wait).
+    #[must_use]
+    pub fn get_max_half_open_wait(&self) -> Duration {
+        self.max_half_open_wait
+    }
+}

@@ -370,7 +370,7 @@ impl Core {
             return Poll::Ready(());
         }
         let core = Arc::clone(self);
-        let bound = Duration::from_nanos(self.s.election_ns.max(NANOS_PER_MS));
+        let bound = Duration::from_nanos(self.s.election_ns().max(NANOS_PER_MS));
         let mut future: Pin<Box<dyn Future<Output = ()> + Send + Sync>> = Box::pin(async move {
             let Some(link) = &core.store else { return };
             // Registered before the read can answer: its answer wakes us.
@@ -594,8 +594,14 @@ impl Core {
             let asked = core.asked();
             let result = match report {
                 Some((report, rule)) => {
+                    // The thresholds of the breaker's configuration now
+                    // (`Breaker::reconfigure` may have changed them).
+                    let s = core.s.get();
                     let rule = FleetRule {
                         open_for: Duration::from_nanos(core.open_period(0)),
+                        minimum_calls: core.fleet_minimum_calls.load(Relaxed).max(1),
+                        failure_rate_ppm: s.failure_ppm,
+                        slow_rate_ppm: if s.slow_ns != 0 { s.slow_ppm } else { 0 },
                         ..rule
                     };
                     let result = link.store.report(&core.name, report, rule).await;
@@ -800,7 +806,7 @@ impl Core {
         // still answer.
         let lease = match &self.store {
             Some(link) if link.lease_ns > 0 => Duration::from_nanos(link.lease_ns),
-            _ => Duration::from_nanos(self.s.half_open_ns),
+            _ => Duration::from_nanos(self.s.half_open_ns()),
         };
         self.enqueue(Write::Elect {
             electing,

@@ -43,8 +43,10 @@ const GEN_MASK: u64 = (1 << 12) - 1;
 pub(super) struct InFlight {
     /// Bucket width: `1 << shift` nanoseconds.
     shift: u32,
-    /// The slow-call threshold, in nanoseconds.
-    threshold_ns: u64,
+    /// The slow-call threshold, in nanoseconds (changed by
+    /// `Breaker::reconfigure`; the bucket width stays the one it was built
+    /// with, so a call is counted at most one such bucket late).
+    threshold_ns: std::sync::atomic::AtomicU64,
     /// `RINGS * SLOTS` slots: tag (generation, bucket) << 32 | count.
     slots: Box<[AtomicU64]>,
     /// The bucket of the last sweep.
@@ -65,11 +67,16 @@ impl InFlight {
         let shift = 63 - (threshold_ns / 8).max(1).leading_zeros();
         Self {
             shift,
-            threshold_ns,
+            threshold_ns: std::sync::atomic::AtomicU64::new(threshold_ns),
             slots: (0..RINGS * SLOTS).map(|_| AtomicU64::new(0)).collect(),
             swept: AtomicU64::new(0),
             overflow: AtomicU64::new(0),
         }
+    }
+
+    /// A new slow-call threshold (at least 1 ns).
+    pub(super) fn set_threshold(&self, threshold_ns: u64) {
+        self.threshold_ns.store(threshold_ns.max(1), Relaxed);
     }
 
     #[inline]
@@ -190,7 +197,7 @@ impl InFlight {
     /// for at least the threshold (their whole bucket ended at least the
     /// threshold ago).
     pub(super) fn stuck(&self, gen: u32, now_ns: u64) -> u64 {
-        let Some(cutoff) = now_ns.checked_sub(self.threshold_ns) else {
+        let Some(cutoff) = now_ns.checked_sub(self.threshold_ns.load(Relaxed)) else {
             return 0;
         };
         // Bucket b ended at (b + 1) << shift; it counts when that is at

@@ -9,6 +9,7 @@ use tower_resilience_base::clock::CoarseClock;
 
 use super::fleet::StoreLink;
 use super::in_flight::InFlight;
+use super::live::{LiveSettings, Settings};
 use super::{nanos, thread_index, Kind, Raw, Rejection, NANOS_PER_MS, NANOS_PER_SEC, PPM, STRIPES};
 use crate::classify::Outcome;
 use crate::config::{BreakerConfig, WindowKind, DEFAULT_REFRESH_INTERVAL};
@@ -55,41 +56,19 @@ pub(crate) struct Core {
     /// The coarse clock and the offset of `base` on it, when configured
     /// (`BreakerConfig::coarse_clock`): readings are then one atomic load.
     pub(super) coarse: Option<(&'static CoarseClock, u64)>,
-    pub(super) s: Settings,
+    pub(super) s: LiveSettings,
+    /// The fleet's `minimum_calls` (not clamped to a count window's size,
+    /// as the local one is).
+    pub(super) fleet_minimum_calls: std::sync::atomic::AtomicU64,
+    /// The configuration as last set (`Breaker::reconfigure`), for
+    /// `Breaker::config`.
+    pub(super) current: std::sync::Mutex<BreakerConfig>,
     pub(super) config: BreakerConfig,
     pub(super) store: Option<StoreLink>,
     /// Woken when a probe election ends (the call that started it waits).
     pub(super) elected: tokio::sync::Notify,
     /// The `metrics` handles (nothing without the feature).
     pub(super) metrics: BreakerMetrics,
-}
-
-/// The configuration in the units the hot path uses.
-#[derive(Debug)]
-pub(super) struct Settings {
-    pub(super) minimum_calls: u64,
-    pub(super) failure_ppm: u64,
-    pub(super) slow_ppm: u64,
-    /// 0 when slow-call detection is off.
-    pub(super) slow_ns: u64,
-    /// Whether a call's duration ends at its response head
-    /// ([`CallEnd::Head`](crate::config::CallEnd::Head)) rather than its body's end.
-    pub(super) slow_at_head: bool,
-    /// 0 when off.
-    pub(super) consecutive: u64,
-    pub(super) open_ns: u64,
-    pub(super) max_open_ns: u64,
-    pub(super) growth: f64,
-    pub(super) jitter: f64,
-    pub(super) probes: u64,
-    pub(super) successes: u64,
-    pub(super) half_open_ns: u64,
-    /// How long a probe election may take (with a store; at most
-    /// `half_open_ns`).
-    pub(super) election_ns: u64,
-    /// 0 when off.
-    pub(super) ramp_ns: u64,
-    pub(super) rejection_event_ms: u64,
 }
 
 /// Figures written by every call, one set per thread stripe so that
@@ -118,30 +97,7 @@ impl Core {
                 Window::Time(TimeWindow::new(buckets, nanos(bucket).max(1)))
             }
         };
-        let minimum_calls = match config.window {
-            WindowKind::Count { size } => u64::from(config.minimum_calls).min(size as u64),
-            WindowKind::Time { .. } => u64::from(config.minimum_calls),
-        };
-        let s = Settings {
-            minimum_calls,
-            failure_ppm: (config.failure_rate * PPM as f64).round() as u64,
-            slow_ppm: (config.slow_call_rate * PPM as f64).round() as u64,
-            slow_ns: config.slow_call_duration.map_or(0, |d| nanos(d).max(1)),
-            slow_at_head: config.slow_call_end == crate::config::CallEnd::Head,
-            consecutive: config.consecutive_failures.map_or(0, u64::from),
-            open_ns: nanos(config.open_period),
-            max_open_ns: nanos(config.max_open_period),
-            growth: config.open_growth,
-            jitter: config.jitter,
-            probes: u64::from(config.permitted_probes),
-            successes: u64::from(config.successes_to_close),
-            half_open_ns: nanos(config.max_half_open_wait),
-            election_ns: config.fleet.as_ref().map_or(0, |fleet| {
-                nanos(fleet.election_timeout).min(nanos(config.max_half_open_wait))
-            }),
-            ramp_ns: config.ramp_up.map_or(0, nanos),
-            rejection_event_ms: config.rejection_event_interval.as_millis() as u64,
-        };
+        let s = Settings::of(&config);
         let store = StoreLink::for_config(&config, &name);
         let metrics = BreakerMetrics::new(&name);
         // Generation 1: epoch 0 would read as "empty" in the time window.
@@ -167,10 +123,12 @@ impl Core {
             store_errors: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
             in_flight: (s.slow_ns != 0).then(|| InFlight::new(s.slow_ns)),
+            s: LiveSettings::new(&s),
+            fleet_minimum_calls: std::sync::atomic::AtomicU64::new(u64::from(config.minimum_calls)),
+            current: std::sync::Mutex::new(config.clone()),
             name,
             base,
             coarse,
-            s,
             config,
             store,
             elected: tokio::sync::Notify::new(),
@@ -217,7 +175,7 @@ impl Core {
                 Mode::ForcedClosed => return Ok(tracked),
                 Mode::ForcedOpen => {
                     break Err(Rejection {
-                        retry_after: core.config.open_period,
+                        retry_after: Duration::from_nanos(core.s.open_ns()),
                         forced: true,
                     })
                 }
@@ -245,8 +203,8 @@ impl Core {
                 }
                 Phase::Closed { ramp_until_ms } => {
                     // Ramping up after closing: admit a growing share.
-                    let start = ns(ramp_until_ms).saturating_sub(core.s.ramp_ns);
-                    let share = (now.saturating_sub(start)) as f64 / core.s.ramp_ns.max(1) as f64;
+                    let start = ns(ramp_until_ms).saturating_sub(core.s.ramp_ns());
+                    let share = (now.saturating_sub(start)) as f64 / core.s.ramp_ns().max(1) as f64;
                     if unit(&*core.config.random) < share {
                         return Ok(tracked);
                     }
@@ -272,7 +230,7 @@ impl Core {
                 }
                 Phase::HalfOpen { probe_deadline_ms } => {
                     let deadline_ns = ns(probe_deadline_ms);
-                    if core.probes_held(w.gen()) >= core.s.probes {
+                    if core.probes_held(w.gen()) >= core.s.probes() {
                         if now < deadline_ns {
                             break Err(Rejection {
                                 retry_after: core.probe_retry_after(deadline_ns, now),
@@ -293,7 +251,7 @@ impl Core {
                         // that sees the slot taken and the old deadline
                         // passed then fails its compare-and-swap from the
                         // old word, and never times this probe out early.
-                        let deadline = (now + core.s.half_open_ns).div_ceil(NANOS_PER_MS);
+                        let deadline = (now + core.s.half_open_ns()).div_ceil(NANOS_PER_MS);
                         let probing = if deadline > probe_deadline_ms {
                             w.with_deadline(deadline)
                         } else {
@@ -344,7 +302,7 @@ impl Core {
         if now_ms >= next
             && core
                 .next_rejection_event_ms
-                .compare_exchange(next, now_ms + core.s.rejection_event_ms, Relaxed, Relaxed)
+                .compare_exchange(next, now_ms + core.s.rejection_event_ms(), Relaxed, Relaxed)
                 .is_ok()
         {
             tracing::warn!(
@@ -397,7 +355,7 @@ impl Core {
             }
             Outcome::Failure => FAIL,
             Outcome::Success
-                if core.s.slow_ns != 0 && elapsed.is_some_and(|e| nanos(e) >= core.s.slow_ns) =>
+                if core.s.slow_ns() != 0 && elapsed.is_some_and(|e| nanos(e) >= core.s.slow_ns()) =>
             {
                 SLOW
             }
@@ -453,7 +411,7 @@ impl Core {
         };
         core.window.record(gen, code, now);
         let mut in_a_row = 0;
-        if core.s.consecutive != 0 {
+        if core.s.consecutive() != 0 {
             if code == FAIL {
                 in_a_row = core.bump_consecutive(gen);
             } else {
@@ -497,13 +455,13 @@ impl Core {
         // rejected while the next probe runs are told to wait.
         let now = core.now_ns();
         let started =
-            (w.deadline_ms().saturating_mul(NANOS_PER_MS)).saturating_sub(core.s.half_open_ns);
+            (w.deadline_ms().saturating_mul(NANOS_PER_MS)).saturating_sub(core.s.half_open_ns());
         core.last_probe_ns
             .store(now.saturating_sub(started).max(1), Relaxed);
         if code == OK {
             core.metrics.probe(ProbeResult::Success);
             let successes = core.probe_succeeded(w.gen());
-            if successes >= core.s.successes {
+            if successes >= core.s.successes() {
                 self.close_with_counts(w, Cause::ProbesSucceeded, core.probe_counts(w.gen(), 0));
             }
         } else {
@@ -572,7 +530,7 @@ impl Core {
         if self.store.is_some() {
             // Electing until the election answers, at the latest after the
             // election timeout: what refused callers are told to wait.
-            let deadline = (now + self.s.election_ns).div_ceil(NANOS_PER_MS);
+            let deadline = (now + self.s.election_ns()).div_ceil(NANOS_PER_MS);
             let to = from.next(ELECTING, deadline);
             if self.cas(from, to).is_ok() {
                 self.elect(to);
@@ -588,7 +546,7 @@ impl Core {
     /// fleet's elected prober).
     pub(super) fn half_open(self: &Arc<Self>, from: Word, now: u64, cause: Cause) -> bool {
         let core = &**self;
-        let deadline = (now + core.s.half_open_ns).div_ceil(NANOS_PER_MS);
+        let deadline = (now + core.s.half_open_ns()).div_ceil(NANOS_PER_MS);
         let to = from.next(HALF_OPEN, deadline);
         if core.cas(from, to).is_err() {
             return false;
@@ -613,10 +571,10 @@ impl Core {
     ) -> bool {
         let core = &**self;
         let now = core.now_ns();
-        let ramp = if core.s.ramp_ns == 0 {
+        let ramp = if core.s.ramp_ns() == 0 {
             0
         } else {
-            (now + core.s.ramp_ns).div_ceil(NANOS_PER_MS).max(1)
+            (now + core.s.ramp_ns()).div_ceil(NANOS_PER_MS).max(1)
         };
         let to = from.next(CLOSED, ramp);
         if core.cas(from, to).is_err() {
@@ -752,7 +710,7 @@ impl Core {
     /// admission now gives).
     #[inline]
     pub(crate) fn started_ns(self: &Arc<Self>, raw: Raw) -> Result<u64, Rejection> {
-        if self.s.slow_ns == 0 || raw.kind == Kind::Untracked {
+        if self.s.slow_ns() == 0 || raw.kind == Kind::Untracked {
             return Ok(0);
         }
         let now = self.call_now_ns();
@@ -856,7 +814,7 @@ impl Core {
     /// when it ends at the body's end (or is off).
     #[inline]
     pub(crate) fn head_elapsed(&self, started_ns: u64) -> Option<Duration> {
-        if self.s.slow_ns == 0 || !self.s.slow_at_head {
+        if self.s.slow_ns() == 0 || !self.s.slow_at_head() {
             return None;
         }
         Some(Duration::from_nanos(
@@ -869,7 +827,7 @@ impl Core {
     /// the window to count the call at.
     #[inline]
     pub(crate) fn elapsed(&self, started_ns: u64) -> (Option<Duration>, Option<u64>) {
-        if self.s.slow_ns == 0 {
+        if self.s.slow_ns() == 0 {
             return (None, None);
         }
         let now = self.now_ns();
@@ -909,16 +867,18 @@ impl Core {
 
     /// Whether the window (or the failures in a row) says open.
     pub(super) fn trip_cause(&self, c: Counts, in_a_row: u64) -> Option<Cause> {
-        if self.s.consecutive != 0 && in_a_row >= self.s.consecutive {
+        // One consistent set of thresholds, even during a reconfiguration.
+        let s = self.s.get();
+        if s.consecutive != 0 && in_a_row >= s.consecutive {
             return Some(Cause::ConsecutiveFailures);
         }
-        if c.calls < self.s.minimum_calls || c.calls == 0 {
+        if c.calls < s.minimum_calls || c.calls == 0 {
             return None;
         }
-        if c.failures * PPM >= self.s.failure_ppm * c.calls {
+        if c.failures * PPM >= s.failure_ppm * c.calls {
             return Some(Cause::FailureRate);
         }
-        if self.s.slow_ns != 0 && c.slow * PPM >= self.s.slow_ppm * c.calls {
+        if s.slow_ns != 0 && c.slow * PPM >= s.slow_ppm * c.calls {
             return Some(Cause::SlowCallRate);
         }
         None
@@ -928,7 +888,7 @@ impl Core {
     /// grown, capped, then jittered, so that periods at the cap still
     /// differ between breakers (and a fleet does not probe in lockstep).
     pub(super) fn open_period(&self, streak: u32) -> u64 {
-        let s = &self.s;
+        let s = self.s.get();
         let grown =
             (s.open_ns as f64 * s.growth.powi(streak.min(64) as i32)).min(s.max_open_ns as f64);
         let jittered = if s.jitter > 0.0 {
@@ -976,7 +936,7 @@ impl Core {
             0 => NANOS_PER_SEC,
             d => d,
         };
-        let started = deadline_ns.saturating_sub(self.s.half_open_ns);
+        let started = deadline_ns.saturating_sub(self.s.half_open_ns());
         let expected = match (started + typical).saturating_sub(now) {
             0 => typical,
             left => left,
@@ -1019,7 +979,7 @@ impl Core {
                     return false;
                 }
                 probe_word(gen, 1, 0)
-            } else if probe_in_flight(current) >= self.s.probes {
+            } else if probe_in_flight(current) >= self.s.probes() {
                 return false;
             } else {
                 current + (1 << 20)

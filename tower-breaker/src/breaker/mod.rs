@@ -4,6 +4,7 @@
 
 mod fleet;
 mod in_flight;
+mod live;
 mod machine;
 mod retries;
 
@@ -279,9 +280,86 @@ impl Breaker {
         &self.core.name
     }
 
-    /// The configuration the breaker was built with.
-    pub fn config(&self) -> &BreakerConfig {
-        &self.core.config
+    /// The breaker's configuration: the one it was built with, as changed
+    /// since by [`reconfigure`](Self::reconfigure).
+    #[must_use]
+    pub fn config(&self) -> BreakerConfig {
+        self.core
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Applies `config` to the running breaker, keeping its window, its
+    /// state (an open circuit stays open, a probe in flight stays one) and
+    /// its counters, and says what it changed.
+    ///
+    /// Thresholds (`failure_rate`, `minimum_calls`, the slow-call
+    /// threshold and rate, `consecutive_failures`), the open period and its
+    /// growth, cap and jitter, the probes, `successes_to_close`, the
+    /// half-open wait, the ramp-up and the rejection-event interval apply
+    /// at once: the next judgement uses them all, never a mix of the old
+    /// and the new (a sequence lock; the closed path's one load is
+    /// unchanged). An open period already running keeps the end it was
+    /// given; the next opening uses the new period.
+    ///
+    /// What cannot change on a running breaker keeps its old value and is
+    /// listed in [`Reconfigured::not_live`](crate::config::Reconfigured):
+    /// the window's shape, turning slow-call detection on or off, the
+    /// fleet's store and timings, the coarse clock. The random source and
+    /// the listener stay the breaker's own. A fleet's breakers report the
+    /// new thresholds with their next report.
+    ///
+    /// Emits `circuit_reconfigured` (info) with the settings applied.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::{Breaker, BreakerConfig, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let breaker = Breaker::new("catalog");
+    /// for _ in 0..10 {
+    ///     breaker.try_acquire().unwrap().record(Outcome::Failure);
+    /// }
+    /// assert!(breaker.try_acquire().is_err(), "open");
+    /// let done = breaker.reconfigure(
+    ///     breaker.config().failure_rate(0.2).open_period(Duration::from_secs(10)),
+    /// );
+    /// assert_eq!(done.applied, ["failure_rate", "open_period"]);
+    /// assert!(done.is_complete());
+    /// assert!(breaker.try_acquire().is_err(), "still open");
+    /// # }
+    /// ```
+    pub fn reconfigure(&self, config: BreakerConfig) -> crate::config::Reconfigured {
+        let core = &*self.core;
+        let mut current = core
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (effective, done) = current.live_merge(&config);
+        let s = live::Settings::of(&effective);
+        core.s.set(&s);
+        if let Some(in_flight) = &core.in_flight {
+            in_flight.set_threshold(s.slow_ns);
+        }
+        core.fleet_minimum_calls
+            .store(u64::from(effective.minimum_calls), Relaxed);
+        *current = effective;
+        drop(current);
+        if !done.applied.is_empty() || !done.not_live.is_empty() {
+            tracing::info!(
+                target: "tower_breaker",
+                breaker = %core.name,
+                applied = ?done.applied,
+                not_live = ?done.not_live.iter().map(|n| n.setting).collect::<Vec<_>>(),
+                "circuit_reconfigured"
+            );
+        }
+        done
     }
 
     /// Asks to make one call.
@@ -458,7 +536,7 @@ impl Breaker {
         let now = core.now_ns();
         let refusal = match w.mode() {
             Mode::ForcedOpen => Rejection {
-                retry_after: core.config.open_period,
+                retry_after: Duration::from_nanos(core.s.open_ns()),
                 forced: true,
             },
             Mode::Automatic if w.state() == OPEN => {
@@ -573,7 +651,7 @@ impl Breaker {
         let retry_after = match w.state() {
             _ if !w.is_automatic() => None,
             CLOSED => None,
-            HALF_OPEN if core.probes_held(w.gen()) < core.s.probes => Some(Duration::ZERO),
+            HALF_OPEN if core.probes_held(w.gen()) < core.s.probes() => Some(Duration::ZERO),
             HALF_OPEN => Some(core.probe_retry_after(deadline_ns, now)),
             _ => Some(Duration::from_nanos(deadline_ns.saturating_sub(now))),
         };
