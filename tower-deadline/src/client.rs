@@ -1,3 +1,4 @@
+use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -53,6 +54,9 @@ struct ClientConfig {
     http_header: Option<HeaderName>,
     grpc_timeout: bool,
     default_timeout: Option<Duration>,
+    /// The default timeout that changes at run time, when set: it replaces
+    /// `default_timeout`.
+    live_timeout: Option<TimeoutHandle>,
     margin: Duration,
     min_remaining: Duration,
     /// The `dependency` label of the layer's metrics (`default` when
@@ -128,6 +132,62 @@ struct ClientShared {
     metrics: ClientMetrics,
 }
 
+// === impl ClientConfig ===
+
+impl ClientConfig {
+    #[inline]
+    fn default_timeout(&self) -> Option<Duration> {
+        match &self.live_timeout {
+            Some(live) => live.get(),
+            None => self.default_timeout,
+        }
+    }
+}
+
+/// A default timeout that changes while the layers that read it run
+/// ([`ClientDeadlineLayer::timeout_handle`]). Clones share it.
+#[derive(Clone)]
+pub struct TimeoutHandle(Arc<std::sync::atomic::AtomicU64>);
+
+/// `TimeoutHandle`'s "no timeout".
+const NO_TIMEOUT: u64 = u64::MAX;
+
+impl TimeoutHandle {
+    /// A handle holding `timeout` (`None`: no default timeout).
+    #[must_use]
+    pub fn new(timeout: Option<Duration>) -> Self {
+        Self(Arc::new(std::sync::atomic::AtomicU64::new(Self::encode(timeout))))
+    }
+
+    fn encode(timeout: Option<Duration>) -> u64 {
+        timeout.map_or(NO_TIMEOUT, |t| {
+            u64::try_from(t.as_nanos()).unwrap_or(NO_TIMEOUT - 1).min(NO_TIMEOUT - 1)
+        })
+    }
+
+    /// The timeout now.
+    #[must_use]
+    #[inline]
+    pub fn get(&self) -> Option<Duration> {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            NO_TIMEOUT => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// Sets it, for the calls that start from now on.
+    pub fn set(&self, timeout: Option<Duration>) {
+        self.0
+            .store(Self::encode(timeout), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for TimeoutHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TimeoutHandle").field(&self.get()).finish()
+    }
+}
+
 // === impl ClientDeadlineLayer ===
 
 impl ClientDeadlineLayer {
@@ -139,6 +199,7 @@ impl ClientDeadlineLayer {
                 http_header: Some(DEFAULT_HTTP_HEADER),
                 grpc_timeout: true,
                 default_timeout: None,
+                live_timeout: None,
                 margin: Duration::ZERO,
                 min_remaining: Duration::ZERO,
                 name: None,
@@ -220,6 +281,28 @@ impl<E> ClientDeadlineLayer<E> {
     /// bound for those made with one (default: none).
     pub const fn default_timeout(mut self, timeout: Duration) -> Self {
         self.config.default_timeout = Some(timeout);
+        self
+    }
+
+    /// Take the default timeout from `handle`, which changes it at run
+    /// time for this layer and every service it built (it replaces
+    /// [`default_timeout`](Self::default_timeout)). A call reads it as it
+    /// starts: calls in flight keep the deadline they were given.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_deadline::{ClientDeadlineLayer, TimeoutHandle};
+    ///
+    /// let timeout = TimeoutHandle::new(Some(Duration::from_secs(2)));
+    /// let layer = ClientDeadlineLayer::new().timeout_handle(timeout.clone());
+    /// // Later, from a settings reload:
+    /// timeout.set(Some(Duration::from_millis(800)));
+    /// # let _ = layer;
+    /// ```
+    pub fn timeout_handle(mut self, handle: TimeoutHandle) -> Self {
+        self.config.live_timeout = Some(handle);
         self
     }
 
@@ -429,13 +512,13 @@ where
             && from_request.is_none()
             && from_header.is_none()
             && in_scope.is_none()
-            && config.default_timeout.is_none()
+            && config.default_timeout().is_none()
         {
             return ClientResponseFuture::unbounded(self.inner.call(request));
         }
         // One clock reading per call: the one a layer above made, if any.
         let now = now.unwrap_or_else(|| config.coarse.map_or_else(Instant::now, CoarseClock::now));
-        let by_default = config.default_timeout.map(|t| Deadline::after_from(now, t));
+        let by_default = config.default_timeout().map(|t| Deadline::after_from(now, t));
         let by_header = from_header.map(|t| Deadline::after_from(now, t));
         // At least one is Some, checked above.
         let Some(deadline) = [above, from_request, by_header, in_scope, by_default]

@@ -257,7 +257,7 @@ mod metrics_off;
 use metrics_off as metrics;
 mod server;
 
-pub use client::{ClientDeadline, ClientDeadlineLayer};
+pub use client::{ClientDeadline, ClientDeadlineLayer, TimeoutHandle};
 pub use deadline::{current, remaining};
 pub use server::{
     OnMalformed, ServerDeadline, ServerDeadlineLayer, DEFAULT_GRPC_LEAD, DEFAULT_HTTP_HEADER,

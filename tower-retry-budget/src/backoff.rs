@@ -15,7 +15,9 @@ const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 ///
 /// - [`Backoff::full_jitter`] (the default, 50 ms base and 1 s cap): before
 ///   retry `n` (`n = 0` for the first retry) sleep a uniform random time in
-///   `[0, min(cap, base * 2^n)]`. Its mean is half the bound.
+///   `[0, min(cap, base * 2^n)]`. Its mean is half the bound. The factor 2
+///   can be replaced with [`Backoff::multiplier`] (gRPC's
+///   `backoffMultiplier`).
 /// - [`Backoff::decorrelated`]: sleep a uniform random time in
 ///   `[base, min(cap, 3 * previous)]`, where `previous` starts at `base`.
 ///   Delays grow with the previous delay rather than with the attempt
@@ -42,7 +44,13 @@ pub struct Backoff {
     kind: Kind,
     base: Duration,
     cap: Duration,
+    /// The growth factor of full jitter, as the bits of an `f64` (so that
+    /// the type stays `Eq`); 2.0 takes the exact integer path.
+    multiplier: u64,
 }
+
+/// The bits of the default growth factor, 2.0.
+const DOUBLING: u64 = 0x4000_0000_0000_0000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -73,6 +81,7 @@ impl Backoff {
             kind: Kind::Full,
             base,
             cap,
+            multiplier: DOUBLING,
         }
     }
 
@@ -85,7 +94,49 @@ impl Backoff {
             kind: Kind::Decorrelated,
             base,
             cap,
+            multiplier: DOUBLING,
         }
+    }
+
+    /// Full jitter that grows by `factor` instead of 2: before retry `n`
+    /// (from 0), a uniform delay in `[0, min(cap, base * factor^n)]`. This
+    /// is gRPC's retry backoff (gRFC A6: `initialBackoff`, `maxBackoff`,
+    /// `backoffMultiplier`, with A6's retry `n` being our `n - 1`). A
+    /// factor below 1 shrinks the delays. Decorrelated jitter ignores it
+    /// (its delays grow with the previous delay, not the attempt).
+    ///
+    /// # Panics
+    ///
+    /// If `factor` is not a finite number above 0.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_budget::Backoff;
+    ///
+    /// let b = Backoff::full_jitter(Duration::from_millis(100), Duration::from_secs(1))
+    ///     .multiplier(1.5);
+    /// assert_eq!(b.bound(0), Duration::from_millis(100));
+    /// assert_eq!(b.bound(2), Duration::from_millis(225));
+    /// assert_eq!(b.bound(10), Duration::from_secs(1));
+    /// assert_eq!(b.multiplier_value(), 1.5);
+    /// ```
+    #[must_use]
+    pub fn multiplier(mut self, factor: f64) -> Self {
+        assert!(
+            factor.is_finite() && factor > 0.0,
+            "backoff multiplier must be a finite number above 0, got {factor}"
+        );
+        self.multiplier = factor.to_bits();
+        self
+    }
+
+    /// The growth factor of full jitter (2 unless set with
+    /// [`multiplier`](Self::multiplier)).
+    #[must_use]
+    pub fn multiplier_value(&self) -> f64 {
+        f64::from_bits(self.multiplier)
     }
 
     /// The base delay.
@@ -101,7 +152,10 @@ impl Backoff {
     }
 
     /// The upper bound of the full-jitter delay before retry `n` (from 0):
-    /// `min(cap, base * 2^n)`, saturating instead of overflowing.
+    /// `min(cap, base * 2^n)` (or `base * multiplier^n`, see
+    /// [`multiplier`](Self::multiplier)), saturating instead of
+    /// overflowing. With a multiplier other than 2 it is computed in
+    /// floating point and rounded to the nanosecond.
     ///
     /// # Example
     ///
@@ -116,6 +170,13 @@ impl Backoff {
     /// ```
     #[must_use]
     pub fn bound(&self, n: u32) -> Duration {
+        if self.multiplier != DOUBLING {
+            let exponent = i32::try_from(n).unwrap_or(i32::MAX);
+            let secs = self.base.as_secs_f64() * self.multiplier_value().powi(exponent);
+            return Duration::try_from_secs_f64(secs)
+                .unwrap_or(Duration::MAX)
+                .min(self.cap);
+        }
         let factor = 1u32.checked_shl(n).unwrap_or(u32::MAX);
         self.base
             .checked_mul(factor)
@@ -192,6 +253,38 @@ mod tests {
         assert_eq!(b.bound(u32::MAX), 100 * MS);
         let huge = Backoff::full_jitter(Duration::MAX, Duration::MAX);
         assert_eq!(huge.bound(3), Duration::MAX);
+    }
+
+    #[test]
+    fn a_multiplier_grows_the_bound_by_its_factor_then_caps() {
+        let b = Backoff::full_jitter(100 * MS, 1_000 * MS).multiplier(1.5);
+        let bounds: Vec<_> = (0..7).map(|n| b.bound(n)).collect();
+        assert_eq!(
+            bounds,
+            [
+                100 * MS,
+                150 * MS,
+                225 * MS,
+                Duration::from_micros(337_500),
+                Duration::from_micros(506_250),
+                Duration::from_nanos(759_375_000),
+                1_000 * MS,
+            ]
+        );
+        assert_eq!(b.bound(u32::MAX), 1_000 * MS, "saturates to the cap");
+        // Below 1 the delays shrink; 2 is the integer path, unchanged.
+        let shrinking = Backoff::full_jitter(100 * MS, 1_000 * MS).multiplier(0.5);
+        assert_eq!(shrinking.bound(1), 50 * MS);
+        let doubling = Backoff::full_jitter(10 * MS, 100 * MS).multiplier(2.0);
+        assert_eq!(doubling, Backoff::full_jitter(10 * MS, 100 * MS));
+        let huge = Backoff::full_jitter(Duration::MAX, Duration::MAX).multiplier(3.0);
+        assert_eq!(huge.bound(3), Duration::MAX);
+    }
+
+    #[test]
+    #[should_panic(expected = "backoff multiplier must be a finite number above 0")]
+    fn a_multiplier_of_zero_panics() {
+        let _ = Backoff::DEFAULT.multiplier(0.0);
     }
 
     #[test]

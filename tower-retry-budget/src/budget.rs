@@ -3,7 +3,9 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::AtomicUsize;
+// The settings that change while the budget runs: `std` atomics, which
+// the loom models (of the window's races) do not explore.
+use std::sync::atomic::{AtomicU32 as LiveU32, AtomicU64 as LiveU64, AtomicUsize};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -177,12 +179,15 @@ pub const DEFAULT_FLEET_FLOOR: u64 = 3;
 /// [`RetryLayer`]: crate::RetryLayer
 /// [`RetryLayer::budget`]: crate::RetryLayer::budget
 pub struct RetryBudget {
-    /// Retries allowed per million requests; `None` means unlimited.
+    /// Retries allowed per million requests as built; `None` means
+    /// unlimited (which stays so: an unlimited budget counts no buckets).
     ratio_ppm: Option<u64>,
-    min_per_sec: u32,
+    /// The ratio now ([`set_ratio`](RetryBudget::set_ratio)).
+    live_ppm: LiveU64,
+    min_per_sec: LiveU32,
     window: Duration,
     /// `min_per_sec * window`, in retries.
-    reserve: u64,
+    reserve: LiveU64,
     bucket_nanos: u64,
     /// How a bucket word splits into epoch and count.
     layout: Layout,
@@ -333,9 +338,10 @@ impl RetryBudget {
             (u128::from(min_per_sec) * window.as_millis() / 1000).min(u128::from(u64::MAX)) as u64;
         Self {
             ratio_ppm,
-            min_per_sec,
+            live_ppm: LiveU64::new(ratio_ppm.unwrap_or(0)),
+            min_per_sec: LiveU32::new(min_per_sec),
             window,
-            reserve,
+            reserve: LiveU64::new(reserve),
             bucket_nanos,
             layout: Layout::for_bucket(bucket_nanos),
             start: Instant::now(),
@@ -453,7 +459,7 @@ impl RetryBudget {
     pub fn ratio(self, ratio: f64) -> Self {
         Self {
             fleet_floor: self.fleet_floor,
-            ..Self::build(Some(ratio_to_ppm(ratio)), self.min_per_sec, self.window)
+            ..Self::build(Some(ratio_to_ppm(ratio)), self.min_per_sec_value(), self.window)
         }
     }
 
@@ -473,7 +479,7 @@ impl RetryBudget {
     pub fn min_per_sec(self, min_per_sec: u32) -> Self {
         Self {
             fleet_floor: self.fleet_floor,
-            ..Self::build(self.ratio_ppm, min_per_sec, self.window)
+            ..Self::build(self.live_ratio_ppm(), min_per_sec, self.window)
         }
     }
 
@@ -486,7 +492,7 @@ impl RetryBudget {
     pub fn window(self, window: Duration) -> Self {
         Self {
             fleet_floor: self.fleet_floor,
-            ..Self::build(self.ratio_ppm, self.min_per_sec, window)
+            ..Self::build(self.live_ratio_ppm(), self.min_per_sec_value(), window)
         }
     }
 
@@ -494,13 +500,71 @@ impl RetryBudget {
     /// budget.
     #[must_use]
     pub fn ratio_value(&self) -> Option<f64> {
-        self.ratio_ppm.map(|ppm| ppm as f64 / PPM as f64)
+        self.live_ratio_ppm().map(|ppm| ppm as f64 / PPM as f64)
+    }
+
+    fn live_ratio_ppm(&self) -> Option<u64> {
+        self.ratio_ppm.map(|_| self.live_ppm.load(Relaxed))
     }
 
     /// The configured floor in retries per second.
     #[must_use]
-    pub const fn min_per_sec_value(&self) -> u32 {
-        self.min_per_sec
+    pub fn min_per_sec_value(&self) -> u32 {
+        self.min_per_sec.load(Relaxed)
+    }
+
+    /// Changes the [ratio](Self::ratio) of a budget in use, keeping its
+    /// window: the requests and retries already counted stay, and the next
+    /// withdrawal is judged by the new share of them. A lower ratio can
+    /// leave the window over its new allowance; retries are then refused
+    /// until it slides back under.
+    ///
+    /// # Errors
+    ///
+    /// [`BudgetChangeError::Unlimited`] on an
+    /// [`unlimited`](Self::unlimited) budget (it counts no window to
+    /// apply a ratio to), [`BudgetChangeError::InvalidRatio`] for a
+    /// negative, NaN or infinite ratio.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_retry_budget::RetryBudget;
+    ///
+    /// let budget = RetryBudget::new();
+    /// budget.set_ratio(0.2)?;
+    /// assert_eq!(budget.ratio_value(), Some(0.2));
+    /// assert!(budget.set_ratio(-1.0).is_err());
+    /// # Ok::<(), tower_retry_budget::BudgetChangeError>(())
+    /// ```
+    pub fn set_ratio(&self, ratio: f64) -> Result<(), BudgetChangeError> {
+        if self.ratio_ppm.is_none() {
+            return Err(BudgetChangeError::Unlimited);
+        }
+        if !ratio.is_finite() || ratio < 0.0 {
+            return Err(BudgetChangeError::InvalidRatio { value: ratio });
+        }
+        self.live_ppm.store(ratio_to_ppm(ratio), Relaxed);
+        Ok(())
+    }
+
+    /// Changes the [floor](Self::min_per_sec) of a budget in use, keeping
+    /// its window.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_retry_budget::RetryBudget;
+    ///
+    /// let budget = RetryBudget::new();
+    /// budget.set_min_per_sec(1);
+    /// assert_eq!(budget.min_per_sec_value(), 1);
+    /// ```
+    pub fn set_min_per_sec(&self, min_per_sec: u32) {
+        let reserve = (u128::from(min_per_sec) * self.window.as_millis() / 1000)
+            .min(u128::from(u64::MAX)) as u64;
+        self.min_per_sec.store(min_per_sec, Relaxed);
+        self.reserve.store(reserve, Relaxed);
     }
 
     /// The configured window.
@@ -552,7 +616,7 @@ impl RetryBudget {
     /// or across a boundary; see [Concurrency](Self#concurrency).
     #[must_use = "a refused retry must not be sent"]
     pub fn withdraw_at(&self, now: Instant) -> bool {
-        let Some(ratio_ppm) = self.ratio_ppm else {
+        let Some(ratio_ppm) = self.live_ratio_ppm() else {
             self.retried.fetch_add(1, Relaxed);
             return true;
         };
@@ -701,7 +765,7 @@ impl RetryBudget {
             .map(|s| window_sum(&s.buckets, index, self.layout))
             .sum();
         let share = u128::from(ratio_ppm) * u128::from(requests);
-        let floor = u128::from(self.reserve) * u128::from(PPM);
+        let floor = u128::from(self.reserve.load(Relaxed)) * u128::from(PPM);
         share.max(floor)
     }
 
@@ -771,7 +835,7 @@ impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryBudget")
             .field("ratio", &self.ratio_value())
-            .field("min_per_sec", &self.min_per_sec)
+            .field("min_per_sec", &self.min_per_sec_value())
             .field("window", &self.window)
             .field("shared", &self.shared.get())
             .field("counters", &self.counters())
@@ -1101,3 +1165,30 @@ mod tests {
         let _ = RetryBudget::new().ratio(-0.1);
     }
 }
+
+/// Why [`RetryBudget::set_ratio`] refused a change.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum BudgetChangeError {
+    /// The budget is [`unlimited`](RetryBudget::unlimited): it counts no
+    /// window to apply a ratio to. Build a limited one.
+    Unlimited,
+    /// A negative, NaN or infinite ratio.
+    InvalidRatio {
+        /// The value given.
+        value: f64,
+    },
+}
+
+impl fmt::Display for BudgetChangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unlimited => f.write_str("an unlimited retry budget cannot take a ratio while it runs"),
+            Self::InvalidRatio { value } => {
+                write!(f, "a retry budget ratio must be finite and at least 0, got {value}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BudgetChangeError {}

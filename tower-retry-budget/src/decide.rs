@@ -61,7 +61,7 @@ pub(crate) fn plan(
     if !replayable {
         return stop(StopReason::NotRetryable);
     }
-    if attempt >= config.max_attempts {
+    if attempt >= config.max_attempts.get() {
         return stop(StopReason::Attempts);
     }
     if after.is_some_and(|a| a > config.max_server_delay) {

@@ -66,7 +66,7 @@ pub struct RetryLayer<P = DefaultPolicy, M = Buffered> {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
-    pub(crate) max_attempts: u32,
+    pub(crate) max_attempts: MaxAttempts,
     pub(crate) backoff: Backoff,
     pub(crate) min_remaining: Duration,
     pub(crate) max_server_delay: Duration,
@@ -85,7 +85,7 @@ impl RetryLayer {
     pub fn new() -> Self {
         Self {
             config: Config {
-                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                max_attempts: MaxAttempts::new(DEFAULT_MAX_ATTEMPTS),
                 backoff: Backoff::DEFAULT,
                 min_remaining: DEFAULT_MIN_REMAINING,
                 max_server_delay: DEFAULT_MAX_SERVER_DELAY,
@@ -105,8 +105,28 @@ impl<P, M> RetryLayer<P, M> {
     /// The most attempts per request, the first included (default 3; at
     /// least 1, which disables retries).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.config.max_attempts = attempts.max(1);
+        // A cell of its own: a clone of the layer made before keeps its
+        // own setting.
+        self.config.max_attempts = MaxAttempts::new(attempts);
         self
+    }
+
+    /// The handle that changes [`max_attempts`](Self::max_attempts) of this
+    /// layer and of every service it built, while they run.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_retry_budget::RetryLayer;
+    ///
+    /// let layer = RetryLayer::new().max_attempts(3);
+    /// let attempts = layer.max_attempts_handle();
+    /// attempts.set(5);
+    /// assert_eq!(layer.max_attempts_handle().get(), 5);
+    /// ```
+    #[must_use]
+    pub fn max_attempts_handle(&self) -> MaxAttempts {
+        self.config.max_attempts.clone()
     }
 
     /// The backoff between attempts (default [`Backoff::DEFAULT`]: full
@@ -283,5 +303,37 @@ impl<S, P: Clone, M> Layer<S> for RetryLayer<P, M> {
                 policy: self.policy.clone(),
             }),
         )
+    }
+}
+
+/// The most attempts per request of a [`RetryLayer`] and its services,
+/// changeable while they run ([`RetryLayer::max_attempts_handle`]).
+/// Clones share the setting. A call reads it when it decides to retry, so
+/// a change applies to the next retry decision of calls in flight too.
+#[derive(Clone)]
+pub struct MaxAttempts(Arc<std::sync::atomic::AtomicU32>);
+
+impl MaxAttempts {
+    fn new(attempts: u32) -> Self {
+        Self(Arc::new(std::sync::atomic::AtomicU32::new(attempts.max(1))))
+    }
+
+    /// The setting now.
+    #[must_use]
+    #[inline]
+    pub fn get(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets it (at least 1, which disables retries).
+    pub fn set(&self, attempts: u32) {
+        self.0
+            .store(attempts.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for MaxAttempts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.get(), f)
     }
 }

@@ -357,11 +357,11 @@ use http::HeaderName;
 pub use backoff::Backoff;
 pub use body::{Buffered, CloneBody};
 pub use budget::{
-    Counters, RetryBudget, DEFAULT_FLEET_FLOOR, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW,
+    BudgetChangeError, Counters, RetryBudget, DEFAULT_FLEET_FLOOR, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW,
 };
 pub use hedge::{Hedge, HedgeLayer};
 pub use layer::{
-    RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,
+    MaxAttempts, RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,
 };
 pub use outcome::{GaveUp, StopReason};
 pub use policy::{Class, Classify, DefaultPolicy, Policy};

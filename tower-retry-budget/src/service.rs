@@ -220,7 +220,7 @@ where
             }
         }
         .map(Deadline::instant);
-        let retryable = shared.config.max_attempts > 1
+        let retryable = shared.config.max_attempts.get() > 1
             && shared
                 .policy
                 .is_retryable_request(&parts.method, &parts.headers);
