@@ -972,25 +972,43 @@ impl BreakerConfig {
                 done.applied.push(name);
             }
         };
-        applied("minimum_calls", effective.minimum_calls != self.minimum_calls);
+        applied(
+            "minimum_calls",
+            effective.minimum_calls != self.minimum_calls,
+        );
         applied("failure_rate", effective.failure_rate != self.failure_rate);
         applied(
             "slow_calls",
             effective.slow_call_duration != self.slow_call_duration
                 || effective.slow_call_rate != self.slow_call_rate,
         );
-        applied("slow_call_end", effective.slow_call_end != self.slow_call_end);
+        applied(
+            "slow_call_end",
+            effective.slow_call_end != self.slow_call_end,
+        );
         applied(
             "consecutive_failures",
             effective.consecutive_failures != self.consecutive_failures,
         );
         applied("open_period", effective.open_period != self.open_period);
-        applied("max_open_period", effective.max_open_period != self.max_open_period);
+        applied(
+            "max_open_period",
+            effective.max_open_period != self.max_open_period,
+        );
         applied("open_growth", effective.open_growth != self.open_growth);
         applied("jitter", effective.jitter != self.jitter);
-        applied("permitted_probes", effective.permitted_probes != self.permitted_probes);
-        applied("successes_to_close", effective.successes_to_close != self.successes_to_close);
-        applied("max_half_open_wait", effective.max_half_open_wait != self.max_half_open_wait);
+        applied(
+            "permitted_probes",
+            effective.permitted_probes != self.permitted_probes,
+        );
+        applied(
+            "successes_to_close",
+            effective.successes_to_close != self.successes_to_close,
+        );
+        applied(
+            "max_half_open_wait",
+            effective.max_half_open_wait != self.max_half_open_wait,
+        );
         applied("ramp_up", effective.ramp_up != self.ramp_up);
         applied(
             "rejection_event_interval",

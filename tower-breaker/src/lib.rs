@@ -557,6 +557,9 @@ mod metrics_off;
 #[cfg(not(feature = "metrics"))]
 use metrics_off as metrics;
 mod service;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod settings;
 pub mod snapshot;
 mod state;
 pub mod store;

@@ -16,7 +16,10 @@ fn record(breaker: &Breaker, outcome: Outcome, n: usize) {
 
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_stays_open_and_keeps_its_counters() {
-    let breaker = Breaker::with_config("dep", BreakerConfig::new().open_period(Duration::from_secs(5)));
+    let breaker = Breaker::with_config(
+        "dep",
+        BreakerConfig::new().open_period(Duration::from_secs(5)),
+    );
     record(&breaker, Outcome::Failure, 10);
     let before = breaker.snapshot();
     assert_eq!(before.state, State::Open);
@@ -36,11 +39,16 @@ async fn an_open_circuit_stays_open_and_keeps_its_counters() {
     assert_eq!(after.totals.opened, 1);
     // The running open period keeps the end it was given (5 s)...
     tokio::time::advance(Duration::from_millis(5_600)).await;
-    let probe = breaker.try_acquire().expect("the old period ended: a probe");
+    let probe = breaker
+        .try_acquire()
+        .expect("the old period ended: a probe");
     probe.record(Outcome::Failure);
     // ...and the next opening uses the new one (30 s, ±10% jitter, grown).
     tokio::time::advance(Duration::from_secs(26)).await;
-    assert!(breaker.try_acquire().is_err(), "re-opened with the new period");
+    assert!(
+        breaker.try_acquire().is_err(),
+        "re-opened with the new period"
+    );
     assert_eq!(breaker.config().get_open_period(), Duration::from_secs(30));
 }
 
@@ -83,7 +91,10 @@ async fn what_cannot_change_live_is_reported_and_kept() {
 async fn the_same_configuration_changes_nothing() {
     let breaker = Breaker::new("dep");
     let done = breaker.reconfigure(breaker.config());
-    assert!(done.applied.is_empty() && done.not_live.is_empty(), "{done:?}");
+    assert!(
+        done.applied.is_empty() && done.not_live.is_empty(),
+        "{done:?}"
+    );
 }
 
 /// Two configurations that each keep the circuit closed under 50%
@@ -112,7 +123,11 @@ fn racing_reconfigurations_never_judge_on_a_torn_configuration() {
                 let mut i = task;
                 while !stop.load(Relaxed) {
                     let permit = breaker.try_acquire().expect("never opens");
-                    permit.record(if i % 2 == 0 { Outcome::Failure } else { Outcome::Success });
+                    permit.record(if i % 2 == 0 {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    });
                     i += 1;
                     if i % 64 == 0 {
                         tokio::task::yield_now().await;
@@ -140,5 +155,9 @@ fn racing_reconfigurations_never_judge_on_a_torn_configuration() {
     let snapshot = breaker.snapshot();
     assert_eq!(snapshot.state, State::Closed);
     assert_eq!(snapshot.totals.opened, 0);
-    assert!(snapshot.totals.failed > 1_000, "the callers ran: {:?}", snapshot.totals);
+    assert!(
+        snapshot.totals.failed > 1_000,
+        "the callers ran: {:?}",
+        snapshot.totals
+    );
 }

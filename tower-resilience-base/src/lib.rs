@@ -80,6 +80,9 @@ pub mod hook;
 pub mod loom_sync;
 pub mod outcome;
 pub mod random;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod settings;
 pub mod stripe;
 pub mod wake;
 

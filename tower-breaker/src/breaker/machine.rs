@@ -355,7 +355,8 @@ impl Core {
             }
             Outcome::Failure => FAIL,
             Outcome::Success
-                if core.s.slow_ns() != 0 && elapsed.is_some_and(|e| nanos(e) >= core.s.slow_ns()) =>
+                if core.s.slow_ns() != 0
+                    && elapsed.is_some_and(|e| nanos(e) >= core.s.slow_ns()) =>
             {
                 SLOW
             }
