@@ -301,8 +301,8 @@ struct RawThrottle {
     window: Option<HumanDuration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     k: Option<f64>,
-    /// K by criticality name (`critical_plus`, `critical`, `sheddable_plus`,
-    /// `sheddable`).
+    /// K by criticality name (`critical-plus`, `critical`, `sheddable-plus`,
+    /// `sheddable`: the names of the `x-criticality` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     criticality_k: Option<RawCriticalityK>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -314,11 +314,19 @@ struct RawThrottle {
 #[derive(Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawCriticalityK {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "critical-plus",
+        skip_serializing_if = "Option::is_none"
+    )]
     critical_plus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     critical: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "sheddable-plus",
+        skip_serializing_if = "Option::is_none"
+    )]
     sheddable_plus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sheddable: Option<f64>,

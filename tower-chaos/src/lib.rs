@@ -72,6 +72,9 @@ pub mod future;
 mod handle;
 mod plan;
 mod service;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod settings;
 
 pub use body::FaultBody;
 pub use error::{is_injected, Injected, InjectedFault, INJECTED_FAULT_HEADER};
