@@ -156,12 +156,16 @@ impl TimeoutHandle {
     /// A handle holding `timeout` (`None`: no default timeout).
     #[must_use]
     pub fn new(timeout: Option<Duration>) -> Self {
-        Self(Arc::new(std::sync::atomic::AtomicU64::new(Self::encode(timeout))))
+        Self(Arc::new(std::sync::atomic::AtomicU64::new(Self::encode(
+            timeout,
+        ))))
     }
 
     fn encode(timeout: Option<Duration>) -> u64 {
         timeout.map_or(NO_TIMEOUT, |t| {
-            u64::try_from(t.as_nanos()).unwrap_or(NO_TIMEOUT - 1).min(NO_TIMEOUT - 1)
+            u64::try_from(t.as_nanos())
+                .unwrap_or(NO_TIMEOUT - 1)
+                .min(NO_TIMEOUT - 1)
         })
     }
 
@@ -518,7 +522,9 @@ where
         }
         // One clock reading per call: the one a layer above made, if any.
         let now = now.unwrap_or_else(|| config.coarse.map_or_else(Instant::now, CoarseClock::now));
-        let by_default = config.default_timeout().map(|t| Deadline::after_from(now, t));
+        let by_default = config
+            .default_timeout()
+            .map(|t| Deadline::after_from(now, t));
         let by_header = from_header.map(|t| Deadline::after_from(now, t));
         // At least one is Some, checked above.
         let Some(deadline) = [above, from_request, by_header, in_scope, by_default]

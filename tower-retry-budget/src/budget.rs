@@ -459,7 +459,11 @@ impl RetryBudget {
     pub fn ratio(self, ratio: f64) -> Self {
         Self {
             fleet_floor: self.fleet_floor,
-            ..Self::build(Some(ratio_to_ppm(ratio)), self.min_per_sec_value(), self.window)
+            ..Self::build(
+                Some(ratio_to_ppm(ratio)),
+                self.min_per_sec_value(),
+                self.window,
+            )
         }
     }
 
@@ -1183,9 +1187,14 @@ pub enum BudgetChangeError {
 impl fmt::Display for BudgetChangeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Unlimited => f.write_str("an unlimited retry budget cannot take a ratio while it runs"),
+            Self::Unlimited => {
+                f.write_str("an unlimited retry budget cannot take a ratio while it runs")
+            }
             Self::InvalidRatio { value } => {
-                write!(f, "a retry budget ratio must be finite and at least 0, got {value}")
+                write!(
+                    f,
+                    "a retry budget ratio must be finite and at least 0, got {value}"
+                )
             }
         }
     }

@@ -357,7 +357,8 @@ use http::HeaderName;
 pub use backoff::Backoff;
 pub use body::{Buffered, CloneBody};
 pub use budget::{
-    BudgetChangeError, Counters, RetryBudget, DEFAULT_FLEET_FLOOR, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW,
+    BudgetChangeError, Counters, RetryBudget, DEFAULT_FLEET_FLOOR, DEFAULT_MIN_PER_SEC,
+    DEFAULT_RATIO, DEFAULT_WINDOW,
 };
 pub use hedge::{Hedge, HedgeLayer};
 pub use layer::{

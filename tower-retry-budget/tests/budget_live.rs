@@ -14,7 +14,11 @@ async fn a_new_ratio_applies_to_the_requests_already_counted() {
     }
     assert_eq!(withdrawals(&budget), 100, "10% of 1,000");
     budget.set_ratio(0.2).unwrap();
-    assert_eq!(withdrawals(&budget), 100, "20% of the same 1,000, less the 100 spent");
+    assert_eq!(
+        withdrawals(&budget),
+        100,
+        "20% of the same 1,000, less the 100 spent"
+    );
     budget.set_ratio(0.05).unwrap();
     assert_eq!(withdrawals(&budget), 0, "over the new allowance: refused");
     let counters = budget.counters();
@@ -27,7 +31,11 @@ async fn a_new_floor_applies_at_once() {
     let budget = RetryBudget::new().min_per_sec(0);
     assert_eq!(withdrawals(&budget), 0);
     budget.set_min_per_sec(2);
-    assert_eq!(withdrawals(&budget), 20, "2 per second over the 10 s window");
+    assert_eq!(
+        withdrawals(&budget),
+        20,
+        "2 per second over the 10 s window"
+    );
     assert_eq!(budget.min_per_sec_value(), 2);
 }
 
@@ -38,7 +46,13 @@ fn invalid_changes_are_refused() {
         budget.set_ratio(f64::NAN).unwrap_err().to_string(),
         "a retry budget ratio must be finite and at least 0, got NaN"
     );
-    assert!(matches!(budget.set_ratio(-0.1), Err(BudgetChangeError::InvalidRatio { .. })));
-    assert_eq!(RetryBudget::unlimited().set_ratio(0.1), Err(BudgetChangeError::Unlimited));
+    assert!(matches!(
+        budget.set_ratio(-0.1),
+        Err(BudgetChangeError::InvalidRatio { .. })
+    ));
+    assert_eq!(
+        RetryBudget::unlimited().set_ratio(0.1),
+        Err(BudgetChangeError::Unlimited)
+    );
     assert_eq!(budget.ratio_value(), Some(0.1), "unchanged");
 }
