@@ -339,6 +339,9 @@ use metrics_off as metrics;
 pub mod partition;
 pub mod release;
 mod service;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod settings;
 mod sync;
 
 pub use compartment::{CompartmentHandle, SetLimitError, Stats};

@@ -256,6 +256,9 @@ mod metrics_off;
 #[cfg(not(feature = "metrics"))]
 use metrics_off as metrics;
 mod server;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod settings;
 
 pub use client::{ClientDeadline, ClientDeadlineLayer, TimeoutHandle};
 pub use deadline::{current, remaining};

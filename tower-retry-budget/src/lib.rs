@@ -350,6 +350,9 @@ use metrics_off as metrics;
 mod outcome;
 pub mod policy;
 mod service;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod settings;
 mod sync;
 
 use http::HeaderName;
