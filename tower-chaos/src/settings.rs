@@ -26,8 +26,6 @@
 //! # Ok::<(), serde_json::Error>(())
 //! ```
 
-use std::time::Duration;
-
 use http::StatusCode;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tower_resilience_base::criticality::Criticality;
@@ -128,7 +126,7 @@ impl From<&FaultPlan> for RawPlan {
     fn from(p: &FaultPlan) -> Self {
         let share = |s: f64| (s > 0.0).then_some(Share(s));
         RawPlan {
-            latency: (p.latency.0 > 0.0).then(|| RawLatency {
+            latency: (p.latency.0 > 0.0).then_some(RawLatency {
                 share: Share(p.latency.0),
                 delay: HumanDuration(p.latency.1),
             }),
@@ -139,7 +137,7 @@ impl From<&FaultPlan> for RawPlan {
             }),
             hang: share(p.hang),
             max_hang: (p.max_hang != DEFAULT_MAX_HANG).then_some(HumanDuration(p.max_hang)),
-            abort_body: (p.abort.0 > 0.0).then(|| RawAbort {
+            abort_body: (p.abort.0 > 0.0).then_some(RawAbort {
                 share: Share(p.abort.0),
                 after_frames: p.abort.1,
             }),
@@ -171,6 +169,7 @@ impl<'de> Deserialize<'de> for FaultPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn every_fault_round_trips() {

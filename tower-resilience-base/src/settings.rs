@@ -161,7 +161,7 @@ pub fn format_duration(duration: Duration) -> String {
         ("ms", 1_000_000),
         ("us", 1_000),
     ] {
-        if nanos % per == 0 {
+        if nanos.is_multiple_of(per) {
             return format!("{}{unit}", nanos / per);
         }
     }
@@ -185,7 +185,7 @@ pub fn parse_share(text: &str) -> Result<f64, ValueError> {
         .parse()
         .map_err(|_| err("expected a fraction (0.25) or a percentage (\"25%\")"))?;
     let share = if percent { value / 100.0 } else { value };
-    check_share(share).map_err(|reason| err(reason))
+    check_share(share).map_err(err)
 }
 
 fn check_share(share: f64) -> Result<f64, &'static str> {

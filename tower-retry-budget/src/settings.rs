@@ -41,7 +41,7 @@ use tower_resilience_base::settings::{HumanDuration, Share};
 use crate::backoff::Backoff;
 use crate::budget::{RetryBudget, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_WINDOW};
 use crate::layer::{
-    RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,
+    MaxAttempts, RetryLayer, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_MIN_REMAINING,
 };
 
 /// The retry layer's settings; see the [module docs](self).
@@ -257,25 +257,44 @@ impl RetrySettings {
             .max_server_delay(self.max_server_delay.0)
     }
 
-    /// Applies these settings to `layer` and the services it built while
-    /// they run: `max_attempts` and the budget's ratio and floor change at
-    /// once (the budget keeps its window and balance). Returns the settings
-    /// that differ from `previous` but cannot change live (`backoff`,
-    /// `budget.window`, `min_remaining`, `max_server_delay`): they keep
-    /// their old values until the layer is built again.
+    /// Applies these settings to a running layer and the services it
+    /// built, through the layer's [`MaxAttempts`]
+    /// ([`RetryLayer::max_attempts_handle`]) and its budget
+    /// ([`RetryLayer::shared_budget`]): `max_attempts` and the budget's
+    /// ratio and floor change at once (the budget keeps its window and
+    /// balance). Returns the settings that differ from `previous` but
+    /// cannot change live (`backoff`, `budget.window`, `min_remaining`,
+    /// `max_server_delay`): they keep their old values until the layer is
+    /// built again.
     ///
     /// # Errors
     ///
     /// An [`InvalidSetting`] from [`validate`](Self::validate), before
     /// anything changes.
-    pub fn apply<P, M>(
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_retry_budget::settings::RetrySettings;
+    ///
+    /// let before = RetrySettings::default();
+    /// let layer = before.layer("catalog").unwrap();
+    /// let mut after = before.clone();
+    /// after.max_attempts = 2;
+    /// let not_live = after
+    ///     .apply(&before, &layer.max_attempts_handle(), layer.shared_budget())
+    ///     .unwrap();
+    /// assert!(not_live.is_empty());
+    /// assert_eq!(layer.max_attempts_handle().get(), 2);
+    /// ```
+    pub fn apply(
         &self,
         previous: &RetrySettings,
-        layer: &RetryLayer<P, M>,
+        attempts: &MaxAttempts,
+        budget: &RetryBudget,
     ) -> Result<Vec<&'static str>, InvalidSetting> {
         self.validate()?;
-        layer.max_attempts_handle().set(self.max_attempts);
-        let budget = layer.shared_budget();
+        attempts.set(self.max_attempts);
         // A limited budget (the only kind a file describes) takes any
         // valid ratio.
         let _ = budget.set_ratio(self.budget.ratio.0);

@@ -231,7 +231,7 @@ mod tests {
             failure_ppm: n,
             slow_ppm: n,
             slow_ns: n,
-            slow_at_head: n % 2 == 0,
+            slow_at_head: n.is_multiple_of(2),
             consecutive: n,
             open_ns: n,
             max_open_ns: n,

@@ -282,7 +282,6 @@ impl Breaker {
 
     /// The breaker's configuration: the one it was built with, as changed
     /// since by [`reconfigure`](Self::reconfigure).
-    #[must_use]
     pub fn config(&self) -> BreakerConfig {
         self.core
             .current
