@@ -128,7 +128,9 @@ use tower_bulkhead::partition::Single;
 use tower_bulkhead::release::{BodyEnd, Release};
 use tower_bulkhead::{Bulkhead, BulkheadLayer, CompartmentHandle, HttpBulkhead, HttpBulkheadLayer};
 use tower_deadline::body::Head;
-use tower_deadline::{ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer};
+use tower_deadline::{
+    ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer, TimeoutHandle,
+};
 use tower_layer::Layer;
 use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryBudget, RetryLayer};
 
@@ -199,6 +201,8 @@ pub type ServerStackService<S, R = BodyEnd> =
 pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
     name: Arc<str>,
     call: ClientDeadlineLayer<Head>,
+    /// The call's timeout, changeable while the stack runs.
+    timeout: TimeoutHandle,
     breaker: BreakerLayer,
     retry: RetryLayer<P, M>,
     throttle: Option<ThrottleLayer>,
@@ -255,13 +259,16 @@ pub struct ServerStack<R = BodyEnd> {
 /// ```
 pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
     let name = name.into();
+    let timeout = TimeoutHandle::new(None);
     ClientStack {
         // The per-attempt layer bounds the body by the same deadline (or an
         // earlier one): one timer for a slow body, not two.
         call: ClientDeadlineLayer::new()
             .enforce_only()
             .head_only()
-            .name(Arc::clone(&name)),
+            .name(Arc::clone(&name))
+            .timeout_handle(timeout.clone()),
+        timeout,
         breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))),
         retry: RetryLayer::new().name(Arc::clone(&name)),
         throttle: None,
@@ -301,8 +308,32 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     /// The budget of the whole logical call, retries and backoffs included
     /// (an upper bound: a shorter deadline of the caller still wins).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.call = self.call.default_timeout(timeout);
+        // A handle of its own: a clone of the stack made before keeps its
+        // timeout.
+        self.timeout = TimeoutHandle::new(Some(timeout));
+        self.call = self.call.timeout_handle(self.timeout.clone());
         self
+    }
+
+    /// The handle that changes the call's [`timeout`](Self::timeout) while
+    /// the services built from this stack run (a settings reload does it
+    /// through `settings::ClientStackHandle` with feature `serde`).
+    #[must_use]
+    pub fn timeout_handle(&self) -> &TimeoutHandle {
+        &self.timeout
+    }
+
+    /// The retry layer's handle on its `max_attempts`, for changes at run
+    /// time.
+    #[must_use]
+    pub fn max_attempts_handle(&self) -> tower_retry_budget::MaxAttempts {
+        self.retry.max_attempts_handle()
+    }
+
+    /// The retry layer's budget (shared by every service of this stack).
+    #[must_use]
+    pub fn retry_budget(&self) -> &Arc<RetryBudget> {
+        self.retry.shared_budget()
     }
 
     /// Tell time by the coarse clock ([`ClientDeadlineLayer::coarse_clock`]
@@ -362,6 +393,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
         ClientStack {
             name: self.name,
             call: self.call,
+            timeout: self.timeout,
             breaker: self.breaker,
             retry,
             throttle: self.throttle,
@@ -441,6 +473,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
         ClientStack {
             name: self.name,
             call: self.call,
+            timeout: self.timeout,
             breaker: self.breaker,
             retry: self.retry,
             throttle: self.throttle,
