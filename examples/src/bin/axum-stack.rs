@@ -23,6 +23,13 @@
 //! 5. The live view: `shop`'s ops listener serves every dependency's state
 //!    as JSON and an HTML page polling it (`tower_shield::view`); fetched
 //!    while the circuit is open, it says so.
+//! 6. Settings from a file, reloaded on `SIGHUP`: every stack (`shop`'s
+//!    server stack and its three clients, `inventory`, `pricing` and
+//!    `reviews`) is built from one file, `examples/resilience.toml`
+//!    (`tower_shield::settings`). The example edits its copy of the file
+//!    and sends itself `SIGHUP`: the running stacks take the new settings
+//!    (a larger bulkhead, a longer open period) and the open circuit stays
+//!    open.
 //!
 //! Run it with:
 //!
@@ -30,6 +37,9 @@
 //! cargo run -p examples --bin axum-stack
 //! cargo run -p examples --bin axum-stack -- --hold 30   # keep the ops listener up 30 s more
 //! ```
+//!
+//! While it holds, `kill -HUP <pid>` after editing the settings file it
+//! printed applies your edit.
 //!
 //! (`scripts/view-screenshot` uses `--hold` to take a headless browser's
 //! picture of the live view while the circuit is open.)
@@ -47,11 +57,11 @@ use axum::Router;
 use examples::demo::{check, serve_local};
 use tokio::time::Instant;
 use tower_breaker::BoxError;
-use tower_breaker::{Breaker, BreakerConfig};
-use tower_bulkhead::{CompartmentHandle, HttpBulkheadLayer};
+use tower_bulkhead::CompartmentHandle;
 use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
 use tower_shield::reqwest::{Client, ReqwestService};
-use tower_shield::stack::{client_stack, server_stack};
+use tower_shield::settings::{Applied, ServiceSettings};
+use tower_shield::stack::{ClientStack, ServerStack};
 use tower_shield::view::LiveView;
 
 // ---------------------------------------------------------------- inventory
@@ -147,17 +157,12 @@ fn downstream_error(e: &BoxError, took: u128) -> Response {
 }
 
 /// The client stack for calls to `inventory`: deadline, breaker, retry,
-/// bulkhead, per-attempt deadline, in one line.
-fn inventory_client(breaker: Breaker) -> Client {
-    let stack = client_stack("inventory")
-        // Fails fast while open; counts every attempt of the retry layer.
-        .breaker(breaker)
-        // One budget for the whole call: the caller's (task-local), at most 2 s.
-        .timeout(Duration::from_secs(2))
-        // At most 16 attempts in flight to inventory.
-        .concurrency(16)
-        // Per attempt: a fresh x-request-timeout-ms header, 1 ms for the network.
-        .attempt_deadline(ClientDeadlineLayer::new().margin(Duration::from_millis(1)));
+/// bulkhead, per-attempt deadline, built from the settings file (a 2 s
+/// budget for the whole call, at most 16 attempts in flight, a breaker
+/// that judges the last 10 calls).
+fn inventory_client(stack: ClientStack) -> Client {
+    // Per attempt: a fresh x-request-timeout-ms header, 1 ms for the network.
+    let stack = stack.attempt_deadline(ClientDeadlineLayer::new().margin(Duration::from_millis(1)));
     // reqwest's own retries off: every attempt is one the breaker counts.
     stack.reqwest(
         ReqwestService::client_builder()
@@ -167,19 +172,46 @@ fn inventory_client(breaker: Breaker) -> Client {
     )
 }
 
-async fn start_shop(shop: Shop, bulkhead: HttpBulkheadLayer, breaker: Breaker) -> SocketAddr {
+async fn start_shop(shop: Shop, stack: ServerStack) -> SocketAddr {
     let app = Router::new()
         .route("/order/{sku}", get(order))
         .with_state(shop)
         // Outermost first: the caller's deadline, a bulkhead, a breaker.
-        .layer(
-            server_stack("shop")
-                .timeout(Duration::from_secs(2))
-                .max_timeout(Duration::from_secs(5))
-                .bulkhead(bulkhead)
-                .breaker(breaker),
-        );
+        .layer(stack);
     serve_local(app).await
+}
+
+/// Reads the settings file (TOML).
+fn read_settings(path: &std::path::Path) -> Result<ServiceSettings, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let value: serde_json::Value =
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    ServiceSettings::from_value(value).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Reloads `path` into the running stacks on every `SIGHUP`, and sends
+/// what each reload did to `done`.
+#[cfg(unix)]
+fn reload_on_sighup(
+    mut settings: ServiceSettings,
+    path: std::path::PathBuf,
+    done: tokio::sync::mpsc::Sender<std::collections::BTreeMap<String, Applied>>,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = signal(SignalKind::hangup()).expect("a SIGHUP handler");
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match read_settings(&path) {
+                Ok(new) => {
+                    let reports = settings.apply(new);
+                    let _ = done.send(reports).await;
+                }
+                // A bad file changes nothing: the stacks keep running on
+                // the settings they have.
+                Err(e) => eprintln!("   settings not reloaded: {e}"),
+            }
+        }
+    });
 }
 
 // ------------------------------------------------------------------- caller
@@ -229,22 +261,32 @@ async fn wait_in_flight(handle: &CompartmentHandle, n: usize) {
 async fn main() {
     let inv = Inventory::default();
     let inventory = start_inventory(inv.clone()).await;
-    let client_breaker = Breaker::with_config(
-        "inventory",
-        BreakerConfig::new()
-            .count_window(10)
-            .minimum_calls(6)
-            .open_period(Duration::from_secs(2)),
-    );
-    let bulkhead = HttpBulkheadLayer::new("shop", 2).retry_after(Duration::from_secs(1));
-    let compartment = bulkhead.handle();
+    // Every stack from one settings file; the example works on a copy,
+    // which step 6 edits.
+    let settings_path =
+        std::env::temp_dir().join(format!("axum-stack-{}.toml", std::process::id()));
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/resilience.toml"),
+        &settings_path,
+    )
+    .expect("a copy of examples/resilience.toml");
+    let settings = read_settings(&settings_path).expect("valid settings");
+    let (inventory_stack, _) = settings.client_stack("inventory");
+    let (pricing_stack, _) = settings.client_stack("pricing");
+    let (reviews_stack, _) = settings.client_stack("reviews");
+    let (shop_stack, _) = settings.server_stack("shop");
+    let client_breaker = inventory_stack.breaker_handle().clone();
+    let inventory_bulkhead = inventory_stack.bulkhead_handle();
+    let compartment = shop_stack.bulkhead_handle();
     // The ops listener: what an operator curls during an incident (mount
     // it behind your own authentication).
     let view = LiveView::new();
-    let _ = view.dependency("inventory").breaker(client_breaker.clone());
+    view.add_client_stack(&inventory_stack);
     let _ = view
         .dependency("shop (server)")
         .bulkhead(compartment.clone());
+    view.add_client_stack(&pricing_stack);
+    view.add_client_stack(&reviews_stack);
     let ops = serve_local(
         Router::new()
             .route_service("/ops/resilience.json", view.json_service())
@@ -254,10 +296,9 @@ async fn main() {
     let shop = start_shop(
         Shop {
             inventory,
-            client: inventory_client(client_breaker.clone()),
+            client: inventory_client(inventory_stack),
         },
-        bulkhead,
-        Breaker::new("shop"),
+        shop_stack,
     )
     .await;
     let mut failures = Vec::new();
@@ -385,6 +426,55 @@ async fn main() {
         &mut failures,
     );
 
+    #[cfg(unix)]
+    {
+        println!(
+            "\n6. Settings reloaded on SIGHUP from {}",
+            settings_path.display()
+        );
+        let (done, mut reloads) = tokio::sync::mpsc::channel(1);
+        reload_on_sighup(settings, settings_path.clone(), done);
+        let text = std::fs::read_to_string(&settings_path).unwrap_or_default();
+        let edited = text
+            .replace("bulkhead = { limit = 16 }", "bulkhead = { limit = 32 }")
+            .replace(
+                "minimum_calls = 6, open_period = \"2s\"",
+                "minimum_calls = 6, open_period = \"3s\"",
+            );
+        std::fs::write(&settings_path, edited).expect("the settings copy is writable");
+        println!(
+            "   edited: inventory's bulkhead 16 -> 32, its open period 2 s -> 3 s; kill -HUP {}",
+            std::process::id()
+        );
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &std::process::id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        let reports = tokio::time::timeout(Duration::from_secs(5), reloads.recv())
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let inventory = reports.get("inventory").cloned().unwrap_or_default();
+        println!(
+            "   inventory: applied {:?}, not live {:?}",
+            inventory.applied, inventory.not_live
+        );
+        let state = client_breaker.snapshot().state;
+        println!(
+            "   the running stack now: bulkhead limit {}, breaker {:?}",
+            inventory_bulkhead.limit(),
+            state
+        );
+        check(
+            sent && inventory.applied == ["breaker.open_period", "bulkhead.limit"]
+                && inventory_bulkhead.limit() == 32
+                && state == tower_breaker::State::Open,
+            "the file's new settings apply to the running stacks, and the open circuit stays open",
+            &mut failures,
+        );
+    }
+
     if !failures.is_empty() {
         eprintln!("\nnot demonstrated: {failures:?}");
         std::process::exit(1);
@@ -395,4 +485,5 @@ async fn main() {
         println!("\nholding the ops listener for {secs} s at http://{ops}/ops/resilience");
         tokio::time::sleep(Duration::from_secs(secs)).await;
     }
+    let _ = std::fs::remove_file(&settings_path);
 }
