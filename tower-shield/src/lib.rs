@@ -42,6 +42,14 @@
 //!   gives a client whose request builder is reqwest's own.
 //! - `tonic` (feature `tonic`): `client_stack(name).tonic(channel)`, and
 //!   every error of the stack as the right `tonic::Status`.
+//! - `settings` (feature `serde`): both stacks and every layer's settings
+//!   as data, one document for every dependency of a service (defaults and
+//!   per-name overrides), and handles that apply new settings to running
+//!   stacks keeping their state.
+//! - `service_config` (feature `service-config`): gRPC service configs
+//!   (gRFC A6) applied per method to a tonic client stack.
+//! - `view` (feature `view`): the live view, every dependency's state as
+//!   JSON and an HTML page polling it.
 //! - [`prelude`]: the stacks, the layers and their errors, for a glob
 //!   import.
 //! - The four layers, each usable alone and re-exported here under a short
@@ -64,6 +72,10 @@
 //! | `reqwest-http2` | off | HTTP/2 for the reqwest transport (reqwest's `http2`), with the retry layer recognising HTTP/2 refusals, so that they are retried by the stack once reqwest's own retries are off; enables `reqwest` |
 //! | `reqwest-middleware` | off | `reqwest::StackMiddleware`: the client stack as one `reqwest_middleware::Middleware`, still counting every attempt and replaying bodies |
 //! | `tonic` | off | `tonic`: the client stack over a `tonic::transport::Channel` in one call (`client_stack(name).tonic(channel)`), replayable bodies included, and every error of the stack as the right `tonic::Status` |
+//! | `serde` | off | module `settings`: settings files (TOML, YAML, JSON...) for both stacks and every layer (each layer crate's `serde` feature), named instances with defaults, reloads that keep state |
+//! | `service-config` | off | module `service_config`: gRPC service configs (gRFC A6 retries, hedging, retry throttling) for a tonic client stack; enables `tonic` |
+//! | `view` | off | module `view`: the live view (JSON snapshot, a service for an axum route, a self-contained HTML page) |
+//! | `chaos` | off | `tower-chaos` re-exported as `chaos` (fault injection), its figures in the live view and its plan in the settings |
 //! | `metrics` | off | every layer records through the [`metrics`](https://docs.rs/metrics) facade (each layer crate's `metrics` feature); the names are in `docs/metrics.md` at the repository's root |
 //!
 //! # Minimum supported Rust version
