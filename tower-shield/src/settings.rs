@@ -96,7 +96,8 @@
 //! change on a running stack is kept and said, with the reason, in the
 //! [`Applied`] report and a `settings_not_live` warning: a window's
 //! shape, a switch between a fixed and an adaptive limit, the backoff,
-//! the throttle's settings, faults without a registered fault layer.
+//! the throttle's window (its Ks and cap change live), adding or removing
+//! a throttle, faults without a registered fault layer.
 //! Rebuild the stack to change those (its state then starts afresh).
 //!
 //! Watching a file is your choice: call [`ServiceSettings::apply`] when it
@@ -856,12 +857,28 @@ impl ClientStackHandle {
         let throttle_changed = serde_json::to_value(&new.throttle).ok()
             != serde_json::to_value(&current.throttle).ok();
         if throttle_changed {
-            let reason = match (&inner.throttle, &new.throttle) {
-                (None, Some(_)) => "the stack was built without a throttle",
-                (Some(_), None) => "the stack was built with a throttle; rebuild it without",
-                _ => "a throttle's settings are set when it is built",
-            };
-            done.not_live("throttle", reason);
+            match (&inner.throttle, &new.throttle) {
+                (Some(handle), Some(config)) => {
+                    let not_live = handle
+                        .reconfigure(config.clone())
+                        .map_err(|e| SettingsError::new("throttle", e.to_string()))?;
+                    done.live("throttle", true);
+                    for setting in not_live {
+                        done.not_live(
+                            format!("throttle.{setting}"),
+                            "the throttle's window is shaped when it is built",
+                        );
+                    }
+                }
+                (None, Some(_)) => {
+                    done.not_live("throttle", "the stack was built without a throttle")
+                }
+                (Some(_), None) => done.not_live(
+                    "throttle",
+                    "the stack was built with a throttle; rebuild it without",
+                ),
+                (None, None) => {}
+            }
         }
 
         #[cfg(feature = "chaos")]

@@ -380,6 +380,28 @@ async fn a_change_applies_to_the_running_stack_and_keeps_its_state() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_throttle_takes_new_ks_live_but_not_a_new_window() {
+    let settings = toml_settings();
+    let (stack, handle) = settings.client_stack("search");
+    let throttle = stack.throttle_handle().unwrap().clone();
+    let mut new = handle.current();
+    new.throttle = Some(
+        tower_breaker::throttle::ThrottleConfig::new()
+            .k(3.0)
+            .window(Duration::from_secs(30)),
+    );
+    let report = handle.apply(&new).unwrap();
+    assert_eq!(report.applied, ["throttle"]);
+    assert_eq!(report.not_live[0].setting, "throttle.window");
+    assert_eq!(throttle.config().get_k(Default::default()), 3.0);
+    assert_eq!(throttle.config().get_window(), Duration::from_secs(60));
+    // A stack built without a throttle cannot gain one live.
+    let (_, catalog) = settings.client_stack("catalog");
+    let report = catalog.apply(&new).unwrap();
+    assert_eq!(report.not_live[0].setting, "throttle");
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_invalid_change_changes_nothing() {
     let settings =
         ServiceSettings::from_json_str(r#"{ "clients": { "catalog": { "timeout": "1s" } } }"#)

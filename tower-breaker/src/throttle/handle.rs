@@ -129,11 +129,10 @@ pub struct ThrottleSnapshot {
 
 struct Core {
     name: Arc<str>,
-    config: ThrottleConfig,
-    /// Each criticality's K, ordered (`ks[0]` is the smallest).
-    ks: [f64; 4],
-    max_rejection: f64,
-    min_requests: u64,
+    /// The settings as last set ([`ThrottleHandle::reconfigure`]).
+    config: std::sync::Mutex<ThrottleConfig>,
+    /// The rule's settings, changeable while the throttle runs.
+    rules: LiveRules,
     /// `2^64 / bucket width in ns`, rounded down: a bucket's epoch is a
     /// multiplication and a shift, not a division (tens of cycles).
     per_bucket: u64,
@@ -186,9 +185,7 @@ impl ThrottleHandle {
         let core = Core {
             metrics: ThrottleMetrics::new(&name),
             name,
-            ks: config.ks(),
-            max_rejection: config.max_rejection,
-            min_requests: config.min_requests,
+            rules: LiveRules::new(&Rules::of(&config)),
             per_bucket: u64::MAX / width_ns,
             base: Instant::now(),
             window: Window::new(config.ks()[0]),
@@ -196,7 +193,7 @@ impl ThrottleHandle {
             rejected: Default::default(),
             announced: AtomicBool::new(false),
             next_event_ns: AtomicU64::new(0),
-            config,
+            config: std::sync::Mutex::new(config),
         };
         let core = Arc::new(core);
         let shards = (0..STRIPES)
@@ -216,9 +213,67 @@ impl ThrottleHandle {
         &self.core.name
     }
 
-    /// Its settings.
-    pub fn config(&self) -> &ThrottleConfig {
-        &self.core.config
+    /// Its settings: those it was built with, as changed since by
+    /// [`reconfigure`](Self::reconfigure).
+    pub fn config(&self) -> ThrottleConfig {
+        self.core
+            .config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Applies `config` to the running throttle, keeping its window (the
+    /// requests and refusals counted): the Ks, `max_rejection` and
+    /// `min_requests` apply at once, all together (a judgement never mixes
+    /// the old and the new). The window's length and the random source
+    /// cannot change on a running throttle; they keep their old values
+    /// and are named in the returned list.
+    ///
+    /// # Errors
+    ///
+    /// A [`ThrottleConfigError`] for an invalid `config`; nothing changes
+    /// then.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_breaker::throttle::{ThrottleConfig, ThrottleHandle};
+    ///
+    /// let throttle = ThrottleHandle::new("search");
+    /// let not_live = throttle.reconfigure(
+    ///     ThrottleConfig::new().k(3.0).window(Duration::from_secs(30)),
+    /// )?;
+    /// assert_eq!(not_live, ["window"]);
+    /// assert_eq!(throttle.config().get_k(Default::default()), 3.0);
+    /// # Ok::<(), tower_breaker::throttle::ThrottleConfigError>(())
+    /// ```
+    pub fn reconfigure(
+        &self,
+        config: ThrottleConfig,
+    ) -> Result<Vec<&'static str>, ThrottleConfigError> {
+        config.validate()?;
+        let core = &*self.core;
+        let mut current = core
+            .config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut not_live = Vec::new();
+        let mut effective = config;
+        if effective.window != current.window {
+            effective.window = current.window;
+            not_live.push("window");
+        }
+        if effective.random.is_some() {
+            not_live.push("random");
+        }
+        effective.random.clone_from(&current.random);
+        let rules = Rules::of(&effective);
+        core.rules.set(&rules);
+        core.window.set_k0(rules.ks[0]);
+        *current = effective;
+        Ok(not_live)
     }
 
     /// Asks to make one call of `criticality`: counts a request, and
@@ -243,7 +298,7 @@ impl ThrottleHandle {
     #[must_use]
     pub fn rejection_probability(&self, criticality: Criticality) -> f64 {
         let sums = self.core.window.sums(self.core.epoch_now());
-        self.core.probabilities(&sums)[criticality.index()]
+        self.core.probabilities(&self.core.rules.get(), &sums)[criticality.index()]
     }
 
     /// The figures now: the window's requests and accepts, the rejection
@@ -252,7 +307,7 @@ impl ThrottleHandle {
     pub fn snapshot(&self) -> ThrottleSnapshot {
         let core = &self.core;
         let sums = core.window.sums(core.epoch_now());
-        let probabilities = core.probabilities(&sums);
+        let probabilities = core.probabilities(&core.rules.get(), &sums);
         let rejected_by_criticality = core.rejected.each_ref().map(|n| n.load(Relaxed));
         ThrottleSnapshot {
             requests: sums.requests.iter().sum(),
@@ -272,7 +327,7 @@ impl fmt::Debug for ThrottleHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ThrottleHandle")
             .field("name", &&*self.core.name)
-            .field("config", &self.core.config)
+            .field("config", &self.config())
             .finish_non_exhaustive()
     }
 }
@@ -343,32 +398,16 @@ impl Core {
         self.epoch(crate::sync::since(self.base).as_nanos() as u64)
     }
 
-    /// The rule: `max(0, (requests - K * accepts) / (requests + 1))`, at
-    /// most the cap, and zero below the least number of requests.
-    #[inline]
-    fn rule(&self, k: f64, requests: u64, accepts: u64) -> f64 {
-        if requests < self.min_requests {
-            return 0.0;
-        }
-        let r = requests as f64;
-        let excess = r - k * accepts as f64;
-        if excess <= 0.0 {
-            0.0
-        } else {
-            (excess / (r + 1.0)).min(self.max_rejection)
-        }
-    }
-
     /// Each criticality's rejection probability: its own K's rule on the
     /// requests and accepts of that criticality and the ones above it,
     /// never above the probability of a less critical one.
-    fn probabilities(&self, sums: &Sums) -> [f64; 4] {
+    fn probabilities(&self, rules: &Rules, sums: &Sums) -> [f64; 4] {
         let mut requests: u64 = sums.requests.iter().sum();
         let mut accepts: u64 = sums.accepts.iter().sum();
         let mut ceiling = f64::INFINITY;
         let mut p = [0.0; 4];
         for (c, p) in p.iter_mut().enumerate() {
-            ceiling = ceiling.min(self.rule(self.ks[c], requests, accepts));
+            ceiling = ceiling.min(rules.rule(rules.ks[c], requests, accepts));
             *p = ceiling;
             requests -= sums.requests[c];
             accepts -= sums.accepts[c];
@@ -417,13 +456,14 @@ impl Core {
         // first: nothing to draw while it does not.
         let requests = sums.requests.iter().sum();
         let accepts = sums.accepts.iter().sum();
-        if self.rule(self.ks[0], requests, accepts) <= 0.0 {
+        let rules = self.rules.get();
+        if rules.rule(rules.ks[0], requests, accepts) <= 0.0 {
             if moved || self.announced.load(Relaxed) {
                 self.quiet(now, moved);
             }
             return Ok(epoch);
         }
-        let p = self.probabilities(&sums);
+        let p = self.probabilities(&rules, &sums);
         if moved {
             self.metrics.probability(p[Criticality::Critical.index()]);
         }
@@ -478,7 +518,7 @@ impl Core {
             return;
         }
         if throttling {
-            let p = self.probabilities(sums);
+            let p = self.probabilities(&self.rules.get(), sums);
             self.metrics.probability(p[Criticality::Critical.index()]);
             tracing::warn!(
                 throttle = %self.name,
@@ -496,5 +536,113 @@ impl Core {
                 "throttling_stopped: the dependency accepts enough requests again"
             );
         }
+    }
+}
+
+/// The rule's settings, in the units `judge` uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Rules {
+    /// Each criticality's K, ordered (`ks[0]` is the smallest).
+    ks: [f64; 4],
+    max_rejection: f64,
+    min_requests: u64,
+}
+
+impl Rules {
+    fn of(config: &ThrottleConfig) -> Self {
+        Self {
+            ks: config.ks(),
+            max_rejection: config.max_rejection,
+            min_requests: config.min_requests,
+        }
+    }
+
+    /// The rule: `max(0, (requests - K * accepts) / (requests + 1))`, at
+    /// most the cap, and zero below the least number of requests.
+    #[inline]
+    fn rule(&self, k: f64, requests: u64, accepts: u64) -> f64 {
+        if requests < self.min_requests {
+            return 0.0;
+        }
+        let r = requests as f64;
+        let excess = r - k * accepts as f64;
+        if excess <= 0.0 {
+            0.0
+        } else {
+            (excess / (r + 1.0)).min(self.max_rejection)
+        }
+    }
+}
+
+/// [`Rules`] as atomics behind a sequence lock: a judgement reads one
+/// configuration, never half of two. `std` atomics: the loom models
+/// explore the window's races, not its settings.
+#[derive(Debug)]
+struct LiveRules {
+    /// Even when no change is being written.
+    seq: std::sync::atomic::AtomicU64,
+    /// The four Ks, the cap (as `f64` bits) and the least requests.
+    words: [std::sync::atomic::AtomicU64; 6],
+    writer: std::sync::Mutex<()>,
+}
+
+impl LiveRules {
+    fn encode(r: &Rules) -> [u64; 6] {
+        [
+            r.ks[0].to_bits(),
+            r.ks[1].to_bits(),
+            r.ks[2].to_bits(),
+            r.ks[3].to_bits(),
+            r.max_rejection.to_bits(),
+            r.min_requests,
+        ]
+    }
+
+    fn new(r: &Rules) -> Self {
+        Self {
+            seq: std::sync::atomic::AtomicU64::new(0),
+            words: Self::encode(r).map(std::sync::atomic::AtomicU64::new),
+            writer: std::sync::Mutex::new(()),
+        }
+    }
+
+    fn get(&self) -> Rules {
+        use std::sync::atomic::{fence, Ordering::*};
+        loop {
+            let before = self.seq.load(Acquire);
+            if before & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let w = self.words.each_ref().map(|w| w.load(Relaxed));
+            fence(Acquire);
+            if self.seq.load(Relaxed) == before {
+                return Rules {
+                    ks: [
+                        f64::from_bits(w[0]),
+                        f64::from_bits(w[1]),
+                        f64::from_bits(w[2]),
+                        f64::from_bits(w[3]),
+                    ],
+                    max_rejection: f64::from_bits(w[4]),
+                    min_requests: w[5],
+                };
+            }
+        }
+    }
+
+    fn set(&self, r: &Rules) {
+        use std::sync::atomic::{fence, Ordering::*};
+        let _writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seq = self.seq.load(Relaxed);
+        self.seq.store(seq.wrapping_add(1), Relaxed);
+        fence(Release);
+        for (word, value) in self.words.iter().zip(Self::encode(r)) {
+            word.store(value, Relaxed);
+        }
+        self.seq.store(seq.wrapping_add(2), Release);
     }
 }

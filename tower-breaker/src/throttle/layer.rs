@@ -131,7 +131,7 @@ impl ThrottleLayer {
 impl<C> ThrottleLayer<C> {
     fn reconfigure(mut self, change: impl FnOnce(ThrottleConfig) -> ThrottleConfig) -> Self {
         let name: Arc<str> = Arc::from(self.handle.name());
-        let config = change(self.handle.config().clone());
+        let config = change(self.handle.config());
         self.handle = ThrottleHandle::clamped(name, config);
         self
     }

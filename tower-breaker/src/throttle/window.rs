@@ -76,7 +76,9 @@ pub(super) struct Window {
     /// The sums of the buckets before `head` within the window.
     past: Padded<Past>,
     /// The least critical K, for the budget.
-    k0: f64,
+    /// The least critical K, as `f64` bits (changed by
+    /// `ThrottleHandle::reconfigure`).
+    k0: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -205,7 +207,7 @@ impl Window {
             buckets: (0..STRIPES * BUCKETS).map(|_| Bucket::default()).collect(),
             head: Padded::default(),
             past: Padded::default(),
-            k0,
+            k0: std::sync::atomic::AtomicU64::new(k0.to_bits()),
         };
         window.set_budget(0, 0, 0);
         window
@@ -220,10 +222,24 @@ impl Window {
     /// since the past was summed are at most
     /// `((k0 − 1)·R_past − k0·F_past) / k0`.
     fn set_budget(&self, epoch: u64, requests: u64, refusals: u64) {
-        let room = ((self.k0 - 1.0) * requests as f64 - self.k0 * refusals as f64) / self.k0;
+        let k0 = f64::from_bits(self.k0.load(Relaxed));
+        let room = ((k0 - 1.0) * requests as f64 - k0 * refusals as f64) / k0;
         let budget = room.floor().clamp(-1.0, f64::from(i32::MAX)) as i32;
         self.head.0.budget.store(
             (epoch & COUNT_MASK) << 32 | u64::from(budget as u32),
+            Relaxed,
+        );
+    }
+
+    /// A new least critical K. The newest bucket's budget was set with the
+    /// old one: it is spent, so that every request judges by the rule
+    /// until the next bucket sets a budget with the new K.
+    pub(super) fn set_k0(&self, k0: f64) {
+        self.k0.store(k0.to_bits(), Relaxed);
+        let head = &self.head.0;
+        let epoch = head.epoch.load(Relaxed);
+        head.budget.store(
+            (epoch & COUNT_MASK) << 32 | u64::from((-1i32) as u32),
             Relaxed,
         );
     }
