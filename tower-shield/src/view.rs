@@ -43,6 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Request, Response};
 use serde::Serialize;
+use tower_breaker::snapshot::Cause;
 use tower_breaker::throttle::ThrottleHandle;
 use tower_breaker::{Breaker, Mode, State};
 use tower_bulkhead::CompartmentHandle;
@@ -312,14 +313,34 @@ impl Entry {
     }
 }
 
+fn state_name(state: State) -> &'static str {
+    match state {
+        State::Closed => "closed",
+        State::Open => "open",
+        State::HalfOpen => "half_open",
+    }
+}
+
+fn cause_name(cause: Cause) -> &'static str {
+    match cause {
+        Cause::FailureRate => "failure_rate",
+        Cause::SlowCallRate => "slow_call_rate",
+        Cause::ConsecutiveFailures => "consecutive_failures",
+        Cause::OpenPeriodOver => "open_period_over",
+        Cause::ProbeFailed => "probe_failed",
+        Cause::ProbeTimedOut => "probe_timed_out",
+        Cause::ProbeGivenBack => "probe_given_back",
+        Cause::ProbesSucceeded => "probes_succeeded",
+        Cause::ModeChanged => "mode_changed",
+        Cause::Store => "store",
+        _ => "other",
+    }
+}
+
 fn breaker_view(breaker: &Breaker) -> BreakerView {
     let s = breaker.snapshot();
     BreakerView {
-        state: match s.state {
-            State::Closed => "closed",
-            State::Open => "open",
-            State::HalfOpen => "half_open",
-        },
+        state: state_name(s.state),
         mode: match s.mode {
             Mode::Automatic => "automatic",
             Mode::ForcedOpen => "forced_open",
@@ -340,6 +361,20 @@ fn breaker_view(breaker: &Breaker) -> BreakerView {
         failed: s.totals.failed,
         rejected: s.totals.rejected,
         opened: s.totals.opened,
+        transitions: breaker
+            .recent_transitions()
+            .into_iter()
+            .rev()
+            .map(|t| TransitionView {
+                from: state_name(t.from),
+                to: state_name(t.to),
+                cause: cause_name(t.cause),
+                ago_ms: millis(t.at.elapsed()),
+                calls: t.window.calls,
+                failures: t.window.failures,
+                open_for_ms: t.open_for.map(millis),
+            })
+            .collect(),
     }
 }
 
@@ -417,6 +452,31 @@ pub struct BreakerView {
     pub rejected: u64,
     /// Times the circuit opened.
     pub opened: u64,
+    /// The last transitions (at most 10), newest first.
+    pub transitions: Vec<TransitionView>,
+}
+
+/// One of a breaker's recent transitions: `tower_breaker::Transition`.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct TransitionView {
+    /// The state before: `closed`, `open` or `half_open`.
+    pub from: &'static str,
+    /// The state after.
+    pub to: &'static str,
+    /// Why: `failure_rate`, `slow_call_rate`, `consecutive_failures`,
+    /// `open_period_over`, `probe_failed`, `probe_timed_out`,
+    /// `probe_given_back`, `probes_succeeded`, `mode_changed`, `store`.
+    pub cause: &'static str,
+    /// How long ago, in milliseconds.
+    pub ago_ms: u64,
+    /// The calls behind it (the window that tripped an opening, the
+    /// probes of a transition out of half-open).
+    pub calls: u64,
+    /// The failures among them.
+    pub failures: u64,
+    /// For an opening: how long the circuit stays open, in milliseconds.
+    pub open_for_ms: Option<u64>,
 }
 
 /// A bulkhead compartment: `tower_bulkhead::Stats`.

@@ -71,6 +71,16 @@ async fn the_snapshot_follows_the_stacks() {
     assert_eq!(breaker.state, "open");
     assert!(breaker.rejected > 0 && breaker.opened == 1, "{breaker:?}");
     let countdown = breaker.retry_after_ms.expect("a countdown while open");
+    // The last transitions, newest first: the opening, with its window.
+    let opening = &breaker.transitions[0];
+    assert_eq!(
+        (opening.from, opening.to, opening.cause),
+        ("closed", "open", "failure_rate")
+    );
+    assert!(
+        opening.failures >= 5 && opening.open_for_ms.is_some(),
+        "{opening:?}"
+    );
     // The open period, 5 s, with its jitter.
     assert!((1..=6_000).contains(&countdown), "{countdown}");
     // Below the breaker: only the calls it let through.
@@ -144,7 +154,8 @@ fn the_json_shows_only_names_states_and_counters() {
             "slow_in_flight",
             "slow_rate",
             "state",
-            "successful"
+            "successful",
+            "transitions"
         ]
     );
     assert_eq!(dependency["throttle"], Value::Null);

@@ -22,6 +22,10 @@ use crate::window::{CountWindow, Counts, TimeWindow, Window, FAIL, OK, SLOW};
 use crate::Mode;
 use tower_resilience_base::random::unit;
 
+/// How many transitions a breaker remembers for
+/// `Breaker::recent_transitions`.
+pub(crate) const RECENT_TRANSITIONS: usize = 10;
+
 pub(crate) struct Core {
     pub(super) word: Padded<AtomicU64>,
     /// Half-open probes: generation (20 bits) << 40 | in flight << 20 |
@@ -60,6 +64,9 @@ pub(crate) struct Core {
     /// The fleet's `minimum_calls` (not clamped to a count window's size,
     /// as the local one is).
     pub(super) fleet_minimum_calls: std::sync::atomic::AtomicU64,
+    /// The last [`RECENT_TRANSITIONS`] transitions, oldest first
+    /// (`Breaker::recent_transitions`; transitions are rare, so a lock).
+    pub(super) recent: std::sync::Mutex<std::collections::VecDeque<Transition>>,
     /// The configuration as last set (`Breaker::reconfigure`), for
     /// `Breaker::config`.
     pub(super) current: std::sync::Mutex<BreakerConfig>,
@@ -126,6 +133,9 @@ impl Core {
             s: LiveSettings::new(&s),
             fleet_minimum_calls: std::sync::atomic::AtomicU64::new(u64::from(config.minimum_calls)),
             current: std::sync::Mutex::new(config.clone()),
+            recent: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(
+                RECENT_TRANSITIONS,
+            )),
             name,
             base,
             coarse,
@@ -667,18 +677,27 @@ impl Core {
             ),
             _ => {}
         }
+        let transition = Transition {
+            name: core.name.clone(),
+            from: from.public_state(),
+            to: to.public_state(),
+            mode: to.mode(),
+            cause,
+            window: window_counts(counts),
+            open_for,
+            at: core.base + Duration::from_nanos(now),
+        };
         if let Some(listener) = &core.config.listener {
-            listener.on_transition(&Transition {
-                name: core.name.clone(),
-                from: from.public_state(),
-                to: to.public_state(),
-                mode: to.mode(),
-                cause,
-                window: window_counts(counts),
-                open_for,
-                at: core.base + Duration::from_nanos(now),
-            });
+            listener.on_transition(&transition);
         }
+        let mut recent = core
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if recent.len() == RECENT_TRANSITIONS {
+            recent.pop_front();
+        }
+        recent.push_back(transition);
     }
     /// Nanoseconds since `base`, now.
     #[inline]

@@ -290,6 +290,36 @@ impl Breaker {
             .clone()
     }
 
+    /// The last transitions (at most 10), oldest first: what a live view
+    /// shows as the circuit's recent history. Recorded whether or not a
+    /// [`Listener`](crate::snapshot::Listener) is configured.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::{Breaker, Outcome, State};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let breaker = Breaker::new("catalog");
+    /// for _ in 0..10 {
+    ///     breaker.try_acquire().unwrap().record(Outcome::Failure);
+    /// }
+    /// let recent = breaker.recent_transitions();
+    /// assert_eq!((recent[0].from, recent[0].to), (State::Closed, State::Open));
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn recent_transitions(&self) -> Vec<crate::Transition> {
+        self.core
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     /// Applies `config` to the running breaker, keeping its window, its
     /// state (an open circuit stays open, a probe in flight stays one) and
     /// its counters, and says what it changed.
