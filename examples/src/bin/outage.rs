@@ -63,7 +63,16 @@
 //! cargo run -p examples --bin outage -- --quick --redis
 //! cargo run -p examples --bin outage -- --quick --dynamodb
 //! cargo run -p examples --bin outage -- --quick --metrics 127.0.0.1:9000
+//! cargo run -p examples --bin outage -- --quick --faults
 //! ```
+//!
+//! With `--faults`, the all-fail and hang phases come from a `tower-chaos`
+//! fault layer in front of the dependency's handler (a plan of 503 for
+//! every call, then one that hangs every call, switched at each phase's
+//! start), a game day's way of making the same outage; the run must show
+//! what it shows with the handler's own failures (CI runs both). The
+//! quarter that fails first stays the handler's: every fourth call of each
+//! client, which a random share cannot promise.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -128,6 +137,9 @@ struct Args {
     fleet: Option<FleetArgs>,
     /// `--quick`: the short run of CI.
     quick: bool,
+    /// `--faults`: the dependency's all-fail and hang phases injected by
+    /// `tower-chaos` instead of its handler.
+    faults: bool,
 }
 
 /// What bounds the full stack's retries while a quarter of the calls fail.
@@ -169,7 +181,7 @@ const USAGE: &str = "\
 usage: outage [--rate N] [--timeout MS] [--duration SECS] [--outage-secs SECS]
               [--open-period MS] [--budget-window SECS] [--svg PATH] [--quick]
               [--redis [--redis-url URL] [--processes N]]
-              [--dynamodb [--processes N]] [--metrics ADDR]
+              [--dynamodb [--processes N]] [--metrics ADDR] [--faults]
 
   --rate N           requests per second sent by each caller (default 100)
   --timeout MS       the caller's timeout in milliseconds (default 1000)
@@ -197,7 +209,11 @@ usage: outage [--rate N] [--timeout MS] [--duration SECS] [--outage-secs SECS]
   --processes N      caller processes in the fleet (default 4, 2 to 16);
                      with --dynamodb, how many are calling at a time
   --metrics ADDR     serve the layers' metrics for Prometheus on
-                     http://ADDR/metrics while the demo runs";
+                     http://ADDR/metrics while the demo runs
+  --faults           the dependency's all-fail and hang phases injected by a
+                     tower-chaos fault layer (503 for every call, then a
+                     hang), switched at run time, instead of its handler;
+                     the run must show the same as with the handler";
 
 impl Args {
     fn parse() -> Result<Self, String> {
@@ -212,6 +228,7 @@ impl Args {
             svg: PathBuf::from("target/outage.svg"),
             fleet: None,
             quick: false,
+            faults: false,
         };
         let (mut rate_given, mut redis, mut dynamodb) = (false, false, false);
         // The run lasts this long after the hang, unless --duration says.
@@ -273,6 +290,7 @@ impl Args {
                     }
                     args.fleet.get_or_insert_with(FleetArgs::default).processes = n as usize;
                 }
+                "--faults" => args.faults = true,
                 // Read again by `serve_metrics`, in this process only.
                 "--metrics" => drop(value()?),
                 "-h" | "--help" => return Err(String::new()),
@@ -430,6 +448,8 @@ struct Dependency {
     /// Requests it is hanging on right now, per caller, and the peak.
     hung: [AtomicI64; 2],
     hung_peak: [AtomicI64; 2],
+    /// With `--faults`: the fault layer's switch.
+    faults: Option<tower_shield::chaos::FaultHandle>,
 }
 
 impl Dependency {
@@ -444,6 +464,9 @@ impl Dependency {
             seen: Mutex::default(),
             hung: [AtomicI64::new(0), AtomicI64::new(0)],
             hung_peak: [AtomicI64::new(0), AtomicI64::new(0)],
+            faults: args
+                .faults
+                .then(|| tower_shield::chaos::FaultHandle::new("outage-dependency")),
         }
     }
 
@@ -502,9 +525,21 @@ impl Drop for Hung<'_> {
 
 async fn handle(dep: Arc<Dependency>, caller: usize, client: u32) -> (StatusCode, &'static str) {
     let t = dep.start.elapsed();
-    dep.count(caller, t);
     let mut answer = (StatusCode::OK, "ok");
-    match dep.phase(t) {
+    let phase = match dep.faults {
+        // The fault layer counted the call (it may never reach here) and
+        // injects the all-fail and hang phases; a call that reaches the
+        // handler then is one the plan let through.
+        Some(_) => match dep.phase(t) {
+            Phase::Share => Phase::Share,
+            _ => Phase::Healthy,
+        },
+        None => {
+            dep.count(caller, t);
+            dep.phase(t)
+        }
+    };
+    match phase {
         Phase::Healthy => {}
         Phase::Share if !dep.fails_share(caller, client) => {}
         // Fails fast: a retryable answer, as fast as a success (a faster
@@ -532,7 +567,7 @@ async fn bind_dependency() -> tokio::net::TcpListener {
 }
 
 fn serve_dependency(listener: tokio::net::TcpListener, dep: Arc<Dependency>) {
-    let app = Router::new()
+    let router = Router::new()
         .route(
             "/bare",
             get(|State(d): State<Arc<Dependency>>| handle(d, BARE, 0)),
@@ -545,8 +580,75 @@ fn serve_dependency(listener: tokio::net::TcpListener, dep: Arc<Dependency>) {
                 },
             ),
         )
-        .with_state(dep);
+        .with_state(dep.clone());
+    let Some(faults) = dep.faults.clone() else {
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        return;
+    };
+    // `--faults`: the fault layer answers for the handler in the all-fail
+    // and hang phases; outside it, a middleware counts every call (and the
+    // calls hanging) as the handler does without faults.
+    switch_faults(dep.clone(), faults.clone());
+    let app = router
+        .layer(
+            tower::ServiceBuilder::new()
+                // An injected error (a hang past `max_hang`, say) as a 500.
+                .layer(axum::error_handling::HandleErrorLayer::new(
+                    |e: tower_breaker::BoxError| async move {
+                        (StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                    },
+                ))
+                .layer(tower_shield::chaos::FaultLayer::new(faults)),
+        )
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let dep = dep.clone();
+                async move {
+                    let caller = if request.uri().path().starts_with("/bare") {
+                        BARE
+                    } else {
+                        STACK
+                    };
+                    let t = dep.start.elapsed();
+                    dep.count(caller, t);
+                    let _hung = (dep.phase(t) == Phase::Hanging).then(|| {
+                        let now = dep.hung[caller].fetch_add(1, Ordering::Relaxed) + 1;
+                        dep.hung_peak[caller].fetch_max(now, Ordering::Relaxed);
+                        Hung(&dep.hung[caller])
+                    });
+                    next.run(request).await
+                }
+            },
+        ));
     tokio::spawn(async move { axum::serve(listener, app).await });
+}
+
+/// Sets the fault plan at each phase's start: every call answered 503
+/// after the 2 ms a success takes, nothing, every call hung, nothing.
+/// The quarter that fails before them stays the handler's: every fourth
+/// call of each client, evenly, which a random share cannot promise (a
+/// random 25% has runs of failures that trip the breaker's 50% of 20).
+fn switch_faults(dep: Arc<Dependency>, faults: tower_shield::chaos::FaultHandle) {
+    let (_, all_fail, healthy) = dep.fail_fast;
+    let (hang, recovered) = dep.outage;
+    let fail = tower_shield::chaos::FaultPlan::new()
+        .latency(1.0, Duration::from_millis(2))
+        .status(1.0, StatusCode::SERVICE_UNAVAILABLE);
+    let hang_plan = tower_shield::chaos::FaultPlan::new().hang(1.0);
+    tokio::spawn(async move {
+        for (at, plan) in [
+            (all_fail, Some(fail)),
+            (healthy, None),
+            (hang, Some(hang_plan)),
+            (recovered, None),
+        ] {
+            tokio::time::sleep_until(dep.start + at).await;
+            match plan {
+                Some(plan) => faults.set(plan).expect("a valid plan"),
+                None => faults.off(),
+            }
+        }
+    });
 }
 
 // ================================================================= callers
