@@ -568,7 +568,10 @@ impl ServiceSettings {
 
     /// The client stack `name` with its settings, and its handle; the
     /// stack is remembered, so that [`apply`](Self::apply) changes it
-    /// when the settings change.
+    /// when the settings change. Build each stack once, at start-up, and
+    /// clone it (clones share everything): each call here builds a new
+    /// stack, with a breaker and a compartment of its own, and remembers
+    /// it.
     pub fn client_stack(&self, name: &str) -> (ClientStack, ClientStackHandle) {
         let (stack, handle) = self
             .client(name)
