@@ -85,7 +85,9 @@
 //!
 //! gRPC calls are `POST`s: the retry layer repeats them only when they
 //! carry an `idempotency-key` metadata entry (or with a
-//! [`Policy`](tower_retry_budget::Policy) of your own). Retries carry
+//! [`Policy`](tower_retry_budget::Policy) of your own, or per method as a
+//! gRPC service config says, with feature `service-config`: module
+//! `service_config`). Retries carry
 //! `grpc-previous-rpc-attempts`; the per-attempt deadline layer writes
 //! `grpc-timeout` on every attempt, and tonic's `Request::set_timeout`
 //! counts as one more deadline (the earliest wins).

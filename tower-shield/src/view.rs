@@ -557,11 +557,7 @@ impl<B> Service<Request<B>> for JsonService {
     }
 
     fn call(&mut self, _: Request<B>) -> Self::Future {
-        let mut response = Response::new(self.view.json());
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        ready(Ok(response))
+        ready(Ok(uncached(self.view.json(), "application/json")))
     }
 }
 
@@ -581,15 +577,18 @@ impl<B> Service<Request<B>> for PageService {
     }
 
     fn call(&mut self, _: Request<B>) -> Self::Future {
-        let mut response = Response::new(self.page.to_string());
-        let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/html; charset=utf-8"),
-        );
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        ready(Ok(response))
+        ready(Ok(uncached(self.page.to_string(), "text/html; charset=utf-8")))
     }
+}
+
+/// A `200` with `body` of `content_type`, never cached: a view is read
+/// live.
+fn uncached(body: String, content_type: &'static str) -> Response<String> {
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
 }
 
 /// The page: polls the JSON every second, one card per dependency, with a
