@@ -24,7 +24,6 @@
 //! # Ok::<(), serde_json::Error>(())
 //! ```
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -88,22 +87,7 @@ pub enum AlgorithmKind {
     Aimd,
 }
 
-/// A bulkhead setting out of range.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidSetting {
-    /// The setting (`adaptive.max`).
-    pub setting: &'static str,
-    /// What is wrong, with the value given.
-    pub message: String,
-}
-
-impl fmt::Display for InvalidSetting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.setting, self.message)
-    }
-}
-
-impl std::error::Error for InvalidSetting {}
+pub use tower_resilience_base::settings::InvalidSetting;
 
 /// The default fixed limit of a settings file: the client stack's.
 const DEFAULT_LIMIT: usize = 64;

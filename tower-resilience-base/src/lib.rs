@@ -80,6 +80,7 @@ pub mod hook;
 pub mod loom_sync;
 pub mod outcome;
 pub mod random;
+pub mod seq;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod settings;

@@ -73,6 +73,25 @@ impl fmt::Display for ValueError {
 
 impl std::error::Error for ValueError {}
 
+/// A setting out of range, in a layer's settings type: the setting's
+/// name (as in the file, a path within the layer's settings:
+/// `backoff.cap`) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidSetting {
+    /// The setting.
+    pub setting: &'static str,
+    /// What is wrong, with the value given.
+    pub message: String,
+}
+
+impl fmt::Display for InvalidSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.setting, self.message)
+    }
+}
+
+impl std::error::Error for InvalidSetting {}
+
 /// Parses a human duration (see the [module docs](self)).
 ///
 /// # Errors

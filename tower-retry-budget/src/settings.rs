@@ -31,7 +31,6 @@
 //! # Ok::<(), serde_json::Error>(())
 //! ```
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,23 +101,7 @@ pub struct BudgetSettings {
     pub window: HumanDuration,
 }
 
-/// A retry setting out of range: the setting's name (as in the file) and
-/// what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidSetting {
-    /// The setting, as a path within the retry settings (`backoff.cap`).
-    pub setting: &'static str,
-    /// What is wrong, with the value given.
-    pub message: String,
-}
-
-impl fmt::Display for InvalidSetting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.setting, self.message)
-    }
-}
-
-impl std::error::Error for InvalidSetting {}
+pub use tower_resilience_base::settings::InvalidSetting;
 
 impl Default for RetrySettings {
     fn default() -> Self {

@@ -577,7 +577,10 @@ impl<B> Service<Request<B>> for PageService {
     }
 
     fn call(&mut self, _: Request<B>) -> Self::Future {
-        ready(Ok(uncached(self.page.to_string(), "text/html; charset=utf-8")))
+        ready(Ok(uncached(
+            self.page.to_string(),
+            "text/html; charset=utf-8",
+        )))
     }
 }
 

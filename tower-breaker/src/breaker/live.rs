@@ -1,19 +1,13 @@
 //! The breaker's thresholds and periods, changeable while it runs.
 //!
-//! Each setting is an atomic that the hot path reads with one relaxed load
-//! (a plain load on x86 and ARM). A reader that needs several settings to
-//! agree (the judgement that opens the circuit reads the thresholds
-//! together; the open period reads its base, growth, cap and jitter)
-//! takes them with [`LiveSettings::get`], a sequence lock: it reads the
-//! sequence, the settings, then the sequence again, and reads again if a
-//! change was being written meanwhile. So a judgement never sees half of
-//! an old configuration and half of a new one.
-//!
-//! These are `std` atomics, not the crate's `sync` ones: the loom models
-//! explore the state machine's races, not its settings.
+//! Each setting is a word of a [`SeqWords`] that the hot path reads with
+//! one relaxed load. A reader that needs several settings to agree (the
+//! judgement that opens the circuit reads the thresholds together; the
+//! open period reads its base, growth, cap and jitter) takes them with
+//! [`LiveSettings::get`], under the sequence lock: a judgement never sees
+//! half of an old configuration and half of a new one.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
-use std::sync::Mutex;
+use tower_resilience_base::seq::SeqWords;
 
 use super::{nanos, PPM};
 use crate::config::{BreakerConfig, CallEnd, WindowKind};
@@ -76,37 +70,38 @@ impl Settings {
     }
 }
 
-/// [`Settings`] as atomics, behind a sequence lock.
+/// [`Settings`] as words behind a sequence lock
+/// ([`SeqWords`]): one load for a single setting, one consistent set for
+/// a judgement.
 #[derive(Debug)]
-pub(super) struct LiveSettings {
-    /// Even when no change is being written; odd while one is.
-    seq: AtomicU64,
-    minimum_calls: AtomicU64,
-    failure_ppm: AtomicU64,
-    slow_ppm: AtomicU64,
-    slow_ns: AtomicU64,
-    slow_at_head: AtomicBool,
-    consecutive: AtomicU64,
-    open_ns: AtomicU64,
-    max_open_ns: AtomicU64,
-    growth: AtomicU64,
-    jitter: AtomicU64,
-    probes: AtomicU64,
-    successes: AtomicU64,
-    half_open_ns: AtomicU64,
-    election_ns: AtomicU64,
-    ramp_ns: AtomicU64,
-    rejection_event_ms: AtomicU64,
-    /// One writer at a time.
-    writer: Mutex<()>,
+pub(super) struct LiveSettings(SeqWords<16>);
+
+/// The word of each setting.
+mod at {
+    pub(super) const MINIMUM_CALLS: usize = 0;
+    pub(super) const FAILURE_PPM: usize = 1;
+    pub(super) const SLOW_PPM: usize = 2;
+    pub(super) const SLOW_NS: usize = 3;
+    pub(super) const SLOW_AT_HEAD: usize = 4;
+    pub(super) const CONSECUTIVE: usize = 5;
+    pub(super) const OPEN_NS: usize = 6;
+    pub(super) const MAX_OPEN_NS: usize = 7;
+    pub(super) const GROWTH: usize = 8;
+    pub(super) const JITTER: usize = 9;
+    pub(super) const PROBES: usize = 10;
+    pub(super) const SUCCESSES: usize = 11;
+    pub(super) const HALF_OPEN_NS: usize = 12;
+    pub(super) const ELECTION_NS: usize = 13;
+    pub(super) const RAMP_NS: usize = 14;
+    pub(super) const REJECTION_EVENT_MS: usize = 15;
 }
 
 macro_rules! getters {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident = $at:ident),* $(,)?) => {
         $(
             #[inline]
             pub(super) fn $name(&self) -> u64 {
-                self.$name.load(Relaxed)
+                self.0.word(at::$at)
             }
         )*
     };
@@ -114,156 +109,121 @@ macro_rules! getters {
 
 impl LiveSettings {
     pub(super) fn new(s: &Settings) -> Self {
-        Self {
-            seq: AtomicU64::new(0),
-            minimum_calls: AtomicU64::new(s.minimum_calls),
-            failure_ppm: AtomicU64::new(s.failure_ppm),
-            slow_ppm: AtomicU64::new(s.slow_ppm),
-            slow_ns: AtomicU64::new(s.slow_ns),
-            slow_at_head: AtomicBool::new(s.slow_at_head),
-            consecutive: AtomicU64::new(s.consecutive),
-            open_ns: AtomicU64::new(s.open_ns),
-            max_open_ns: AtomicU64::new(s.max_open_ns),
-            growth: AtomicU64::new(s.growth.to_bits()),
-            jitter: AtomicU64::new(s.jitter.to_bits()),
-            probes: AtomicU64::new(s.probes),
-            successes: AtomicU64::new(s.successes),
-            half_open_ns: AtomicU64::new(s.half_open_ns),
-            election_ns: AtomicU64::new(s.election_ns),
-            ramp_ns: AtomicU64::new(s.ramp_ns),
-            rejection_event_ms: AtomicU64::new(s.rejection_event_ms),
-            writer: Mutex::new(()),
-        }
+        Self(SeqWords::new(encode(s)))
     }
 
     getters!(
-        slow_ns,
-        consecutive,
-        open_ns,
-        probes,
-        successes,
-        half_open_ns,
-        election_ns,
-        ramp_ns,
-        rejection_event_ms,
+        slow_ns = SLOW_NS,
+        consecutive = CONSECUTIVE,
+        open_ns = OPEN_NS,
+        probes = PROBES,
+        successes = SUCCESSES,
+        half_open_ns = HALF_OPEN_NS,
+        election_ns = ELECTION_NS,
+        ramp_ns = RAMP_NS,
+        rejection_event_ms = REJECTION_EVENT_MS,
     );
 
     #[inline]
     pub(super) fn slow_at_head(&self) -> bool {
-        self.slow_at_head.load(Relaxed)
+        self.0.word(at::SLOW_AT_HEAD) != 0
     }
 
     /// Every setting, all from the same configuration.
     pub(super) fn get(&self) -> Settings {
-        loop {
-            let before = self.seq.load(Acquire);
-            if before & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let s = self.read();
-            fence(Acquire);
-            if self.seq.load(Relaxed) == before {
-                return s;
-            }
-        }
-    }
-
-    fn read(&self) -> Settings {
-        Settings {
-            minimum_calls: self.minimum_calls.load(Relaxed),
-            failure_ppm: self.failure_ppm.load(Relaxed),
-            slow_ppm: self.slow_ppm.load(Relaxed),
-            slow_ns: self.slow_ns.load(Relaxed),
-            slow_at_head: self.slow_at_head.load(Relaxed),
-            consecutive: self.consecutive.load(Relaxed),
-            open_ns: self.open_ns.load(Relaxed),
-            max_open_ns: self.max_open_ns.load(Relaxed),
-            growth: f64::from_bits(self.growth.load(Relaxed)),
-            jitter: f64::from_bits(self.jitter.load(Relaxed)),
-            probes: self.probes.load(Relaxed),
-            successes: self.successes.load(Relaxed),
-            half_open_ns: self.half_open_ns.load(Relaxed),
-            election_ns: self.election_ns.load(Relaxed),
-            ramp_ns: self.ramp_ns.load(Relaxed),
-            rejection_event_ms: self.rejection_event_ms.load(Relaxed),
-        }
+        decode(self.0.get())
     }
 
     /// Replaces every setting; readers of [`get`](Self::get) see the old
     /// set or the new one, never a mix.
     pub(super) fn set(&self, s: &Settings) {
-        let _writer = self
-            .writer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let seq = self.seq.load(Relaxed);
-        self.seq.store(seq.wrapping_add(1), Relaxed);
-        fence(Release);
-        self.minimum_calls.store(s.minimum_calls, Relaxed);
-        self.failure_ppm.store(s.failure_ppm, Relaxed);
-        self.slow_ppm.store(s.slow_ppm, Relaxed);
-        self.slow_ns.store(s.slow_ns, Relaxed);
-        self.slow_at_head.store(s.slow_at_head, Relaxed);
-        self.consecutive.store(s.consecutive, Relaxed);
-        self.open_ns.store(s.open_ns, Relaxed);
-        self.max_open_ns.store(s.max_open_ns, Relaxed);
-        self.growth.store(s.growth.to_bits(), Relaxed);
-        self.jitter.store(s.jitter.to_bits(), Relaxed);
-        self.probes.store(s.probes, Relaxed);
-        self.successes.store(s.successes, Relaxed);
-        self.half_open_ns.store(s.half_open_ns, Relaxed);
-        self.election_ns.store(s.election_ns, Relaxed);
-        self.ramp_ns.store(s.ramp_ns, Relaxed);
-        self.rejection_event_ms.store(s.rejection_event_ms, Relaxed);
-        self.seq.store(seq.wrapping_add(2), Release);
+        self.0.set(encode(s));
+    }
+}
+
+fn encode(s: &Settings) -> [u64; 16] {
+    let mut w = [0; 16];
+    w[at::MINIMUM_CALLS] = s.minimum_calls;
+    w[at::FAILURE_PPM] = s.failure_ppm;
+    w[at::SLOW_PPM] = s.slow_ppm;
+    w[at::SLOW_NS] = s.slow_ns;
+    w[at::SLOW_AT_HEAD] = u64::from(s.slow_at_head);
+    w[at::CONSECUTIVE] = s.consecutive;
+    w[at::OPEN_NS] = s.open_ns;
+    w[at::MAX_OPEN_NS] = s.max_open_ns;
+    w[at::GROWTH] = s.growth.to_bits();
+    w[at::JITTER] = s.jitter.to_bits();
+    w[at::PROBES] = s.probes;
+    w[at::SUCCESSES] = s.successes;
+    w[at::HALF_OPEN_NS] = s.half_open_ns;
+    w[at::ELECTION_NS] = s.election_ns;
+    w[at::RAMP_NS] = s.ramp_ns;
+    w[at::REJECTION_EVENT_MS] = s.rejection_event_ms;
+    w
+}
+
+fn decode(w: [u64; 16]) -> Settings {
+    Settings {
+        minimum_calls: w[at::MINIMUM_CALLS],
+        failure_ppm: w[at::FAILURE_PPM],
+        slow_ppm: w[at::SLOW_PPM],
+        slow_ns: w[at::SLOW_NS],
+        slow_at_head: w[at::SLOW_AT_HEAD] != 0,
+        consecutive: w[at::CONSECUTIVE],
+        open_ns: w[at::OPEN_NS],
+        max_open_ns: w[at::MAX_OPEN_NS],
+        growth: f64::from_bits(w[at::GROWTH]),
+        jitter: f64::from_bits(w[at::JITTER]),
+        probes: w[at::PROBES],
+        successes: w[at::SUCCESSES],
+        half_open_ns: w[at::HALF_OPEN_NS],
+        election_ns: w[at::ELECTION_NS],
+        ramp_ns: w[at::RAMP_NS],
+        rejection_event_ms: w[at::REJECTION_EVENT_MS],
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-
-    fn settings(n: u64) -> Settings {
-        Settings {
-            minimum_calls: n,
-            failure_ppm: n,
-            slow_ppm: n,
-            slow_ns: n,
-            slow_at_head: n.is_multiple_of(2),
-            consecutive: n,
-            open_ns: n,
-            max_open_ns: n,
-            growth: n as f64,
-            jitter: n as f64,
-            probes: n,
-            successes: n,
-            half_open_ns: n,
-            election_ns: n,
-            ramp_ns: n,
-            rejection_event_ms: n,
-        }
-    }
 
     #[test]
-    fn readers_never_see_a_mix_of_two_configurations() {
-        let live = Arc::new(LiveSettings::new(&settings(1)));
-        let writer = {
-            let live = Arc::clone(&live);
-            std::thread::spawn(move || {
-                for i in 0..20_000u64 {
-                    live.set(&settings(1 + i % 2));
-                }
-            })
+    fn every_setting_reads_back_as_written() {
+        let s = Settings {
+            minimum_calls: 1,
+            failure_ppm: 2,
+            slow_ppm: 3,
+            slow_ns: 4,
+            slow_at_head: true,
+            consecutive: 5,
+            open_ns: 6,
+            max_open_ns: 7,
+            growth: 8.5,
+            jitter: 0.25,
+            probes: 9,
+            successes: 10,
+            half_open_ns: 11,
+            election_ns: 12,
+            ramp_ns: 13,
+            rejection_event_ms: 14,
         };
-        let mut seen = [0u64; 2];
-        while !writer.is_finished() {
-            let s = live.get();
-            assert!(s == settings(1) || s == settings(2), "a torn read: {s:?}");
-            seen[(s.minimum_calls - 1) as usize] += 1;
-        }
-        writer.join().unwrap();
-        assert!(seen[0] > 0, "the reader ran: {seen:?}");
+        let live = LiveSettings::new(&s);
+        assert_eq!(live.get(), s);
+        assert_eq!(
+            (
+                live.slow_ns(),
+                live.slow_at_head(),
+                live.open_ns(),
+                live.rejection_event_ms()
+            ),
+            (4, true, 6, 14)
+        );
+        let t = Settings {
+            slow_at_head: false,
+            growth: 2.0,
+            ..s
+        };
+        live.set(&t);
+        assert_eq!(live.get(), t);
     }
 }

@@ -574,17 +574,11 @@ impl Rules {
     }
 }
 
-/// [`Rules`] as atomics behind a sequence lock: a judgement reads one
-/// configuration, never half of two. `std` atomics: the loom models
-/// explore the window's races, not its settings.
+/// [`Rules`] as words behind a sequence lock
+/// ([`SeqWords`](tower_resilience_base::seq::SeqWords)): a judgement
+/// reads one configuration, never half of two.
 #[derive(Debug)]
-struct LiveRules {
-    /// Even when no change is being written.
-    seq: std::sync::atomic::AtomicU64,
-    /// The four Ks, the cap (as `f64` bits) and the least requests.
-    words: [std::sync::atomic::AtomicU64; 6],
-    writer: std::sync::Mutex<()>,
-}
+struct LiveRules(tower_resilience_base::seq::SeqWords<6>);
 
 impl LiveRules {
     fn encode(r: &Rules) -> [u64; 6] {
@@ -599,50 +593,24 @@ impl LiveRules {
     }
 
     fn new(r: &Rules) -> Self {
-        Self {
-            seq: std::sync::atomic::AtomicU64::new(0),
-            words: Self::encode(r).map(std::sync::atomic::AtomicU64::new),
-            writer: std::sync::Mutex::new(()),
-        }
+        Self(tower_resilience_base::seq::SeqWords::new(Self::encode(r)))
     }
 
     fn get(&self) -> Rules {
-        use std::sync::atomic::{fence, Ordering::*};
-        loop {
-            let before = self.seq.load(Acquire);
-            if before & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let w = self.words.each_ref().map(|w| w.load(Relaxed));
-            fence(Acquire);
-            if self.seq.load(Relaxed) == before {
-                return Rules {
-                    ks: [
-                        f64::from_bits(w[0]),
-                        f64::from_bits(w[1]),
-                        f64::from_bits(w[2]),
-                        f64::from_bits(w[3]),
-                    ],
-                    max_rejection: f64::from_bits(w[4]),
-                    min_requests: w[5],
-                };
-            }
+        let w = self.0.get();
+        Rules {
+            ks: [
+                f64::from_bits(w[0]),
+                f64::from_bits(w[1]),
+                f64::from_bits(w[2]),
+                f64::from_bits(w[3]),
+            ],
+            max_rejection: f64::from_bits(w[4]),
+            min_requests: w[5],
         }
     }
 
     fn set(&self, r: &Rules) {
-        use std::sync::atomic::{fence, Ordering::*};
-        let _writer = self
-            .writer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let seq = self.seq.load(Relaxed);
-        self.seq.store(seq.wrapping_add(1), Relaxed);
-        fence(Release);
-        for (word, value) in self.words.iter().zip(Self::encode(r)) {
-            word.store(value, Relaxed);
-        }
-        self.seq.store(seq.wrapping_add(2), Release);
+        self.0.set(Self::encode(r));
     }
 }
