@@ -126,7 +126,7 @@ const DISTURBED: f64 = 0.25;
 const SERVE: &str = "--serve";
 
 const USAGE: &str = "\
-usage: socket-bench [--rounds N] [--secs S] [--concurrency C] [--quick]
+usage: socket-bench [--rounds N] [--secs S] [--concurrency C] [--quick] [--coarse-clock]
 
   --rounds N        rounds; each variant runs once per round (default 3)
   --secs S          measured seconds per variant and round, decimals
@@ -134,7 +134,12 @@ usage: socket-bench [--rounds N] [--secs S] [--concurrency C] [--quick]
                     1 s, comes first)
   --concurrency C   caller tasks sending requests back to back (default 64,
                     at most 512, half the stacks' limit)
-  --quick           1 round of 1 s each, for CI; flags after it still apply";
+  --quick           1 round of 1 s each, for CI; flags after it still apply
+  --coarse-clock    our client stack tells time by the coarse clock
+                    (`client_stack(..).coarse_clock(true)`): its thread
+                    then runs in this process, which every other variant
+                    (bare reqwest included) shares; compare with a run
+                    without it";
 
 /// What the command line sets.
 #[derive(Debug, Clone)]
@@ -142,6 +147,8 @@ struct Args {
     rounds: usize,
     secs: Duration,
     concurrency: usize,
+    /// `--coarse-clock`: our client stack on the coarse clock.
+    coarse_clock: bool,
 }
 
 impl Args {
@@ -166,6 +173,7 @@ fn parse() -> Result<Role, String> {
         rounds: 3,
         secs: Duration::from_secs(5),
         concurrency: 64,
+        coarse_clock: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -193,6 +201,7 @@ fn parse() -> Result<Role, String> {
                 args.rounds = 1;
                 args.secs = Duration::from_secs(1);
             }
+            "--coarse-clock" => args.coarse_clock = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -772,6 +781,7 @@ async fn bench(args: &Args) -> Result<(), String> {
         client_stack("bench")
             .timeout(TIMEOUT)
             .concurrency(LIMIT)
+            .coarse_clock(args.coarse_clock)
             .layer(ReqwestService::new(transport)),
     );
 
@@ -788,7 +798,11 @@ async fn bench(args: &Args) -> Result<(), String> {
         },
         Case {
             caller: &ours,
-            caller_label: "`ReqwestService` + `client_stack(..).timeout(2s).concurrency(1024)`",
+            caller_label: if args.coarse_clock {
+                "`ReqwestService` + `client_stack(..).timeout(2s).concurrency(1024).coarse_clock(true)`"
+            } else {
+                "`ReqwestService` + `client_stack(..).timeout(2s).concurrency(1024)`"
+            },
             server: server(ServerKind::Bare),
         },
         Case {
