@@ -714,7 +714,6 @@ pub struct ClientStackHandle {
 
 #[derive(Debug)]
 struct ClientHandleInner {
-    name: Arc<str>,
     timeout: TimeoutHandle,
     breaker: Breaker,
     attempts: MaxAttempts,
@@ -736,7 +735,6 @@ impl ClientStackHandle {
     ) -> Self {
         Self {
             inner: Arc::new(ClientHandleInner {
-                name: Arc::from(stack.breaker_handle().name()),
                 timeout: stack.timeout_handle().clone(),
                 breaker: stack.breaker_handle().clone(),
                 attempts: stack.max_attempts_handle(),
@@ -909,7 +907,7 @@ impl ClientStackHandle {
 
         *current = new.clone();
         drop(current);
-        done.log(&inner.name);
+        done.log(inner.breaker.name());
         Ok(done)
     }
 }

@@ -168,49 +168,44 @@ impl UnaryService<Query> for Handler {
     }
 }
 
-/// The server side of `test.Shop/*`.
-#[derive(Clone)]
-struct ShopServer(Arc<Backend>);
+/// A server for the gRPC service `$name`: every method is answered by
+/// `serve` on the shared backend.
+macro_rules! grpc_server {
+    ($(#[$doc:meta])* $server:ident, $name:literal) => {
+        $(#[$doc])*
+        #[derive(Clone)]
+        struct $server(Arc<Backend>);
 
-impl NamedService for ShopServer {
-    const NAME: &'static str = "test.Shop";
+        impl NamedService for $server {
+            const NAME: &'static str = $name;
+        }
+
+        impl Service<http::Request<tonic::body::Body>> for $server {
+            type Response = http::Response<tonic::body::Body>;
+            type Error = Infallible;
+            type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+            fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+                serve(self.0.clone(), request)
+            }
+        }
+    };
 }
 
-impl Service<http::Request<tonic::body::Body>> for ShopServer {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        serve(self.0.clone(), request)
-    }
-}
-
-/// The server side of `test.Search/*`.
-#[derive(Clone)]
-struct SearchServer(Arc<Backend>);
-
-impl NamedService for SearchServer {
-    const NAME: &'static str = "test.Search";
-}
-
-impl Service<http::Request<tonic::body::Body>> for SearchServer {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        serve(self.0.clone(), request)
-    }
-}
+grpc_server!(
+    /// The server side of `test.Shop/*`.
+    ShopServer,
+    "test.Shop"
+);
+grpc_server!(
+    /// The server side of `test.Search/*`.
+    SearchServer,
+    "test.Search"
+);
 
 /// A healthy server on a free port of 127.0.0.1.
 async fn start() -> (SocketAddr, Arc<Backend>) {

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use std::future::Future;
@@ -595,11 +595,18 @@ impl Core {
             let result = match report {
                 Some((report, rule)) => {
                     // The thresholds of the breaker's configuration now
-                    // (`Breaker::reconfigure` may have changed them).
+                    // (`Breaker::reconfigure` may have changed them); the
+                    // fleet's `minimum_calls` is the configured one, not
+                    // the local one clamped to a count window's size.
                     let s = core.s.get();
+                    let minimum_calls = core
+                        .current
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .minimum_calls;
                     let rule = FleetRule {
                         open_for: Duration::from_nanos(core.open_period(0)),
-                        minimum_calls: core.fleet_minimum_calls.load(Relaxed).max(1),
+                        minimum_calls: u64::from(minimum_calls).max(1),
                         failure_rate_ppm: s.failure_ppm,
                         slow_rate_ppm: if s.slow_ns != 0 { s.slow_ppm } else { 0 },
                         ..rule

@@ -61,9 +61,6 @@ pub(crate) struct Core {
     /// (`BreakerConfig::coarse_clock`): readings are then one atomic load.
     pub(super) coarse: Option<(&'static CoarseClock, u64)>,
     pub(super) s: LiveSettings,
-    /// The fleet's `minimum_calls` (not clamped to a count window's size,
-    /// as the local one is).
-    pub(super) fleet_minimum_calls: std::sync::atomic::AtomicU64,
     /// The last [`RECENT_TRANSITIONS`] transitions, oldest first
     /// (`Breaker::recent_transitions`; transitions are rare, so a lock).
     pub(super) recent: std::sync::Mutex<std::collections::VecDeque<Transition>>,
@@ -131,7 +128,6 @@ impl Core {
             stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
             in_flight: (s.slow_ns != 0).then(|| InFlight::new(s.slow_ns)),
             s: LiveSettings::new(&s),
-            fleet_minimum_calls: std::sync::atomic::AtomicU64::new(u64::from(config.minimum_calls)),
             current: std::sync::Mutex::new(config.clone()),
             recent: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(
                 RECENT_TRANSITIONS,

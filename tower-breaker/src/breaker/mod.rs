@@ -375,8 +375,6 @@ impl Breaker {
         if let Some(in_flight) = &core.in_flight {
             in_flight.set_threshold(s.slow_ns);
         }
-        core.fleet_minimum_calls
-            .store(u64::from(effective.minimum_calls), Relaxed);
         *current = effective;
         drop(current);
         if !done.applied.is_empty() || !done.not_live.is_empty() {
