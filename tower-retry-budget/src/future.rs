@@ -114,7 +114,7 @@ impl<S, Body> Cold<S, Body> {
                 service: None,
                 next: None,
                 jitter: None,
-                paid: Paid(None),
+                paid: Paid::default(),
             })
         })
     }
@@ -216,6 +216,15 @@ where
                     let result: Result<Response<ResB>, BoxError> =
                         ready!(future.poll(cx)).map_err(Into::into);
                     let (class, marked) = classify(&result, this.shared, *this.deadline);
+                    if let Err(e) = &result {
+                        if let Some(cold) = this.retry.as_mut().and_then(|r| r.cold.as_mut()) {
+                            if tower_resilience_base::error::is_local_rejection(&**e) {
+                                // A retry the bulkhead or the throttle below
+                                // refused: the dependency never saw it.
+                                cold.paid.refund();
+                            }
+                        }
+                    }
                     if let Some(hook) = this.hook.as_mut() {
                         // The breaker above counts the attempt by the class
                         // decided here: the response is judged once.
@@ -300,7 +309,7 @@ where
                     if let Some(retrying) = this.retry.as_mut() {
                         let fleet = matches!(answer, Claim::Granted);
                         Cold::of(&mut retrying.cold).paid =
-                            Paid(Some((Arc::clone(budget), *at, fleet)));
+                            Paid::new(Arc::clone(budget), *at, fleet);
                     }
                     let sleep =
                         std::mem::replace(sleep, Box::pin(tokio::time::sleep(Duration::ZERO)));
@@ -369,7 +378,7 @@ where
                         },
                         || service.call(request),
                     );
-                    cold.paid.spent();
+                    cold.paid.sent();
                     this.shared.metrics.retried();
                     this.state.set(State::Attempt { future });
                 }
@@ -462,7 +471,7 @@ where
         return Step::Return(give_up(result, StopReason::Budget, attempt, true));
     }
     let cold = Cold::of(&mut retrying.cold);
-    cold.paid = Paid(Some((Arc::clone(&shared.budget), now, false)));
+    cold.paid = Paid::new(Arc::clone(&shared.budget), now, false);
     cold.next = Some(body);
     tracing::debug!(
         attempt = attempt + 1,
@@ -499,20 +508,35 @@ fn classify<S, ResB>(
     }
 }
 
-/// The budget's payment for a retry not sent yet, refunded unless
-/// [`spent`](Paid::spent): the budget, when it was paid, and whether the
-/// fleet granted it (then the fleet gets it back too).
-struct Paid(Option<(Arc<RetryBudget>, Instant, bool)>);
+/// The budget's payment for the latest retry: the budget, when it was
+/// paid, and whether the fleet granted it (then the fleet gets it back
+/// too). Refunded when the retry is not sent (dropped before it was
+/// [`sent`](Paid::sent)), or when the layers below refuse it without
+/// calling the dependency ([`refund`](Paid::refund) on a local rejection):
+/// either way the dependency never saw it.
+#[derive(Default)]
+struct Paid {
+    payment: Option<(Arc<RetryBudget>, Instant, bool)>,
+    sent: bool,
+}
 
 impl Paid {
-    /// The retry was sent: the payment stands.
-    fn spent(&mut self) {
-        self.0 = None;
+    fn new(budget: Arc<RetryBudget>, at: Instant, fleet: bool) -> Self {
+        Self {
+            payment: Some((budget, at, fleet)),
+            sent: false,
+        }
     }
 
-    /// The retry will not be sent: the budget gets it back.
+    /// The retry was handed to the service below: the payment stands,
+    /// unless that service refuses it locally.
+    fn sent(&mut self) {
+        self.sent = true;
+    }
+
+    /// The retry did not reach the dependency: the budget gets it back.
     fn refund(&mut self) {
-        if let Some((budget, at, fleet)) = self.0.take() {
+        if let Some((budget, at, fleet)) = self.payment.take() {
             budget.refund_at(at);
             if let Some(shared) = budget.shared().filter(|_| fleet) {
                 shared.give_back();
@@ -523,7 +547,9 @@ impl Paid {
 
 impl Drop for Paid {
     fn drop(&mut self) {
-        self.refund();
+        if !self.sent {
+            self.refund();
+        }
     }
 }
 
