@@ -1,23 +1,46 @@
 //! What the lock-free cores (the windows, the state word and the probe
-//! slots) synchronise and tell time with: std's atomics and tokio's clock,
-//! or, under `--cfg tower_resilience_loom` only, the atomics of
-//! `tower_resilience_base::loom_sync` and a clock the loom models set
-//! (loom needs every execution to be the same given its schedule, so time
-//! may not pass by itself). See `scripts/loom`.
+//! slots), the keyed registry and the fleet link synchronise and tell time
+//! with: std's atomics and locks and tokio's clock, or, under
+//! `--cfg tower_resilience_loom` only, the atomics of
+//! `tower_resilience_base::loom_sync`, loom's locks and a clock the loom
+//! models set (loom needs every execution to be the same given its
+//! schedule, so time may not pass by itself, nor may a registry's keys
+//! fall in other shards). See `scripts/loom`.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 #[cfg(not(tower_resilience_loom))]
+pub(crate) use std::collections::hash_map::RandomState;
+#[cfg(not(tower_resilience_loom))]
 pub(crate) use std::hint::spin_loop;
 #[cfg(not(tower_resilience_loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+#[cfg(not(tower_resilience_loom))]
+pub(crate) use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 #[cfg(tower_resilience_loom)]
 pub(crate) use loom::hint::spin_loop;
+/// Loom's own (`loom_sync` has no `AtomicBool`): the fleet link uses its
+/// flag with relaxed accesses only, which loom models exactly.
 #[cfg(tower_resilience_loom)]
-pub(crate) use tower_resilience_base::loom_sync::{fence, AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::AtomicBool;
+#[cfg(tower_resilience_loom)]
+pub(crate) use loom::sync::{Mutex, RwLock, RwLockReadGuard};
+#[cfg(tower_resilience_loom)]
+pub(crate) use tower_resilience_base::loom_sync::{
+    fence, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+
+/// The keyed registry's hasher under the models: SipHash with fixed keys,
+/// so a key falls in the same shard in every execution (std's
+/// `RandomState` draws new keys for each registry).
+#[cfg(tower_resilience_loom)]
+pub(crate) type RandomState =
+    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
 
 /// The time since `base`.
 #[cfg(not(tower_resilience_loom))]

@@ -8,6 +8,7 @@ mod layer;
 mod mark;
 mod snapshot;
 mod source;
+mod sync;
 
 pub use cause::{Cause, Causes};
 pub use layer::{

@@ -1,16 +1,16 @@
 //! What a fallback layer counts, and how its events are rate limited.
 
 use std::fmt;
-use std::sync::atomic::{
-    AtomicU64, AtomicUsize,
-    Ordering::{AcqRel, Relaxed, Release},
-};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::cause::Cause;
+use crate::sync::{
+    AtomicU64, AtomicUsize,
+    Ordering::{AcqRel, Relaxed, Release},
+};
 
 /// The figures of a [`FallbackLayer`](super::FallbackLayer) since it was
 /// built, from [`FallbackLayer::snapshot`](super::FallbackLayer::snapshot).
@@ -336,6 +336,9 @@ impl Gate {
                 .is_ok()
     }
 }
+
+#[cfg(all(test, tower_resilience_loom))]
+mod loom_models;
 
 #[cfg(test)]
 mod tests {

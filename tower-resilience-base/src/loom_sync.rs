@@ -23,8 +23,8 @@ use Ordering::SeqCst;
 
 /// The preemptions per execution the models explore unless
 /// `LOOM_MAX_PREEMPTIONS` sets another bound. On two cores every model of
-/// the workspace then runs in about 15 s (with 2: 5 s; with 4: 80 s, most
-/// of it the three callers racing for a probe slot).
+/// the workspace then runs in about 24 s (with 4: about 95 s, most of it
+/// the three callers racing for a probe slot).
 pub const DEFAULT_PREEMPTIONS: usize = 3;
 
 /// Runs `f` under loom's model checker: every interleaving of the loom

@@ -1,12 +1,12 @@
-//! The atomics of the retry budget's buckets: std's, or, under
-//! `--cfg tower_resilience_loom` only, those of
-//! `tower_resilience_base::loom_sync`, so that the loom models
-//! (`scripts/loom`) check the budget as it is written.
+//! The atomics of the retry budget's buckets and of the hedging layer's
+//! latency estimate: std's, or, under `--cfg tower_resilience_loom` only,
+//! those of `tower_resilience_base::loom_sync`, so that the loom models
+//! (`scripts/loom`) check them as they are written.
 
 #[cfg(not(tower_resilience_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(tower_resilience_loom)]
-pub(crate) use tower_resilience_base::loom_sync::{AtomicU64, Ordering};
+pub(crate) use tower_resilience_base::loom_sync::{AtomicU32, AtomicU64, Ordering};
 
 /// `N` counters at zero, built in place.
 #[cfg(not(tower_resilience_loom))]

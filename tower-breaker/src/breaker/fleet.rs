@@ -3,8 +3,7 @@
 //! in a spawned task beside the hot path.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use std::future::Future;
@@ -19,6 +18,7 @@ use crate::snapshot::Cause;
 use crate::state::{Phase, Word, CLOSED, ELECTING, HALF_OPEN, OPEN};
 use crate::store::StoreFailureMode;
 use crate::store::{Decision, Election, FleetRule, ProbeToken, Report, Store, StoreError, Watcher};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering::*};
 use crate::Mode;
 
 /// A breaker's link to its shared store.
@@ -515,72 +515,9 @@ impl Core {
     /// any and the fleet shares its evidence, or else reads; and adopts
     /// what the store decided.
     fn sync(self: &Arc<Self>, link: &StoreLink, now: u64) {
-        let report = link.fleet.and_then(|rule| {
-            // The totals are read under the lock, so racing syncs see them
-            // in order: each reports what the one before it did not, and
-            // `reported` never moves back (which would report a share
-            // twice).
-            let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
-            let totals = self.totals();
-            let now_totals = [totals.calls(), totals.failed, totals.slow];
-            let mut delta = Report::new(
-                now_totals[0].saturating_sub(reported[0]),
-                now_totals[1].saturating_sub(reported[1]),
-                now_totals[2].saturating_sub(reported[2]),
-            );
-            if rule.count_window > 0 && !delta.is_empty() {
-                // The failures in a row at the end began about their share
-                // of the time since the last report ago (and without them,
-                // the last call was about one call's share ago): the
-                // fleet's count window places the rest of the report
-                // there, before them.
-                let gen = Word(self.word.load(Acquire)).gen();
-                let tail = if delta.failures > 0 {
-                    self.window.tail(gen, delta.failures)
-                } else {
-                    0
-                };
-                let since = if reported[3] == 0 || reported[3] > now {
-                    link.refresh_ns
-                } else {
-                    now - reported[3]
-                };
-                let last_call = link.last_call_ns.load(Relaxed);
-                let span = if tail == 0 && last_call > 0 && last_call <= now {
-                    // No failures in a row: the calls are at least as old
-                    // as the newest one, and it is known. (Spread over the
-                    // time since the last report, a call of an instance
-                    // invoked every 30 s was placed 30 s back, behind the
-                    // other instances' newer failures: a fleet with a
-                    // quarter of its calls failing opened.)
-                    u128::from(now - last_call)
-                } else {
-                    u128::from(since) * u128::from(tail.max(1)) / u128::from(delta.calls.max(1))
-                };
-                delta = delta.with_tail(
-                    tail,
-                    Duration::from_nanos(u64::try_from(span).unwrap_or(u64::MAX)),
-                );
-            }
-            for (seen, now) in reported.iter_mut().zip(now_totals) {
-                *seen = (*seen).max(now);
-            }
-            if delta.is_empty() {
-                return None;
-            }
-            reported[3] = reported[3].max(now);
-            // The retry credit rides on the report (requests come with
-            // calls, so a report carries every request's share).
-            let rule = match link.budget.get() {
-                Some(budget) => {
-                    let (credit, returned) = budget.take_credit();
-                    delta = delta.with_credit(credit).with_returned(returned);
-                    rule.with_budget(budget.rule)
-                }
-                None => rule,
-            };
-            Some((delta, rule))
-        });
+        let report = link
+            .fleet
+            .and_then(|rule| self.take_report(link, rule, now));
         if report.is_some_and(|(r, _)| r.failures > 0) {
             // Only a report of failures holds the next one back: a healthy
             // report (the periodic one) must not delay the first failure
@@ -635,6 +572,82 @@ impl Core {
         if !spawned {
             self.store_failed("read", &no_runtime());
         }
+    }
+
+    /// The report of a sync at `now` under the fleet's `rule`: the
+    /// outcomes counted since the last report (none: `None`), which are
+    /// then counted as reported.
+    #[inline]
+    fn take_report(
+        &self,
+        link: &StoreLink,
+        rule: FleetRule,
+        now: u64,
+    ) -> Option<(Report, FleetRule)> {
+        // The totals are read under the lock, so racing syncs see them
+        // in order: each reports what the one before it did not, and
+        // `reported` never moves back (which would report a share
+        // twice).
+        let mut reported = link.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let totals = self.totals();
+        let now_totals = [totals.calls(), totals.failed, totals.slow];
+        let mut delta = Report::new(
+            now_totals[0].saturating_sub(reported[0]),
+            now_totals[1].saturating_sub(reported[1]),
+            now_totals[2].saturating_sub(reported[2]),
+        );
+        if rule.count_window > 0 && !delta.is_empty() {
+            // The failures in a row at the end began about their share
+            // of the time since the last report ago (and without them,
+            // the last call was about one call's share ago): the
+            // fleet's count window places the rest of the report
+            // there, before them.
+            let gen = Word(self.word.load(Acquire)).gen();
+            let tail = if delta.failures > 0 {
+                self.window.tail(gen, delta.failures)
+            } else {
+                0
+            };
+            let since = if reported[3] == 0 || reported[3] > now {
+                link.refresh_ns
+            } else {
+                now - reported[3]
+            };
+            let last_call = link.last_call_ns.load(Relaxed);
+            let span = if tail == 0 && last_call > 0 && last_call <= now {
+                // No failures in a row: the calls are at least as old
+                // as the newest one, and it is known. (Spread over the
+                // time since the last report, a call of an instance
+                // invoked every 30 s was placed 30 s back, behind the
+                // other instances' newer failures: a fleet with a
+                // quarter of its calls failing opened.)
+                u128::from(now - last_call)
+            } else {
+                u128::from(since) * u128::from(tail.max(1)) / u128::from(delta.calls.max(1))
+            };
+            delta = delta.with_tail(
+                tail,
+                Duration::from_nanos(u64::try_from(span).unwrap_or(u64::MAX)),
+            );
+        }
+        for (seen, now) in reported.iter_mut().zip(now_totals) {
+            *seen = (*seen).max(now);
+        }
+        if delta.is_empty() {
+            return None;
+        }
+        reported[3] = reported[3].max(now);
+        // The retry credit rides on the report (requests come with
+        // calls, so a report carries every request's share).
+        let rule = match link.budget.get() {
+            Some(budget) => {
+                let (credit, returned) = budget.take_credit();
+                delta = delta.with_credit(credit).with_returned(returned);
+                rule.with_budget(budget.rule)
+            }
+            None => rule,
+        };
+        Some((delta, rule))
     }
 
     /// Adopts what a read of the store said, and wakes the calls that
@@ -1428,3 +1441,6 @@ fn fleet_rule(config: &BreakerConfig) -> FleetRule {
 fn no_runtime() -> StoreError {
     StoreError::new("no tokio runtime on this thread: the store cannot be reached from here")
 }
+
+#[cfg(all(test, tower_resilience_loom))]
+mod loom_models;

@@ -10,13 +10,11 @@
 //! scanning them all.
 
 use std::any::TypeId;
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::mem;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, TryLockError};
+use std::sync::{Arc, OnceLock, PoisonError, TryLockError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,6 +24,9 @@ use crate::breaker::{nanos, thread_index, Breaker, STRIPES};
 use crate::classify::Classify;
 use crate::config::BreakerConfig;
 use crate::hook::BreakerHook;
+use crate::sync::{
+    AtomicU64, AtomicUsize, Ordering::Relaxed, RandomState, RwLock, RwLockReadGuard,
+};
 use crate::{Mode, State};
 
 /// The default most keys in a [`BreakerRegistry`]: 1,024 (the same bound
@@ -412,7 +413,7 @@ impl<K> fmt::Debug for BreakerRegistry<K> {
 
 impl<K> Registry<K> {
     fn now_ns(&self) -> u64 {
-        nanos(Instant::now().saturating_duration_since(self.base))
+        nanos(crate::sync::since(self.base))
     }
 
     fn shard_index(hash: u64) -> usize {
@@ -813,7 +814,8 @@ impl HookOwner {
 
 /// A fresh id for a layer's classifier.
 pub(super) fn next_layer_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
+    // Std's even under the loom models (a static needs a `const` `new`).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, Relaxed)
 }
 
@@ -835,6 +837,9 @@ impl Hasher for Prehashed {
         self.0
     }
 }
+
+#[cfg(all(test, tower_resilience_loom))]
+mod loom_models;
 
 #[cfg(test)]
 mod tests {

@@ -30,13 +30,14 @@
 //! percentile walks both windows (two thousand relaxed loads or so), so the
 //! layer does it at most once per refresh interval and caches the result.
 
-use std::sync::atomic::{
-    AtomicU32, AtomicU64,
-    Ordering::{AcqRel, Acquire, Relaxed},
-};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::sync::{
+    AtomicU32, AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed},
+};
 
 /// Sub-buckets per power of two: 16, so a bucket is at most 6.25% wide.
 const SUB_BITS: u32 = 4;
@@ -243,6 +244,9 @@ impl Window {
         }
     }
 }
+
+#[cfg(all(test, tower_resilience_loom))]
+mod loom_models;
 
 #[cfg(test)]
 mod tests {
