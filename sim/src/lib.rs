@@ -185,6 +185,10 @@ pub fn run_scenario(scenario: Scenario) -> Report {
         .rng_seed(scenario.seed)
         .min_message_latency(scenario.latency.0)
         .max_message_latency(scenario.latency.1)
+        // The listen backlog (turmoil panics when it overflows, where a
+        // kernel would drop the SYN): every call held by a `Hold` fault
+        // arrives at once when it lifts.
+        .tcp_capacity(1 << 14)
         .build();
 
     {

@@ -71,7 +71,12 @@ fn main() -> ExitCode {
     let (mut retries, mut past_deadline) = (0u64, 0u64);
     let count = seeds.end - seeds.start;
     for seed in seeds.clone() {
-        let report = resilience_sim::run(seed);
+        let Ok(report) = std::panic::catch_unwind(|| resilience_sim::run(seed)) else {
+            println!("seed {seed}: PANICKED (above)");
+            println!("  replay: cargo run -p resilience-sim --release -- --seed {seed}");
+            failed.push(seed);
+            continue;
+        };
         calls += u64::from(report.calls);
         openings += u64::from(report.openings);
         retries += report.retries;
