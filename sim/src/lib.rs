@@ -1,6 +1,8 @@
 //! The client and server stacks between two hosts of a simulated network
-//! ([turmoil]): partitions, held messages, loss, latency and a server that
-//! crashes and restarts, with a dependency that is healthy, slow, failing,
+//! ([turmoil]), over HTTP (hyper, axum) and gRPC (tonic: unary calls and
+//! server streams read to their end) through one client stack:
+//! partitions, held messages, loss, latency and a server that crashes and
+//! restarts, with a dependency that is healthy, slow, failing, flaky,
 //! stalling its bodies or overloaded by turns, all decided by a seed. A run
 //! checks the stacks' promises ([`Violation`]):
 //!
@@ -17,6 +19,7 @@
 //! network and the order of every event, so a failing seed replays
 //! exactly (`cargo run -p resilience-sim --release -- --seed N`).
 
+mod grpc;
 pub mod scenario;
 
 use std::cell::Cell;
@@ -286,6 +289,24 @@ struct ServerWorld {
     rng: Mutex<Rng>,
 }
 
+impl ServerWorld {
+    /// The phase now, a draw in `[0, 1)` that picks the answer, and how
+    /// long the answer takes.
+    fn draw(&self) -> (Phase, f64, Duration) {
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        let phase = self.scenario.phase_at(now);
+        let mut rng = self.rng.lock().unwrap();
+        let wait = match phase {
+            Phase::Healthy | Phase::Failing | Phase::Stalling | Phase::Dribbling | Phase::Flaky => {
+                rng.millis(1, 10)
+            }
+            Phase::Slow => rng.millis(50, 2_000),
+            Phase::Overloaded => rng.millis(20, 200),
+        };
+        (phase, rng.unit(), wait)
+    }
+}
+
 async fn server(
     scenario: Arc<Scenario>,
     rng: Rng,
@@ -297,39 +318,34 @@ async fn server(
         scenario,
         rng: Mutex::new(rng),
     });
+    // The gRPC server's stack is a clone: one breaker, one bulkhead.
+    let grpc = grpc::serve(Arc::clone(&world), stack.clone());
     let app = Router::new()
         .route("/", get(answer))
         .with_state(world)
         .layer(stack);
-
-    let listener =
-        turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let service = TowerToHyperService::new(app.clone());
-        tokio::task::spawn_local(async move {
-            // A connection that breaks (a crash, a partition) ends here.
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    let http = async move {
+        let listener: turmoil::net::TcpListener =
+            turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let service = TowerToHyperService::new(app.clone());
+            tokio::task::spawn_local(async move {
+                // A connection that breaks (a crash, a partition) ends here.
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+        #[allow(unreachable_code)]
+        turmoil::Result::Ok(())
+    };
+    let served: turmoil::Result<((), ())> = tokio::try_join!(http, grpc);
+    served.map(|_| ())
 }
 
 async fn answer(Extract(world): Extract<Arc<ServerWorld>>) -> Response {
-    let (phase, draw, wait) = {
-        let now = turmoil::sim_elapsed().unwrap_or_default();
-        let phase = world.scenario.phase_at(now);
-        let mut rng = world.rng.lock().unwrap();
-        let wait = match phase {
-            Phase::Healthy | Phase::Failing | Phase::Stalling | Phase::Dribbling | Phase::Flaky => {
-                rng.millis(1, 10)
-            }
-            Phase::Slow => rng.millis(50, 2_000),
-            Phase::Overloaded => rng.millis(20, 200),
-        };
-        (phase, rng.unit(), wait)
-    };
+    let (phase, draw, wait) = world.draw();
     match phase {
         Phase::Failing if draw < 0.35 => {
             return http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
@@ -381,24 +397,7 @@ impl Service<http::Request<ReplayBody<Full<Bytes>>>> for Transport {
     }
 
     fn call(&mut self, request: http::Request<ReplayBody<Full<Bytes>>>) -> Self::Future {
-        let call: u32 = request
-            .headers()
-            .get("x-call")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(u32::MAX);
-        let attempt = {
-            let mut j = self.journal.lock().unwrap();
-            *j.attempts_per_call.entry(call).or_default() += 1;
-            j.next_attempt += 1;
-            let attempt = j.next_attempt;
-            j.events.push(Event::AttemptStart { attempt });
-            attempt
-        };
-        let end = AttemptEnd {
-            journal: Arc::clone(&self.journal),
-            attempt,
-            ended: false,
-        };
+        let end = start_attempt(&self.journal, request.headers());
         Box::pin(async move {
             let stream = turmoil::net::TcpStream::connect(("server", PORT)).await?;
             let (mut sender, connection) =
@@ -409,6 +408,25 @@ impl Service<http::Request<ReplayBody<Full<Bytes>>>> for Transport {
             let response = sender.send_request(request).await?;
             Ok(response.map(|body| Attempted { body, end }))
         })
+    }
+}
+
+/// Writes the start of an attempt of the call its `x-call` header names,
+/// and returns what writes its end.
+fn start_attempt(journal: &Shared, headers: &http::HeaderMap) -> AttemptEnd {
+    let call: u32 = headers
+        .get("x-call")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(u32::MAX);
+    let mut j = journal.lock().unwrap();
+    *j.attempts_per_call.entry(call).or_default() += 1;
+    j.next_attempt += 1;
+    let attempt = j.next_attempt;
+    j.events.push(Event::AttemptStart { attempt });
+    AttemptEnd {
+        journal: Arc::clone(journal),
+        attempt,
+        ended: false,
     }
 }
 
@@ -441,19 +459,19 @@ impl Drop for AttemptEnd {
 }
 
 /// An attempt's answer body.
-struct Attempted {
-    body: Incoming,
+struct Attempted<B = Incoming> {
+    body: B,
     end: AttemptEnd,
 }
 
-impl HttpBody for Attempted {
+impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for Attempted<B> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.body).poll_frame(cx);
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
@@ -508,6 +526,11 @@ async fn client(
     let service = stack.layer(Transport {
         journal: Arc::clone(&journal),
     });
+    // The same stack (one breaker, budget and bulkhead) over gRPC.
+    let grpc_client = grpc::Client::new(stack.tonic(grpc::Logged {
+        channel: grpc::channel(),
+        journal: Arc::clone(&journal),
+    }));
     let start = Instant::now();
 
     let mut rng = Rng::new(scenario.seed ^ 0xc11e_0000);
@@ -516,6 +539,19 @@ async fn client(
         tokio::time::sleep(rng.exponential(scenario.mean_gap)).await;
         let service = service.clone();
         let journal = Arc::clone(&journal);
+        if rng.unit() < scenario.grpc_share {
+            let client = grpc_client.clone();
+            calls.push(tokio::task::spawn_local(async move {
+                let began = Instant::now();
+                let ending = grpc::call(client, n).await;
+                journal.lock().unwrap().calls.push(CallRecord {
+                    started: began - start,
+                    took: began.elapsed(),
+                    ending,
+                });
+            }));
+            continue;
+        }
         calls.push(tokio::task::spawn_local(async move {
             let began = Instant::now();
             let request = http::Request::get(format!("http://server:{PORT}/"))

@@ -146,6 +146,9 @@ pub struct Scenario {
     pub phases: Vec<(Duration, Phase)>,
     /// The network faults.
     pub strikes: Vec<Strike>,
+    /// The share of the calls made over gRPC (tonic) rather than HTTP
+    /// (hyper): 0, a half or all, through one client stack.
+    pub grpc_share: f64,
     /// A deliberate fault in the stack the client builds, never from a
     /// seed: the simulation's own tests use it to show that the checks
     /// notice a stack that breaks its promises.
@@ -216,6 +219,7 @@ impl Scenario {
             latency: (min_latency, max_latency),
             phases,
             strikes,
+            grpc_share: [0.0, 0.5, 1.0][rng.between(0, 2) as usize],
             sabotage: None,
         }
     }
@@ -236,7 +240,7 @@ impl fmt::Display for Scenario {
             f,
             "seed {}: {} calls every {:?} on average, timeout {:?}, {} attempts, \
              bulkheads {} (client) and {} (server), window {}, open {:?}, \
-             {} probes, {} to close, latency {:?}..{:?}",
+             {} probes, {} to close, latency {:?}..{:?}, {}% over gRPC",
             self.seed,
             self.calls,
             self.mean_gap,
@@ -250,6 +254,7 @@ impl fmt::Display for Scenario {
             self.successes_to_close,
             self.latency.0,
             self.latency.1,
+            self.grpc_share * 100.0,
         )?;
         write!(f, "\n  phases:")?;
         for (at, phase) in &self.phases {
