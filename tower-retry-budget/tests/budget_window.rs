@@ -271,3 +271,35 @@ proptest! {
         })?;
     }
 }
+
+/// Retries whose bucket left the window no longer count, even while their
+/// slot of the ring still holds them: here the slot of bucket 1 (reused
+/// only at bucket 11, which sees no retry) still holds bucket 1's retries
+/// when a withdrawal at bucket 12 sums the window 3..=12. Counting them
+/// (a window taken as two buckets longer) refuses retries the window
+/// allows.
+#[test]
+fn a_stale_slot_just_behind_the_window_is_not_counted() {
+    paused_runtime().block_on(async {
+        let budget = RetryBudget::new().ratio(0.1).min_per_sec(0);
+        let start = Instant::now();
+        let at = |bucket: u64| start + Duration::from_millis(bucket * 1_000 + 500);
+        // Bucket 1: 20 requests, 2 retries, the window's whole allowance.
+        for _ in 0..20 {
+            budget.deposit_at(at(1));
+        }
+        assert_eq!(drain(&budget, at(1)), 2);
+        // Bucket 12: bucket 1 has left the window (3..=12) with its
+        // requests and retries; 20 new requests allow 2 new retries.
+        for _ in 0..20 {
+            budget.deposit_at(at(12));
+        }
+        assert_eq!(drain(&budget, at(12)), 2);
+        // And once more across the ring: bucket 12's slot is bucket 2's,
+        // never used; bucket 13 sums 4..=13 with bucket 12's 2 retries.
+        for _ in 0..10 {
+            budget.deposit_at(at(13));
+        }
+        assert_eq!(drain(&budget, at(13)), 1, "30 requests, 3 retries in all");
+    });
+}
