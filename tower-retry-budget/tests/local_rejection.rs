@@ -1,5 +1,5 @@
-//! A retry that a layer below refuses without calling the dependency (a
-//! full bulkhead, a throttle) costs the budget nothing: the payment is
+//! A retry or a hedge that a layer below refuses without calling the
+//! dependency (a full bulkhead, a throttle) costs the budget nothing: the payment is
 //! given back, as for a retry the hook refuses or the caller drops during
 //! the backoff. Found by the network simulation (`sim/`, seed 22): the
 //! budget counted retries that never left the process.
@@ -68,4 +68,37 @@ async fn a_first_attempt_refused_below_refunds_nothing() {
     let _ = layer(&budget).layer(inner).oneshot(get()).await;
     let c = budget.counters();
     assert_eq!((c.requests, c.retries, c.refunded), (1, 0, 0));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hedge_refused_by_the_bulkhead_below_is_refunded() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::time::Duration;
+    use tower_retry_budget::body::ReplayBody;
+    use tower_retry_budget::hedge::HedgeLayer;
+
+    let budget = Arc::new(RetryBudget::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    // The first attempt answers after 100 ms; the hedge, sent at 20 ms,
+    // finds the bulkhead below full.
+    let inner = tower::service_fn(move |_: http::Request<ReplayBody<String>>| {
+        let n = counted.fetch_add(1, SeqCst);
+        async move {
+            if n == 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(http::Response::new(String::new()))
+            } else {
+                Err::<_, tower::BoxError>(BulkheadFull::new("dependency", 4, None).into())
+            }
+        }
+    });
+    let layer = HedgeLayer::new()
+        .fixed_delay(Duration::from_millis(20))
+        .budget(Arc::clone(&budget));
+    let response = layer.layer(inner).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(calls.load(SeqCst), 2, "the first attempt and the hedge");
+    let c = budget.counters();
+    assert_eq!((c.retries, c.refunded), (0, 1), "{c:?}");
 }

@@ -20,7 +20,7 @@ use tower_resilience_base::{wake, CallContext, Deadline};
 use tower_service::Service;
 
 use super::decide;
-use super::shared::{Refusal, Shared, MAX_PAUSE};
+use super::shared::{Charge, Refusal, Shared, MAX_PAUSE};
 use crate::body::ReplayMode;
 use crate::error::ReplaySuperseded;
 use crate::future::{clone_head, mark_attempt};
@@ -113,6 +113,9 @@ struct Lane<F> {
     start: Instant,
     /// Its admission by the hook, when no layer below took it.
     attempts: Option<Attempts>,
+    /// What the budget was paid for it: given back if a layer below
+    /// refuses it without calling the dependency.
+    charge: Option<Charge>,
 }
 
 /// Where the hedge timer of a call stands.
@@ -455,7 +458,16 @@ where
             };
             if let Poll::Ready(result) = future.as_mut().poll(cx) {
                 self.hedges[i].future = None;
-                if let Some(out) = self.settle(i + 1, result.map_err(Into::into)) {
+                let result = result.map_err(Into::into);
+                if let (Err(e), Some(charge)) = (&result, self.hedges[i].charge.take()) {
+                    if tower_resilience_base::error::is_local_rejection(&**e) {
+                        // A full bulkhead or a throttle below refused the
+                        // hedge: the dependency never saw it.
+                        let shared = &*self.shared;
+                        shared.state.refund(&shared.budget, charge);
+                    }
+                }
+                if let Some(out) = self.settle(i + 1, result) {
                     return Some(out);
                 }
             }
@@ -645,6 +657,7 @@ where
             future: Some(Box::pin(future)),
             start: now,
             attempts: left,
+            charge: Some(charge),
         });
         state.count_hedge();
         shared.metrics.sent();
