@@ -41,10 +41,21 @@ pub fn model<F>(f: F)
 where
     F: Fn() + Sync + Send + 'static,
 {
+    model_with_branches(0, f);
+}
+
+/// As [`model`], with at least `max_branches` branches an execution may
+/// take (loom's default is 1,000): for a model whose threads read many
+/// atomics each, such as a histogram's buckets.
+pub fn model_with_branches<F>(max_branches: usize, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(DEFAULT_PREEMPTIONS);
     }
+    builder.max_branches = builder.max_branches.max(max_branches);
     let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = executions.clone();
     builder.check(move || {

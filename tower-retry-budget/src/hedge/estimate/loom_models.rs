@@ -5,16 +5,15 @@
 //! The estimate's windows are their real size (a thousand counters each),
 //! and loom counts every atomic access as a branch of the execution (two,
 //! for a load): a read of the percentile alone loads some five thousand
-//! counters. So these models run under [`model`] here, which is
-//! `loom_sync::model` with room for that many branches; the preemption
-//! bound is the same.
+//! counters. So these models run under
+//! `loom_sync::model_with_branches`, with room for that many branches; the
+//! preemption bound is the same.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use loom::thread;
 use tokio::time::Instant;
-use tower_resilience_base::loom_sync::DEFAULT_PREEMPTIONS;
 
 use super::*;
 
@@ -23,31 +22,14 @@ const MS: Duration = Duration::from_millis(1);
 /// `n` is taken at `origin + n * PERIOD`.
 const PERIOD: Duration = Duration::from_millis(1);
 /// The branches one execution may take: well above what the longest model
-/// takes (loom's default is 1,000).
+/// takes (a percentile read loads every bucket; loom's default is 1,000).
 const MAX_BRANCHES: usize = 100_000;
 
-/// As `tower_resilience_base::loom_sync::model` (every interleaving within
-/// [`DEFAULT_PREEMPTIONS`] preemptions, or `LOOM_MAX_PREEMPTIONS`; the
-/// executions counted under the test's name), with at least
-/// [`MAX_BRANCHES`] branches an execution.
 fn model<F>(f: F)
 where
     F: Fn() + Sync + Send + 'static,
 {
-    let mut builder = loom::model::Builder::new();
-    let bound = *builder.preemption_bound.get_or_insert(DEFAULT_PREEMPTIONS);
-    builder.max_branches = builder.max_branches.max(MAX_BRANCHES);
-    let executions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = executions.clone();
-    builder.check(move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    eprintln!(
-        "loom: {}: {} executions (preemption bound {bound})",
-        std::thread::current().name().unwrap_or("model"),
-        executions.load(std::sync::atomic::Ordering::Relaxed),
-    );
+    tower_resilience_base::loom_sync::model_with_branches(MAX_BRANCHES, f);
 }
 
 /// The percentile the estimate gives for a latency of `latency`: the top
