@@ -109,3 +109,116 @@ impl std::fmt::Debug for Capture {
         f.debug_struct("Capture").finish_non_exhaustive()
     }
 }
+
+/// One event an [`Events`] recorded: its message, and its other fields as
+/// text (a string as it is, anything else by `Debug`, so `7` for a number).
+pub type Event = (String, std::collections::BTreeMap<String, String>);
+
+/// A subscriber that records the events at or above a level (`INFO` by
+/// default), each as its message and fields, for tests that count or
+/// inspect the events a layer emits. Install it with [`set_default`].
+///
+/// # Example
+///
+/// ```
+/// let events = resilience_testkit::Events::default();
+/// let _guard = resilience_testkit::set_default(events.clone());
+/// tracing::warn!(suppressed = 3u64, "calls rejected");
+/// tracing::debug!("below the level: not recorded");
+/// assert_eq!(events.mentioning("rejected"), 1);
+/// let seen = events.take();
+/// assert_eq!(seen.len(), 1);
+/// assert_eq!(seen[0].1["suppressed"], "3");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Events {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Event>>>,
+    next_id: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    level: tracing::Level,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Self::at_least(tracing::Level::INFO)
+    }
+}
+
+impl Events {
+    /// Records the events at `level` or above (`WARN` keeps `WARN` and
+    /// `ERROR`; `TRACE` keeps all).
+    pub fn at_least(level: tracing::Level) -> Self {
+        Self {
+            seen: std::sync::Arc::default(),
+            next_id: std::sync::Arc::default(),
+            level,
+        }
+    }
+
+    /// The events since the last `take`, taken out.
+    pub fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// The events since the last `take`, left in place.
+    pub fn seen(&self) -> Vec<Event> {
+        self.lock().clone()
+    }
+
+    /// How many events since the last `take` have a message containing
+    /// `text`.
+    pub fn mentioning(&self, text: &str) -> usize {
+        self.lock()
+            .iter()
+            .filter(|(message, _)| message.contains(text))
+            .count()
+    }
+
+    /// How many events since the last `take` have exactly `message`.
+    pub fn count(&self, message: &str) -> usize {
+        self.lock().iter().filter(|(m, _)| m == message).count()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Event>> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Fields(Event);
+
+impl tracing::field::Visit for Fields {
+    // A string field reads the same whether it was recorded as a `&str` or
+    // with `%` (Display): unquoted.
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.record_debug(field, &format_args!("{value}"));
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            self.0 .0 = text;
+        } else {
+            self.0 .1.insert(field.name().to_owned(), text);
+        }
+    }
+}
+
+impl Subscriber for Events {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= self.level
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::span::Id::from_u64(id + 1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = Fields(Event::default());
+        event.record(&mut fields);
+        self.lock().push(fields.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
+use resilience_testkit::Events;
 use tokio_test::{assert_pending, assert_ready_ok};
 use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::error::CircuitOpen;
@@ -114,49 +115,6 @@ impl Dependency {
             async move { result }
         })
     }
-}
-
-/// Counts `tracing` events by message while installed.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-impl Events {
-    fn count(&self, message: &str) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|m| *m == message)
-            .count()
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Message(Option<String>);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    self.0 = Some(format!("{value:?}"));
-                }
-            }
-        }
-        let mut message = Message(None);
-        event.record(&mut message);
-        if let Some(m) = message.0 {
-            self.0.lock().unwrap().push(m);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 // --- causes ---
@@ -860,7 +818,7 @@ async fn an_exercise_without_an_answer_calls_the_dependency() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn cold_keys_raise_no_alarm_in_the_exercise_and_shadow_modes_but_a_broken_source_does() {
-    let events = Events::default();
+    let events = Events::at_least(tracing::Level::TRACE);
     let _guard = resilience_testkit::set_default(events.clone());
     let last_good = || {
         Fallback::last_good(
@@ -925,7 +883,7 @@ async fn a_cold_key_is_unanswered_when_the_dependency_really_fails() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn shadow_serves_the_primary_and_reports_differences() {
-    let events = Events::default();
+    let events = Events::at_least(tracing::Level::TRACE);
     let _guard = resilience_testkit::set_default(events.clone());
 
     let dependency = Dependency::new();
@@ -1069,7 +1027,7 @@ async fn exercise_and_shadow_never_overlap() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn served_and_failed_events_are_rate_limited() {
-    let events = Events::default();
+    let events = Events::at_least(tracing::Level::TRACE);
     let _guard = resilience_testkit::set_default(events.clone());
 
     let layer =

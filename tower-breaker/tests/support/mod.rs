@@ -1,9 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub)]
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -141,75 +140,10 @@ pub fn ok_infallible(
     service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new(String::new())) })
 }
 
-/// One event: its message, and its other fields as their `Debug` text.
-pub type Event = (String, BTreeMap<String, String>);
-
 /// A `tracing` subscriber that records the `INFO`, `WARN` and `ERROR`
 /// events, with their fields.
-#[derive(Clone, Default)]
-pub struct Events {
-    seen: Arc<Mutex<Vec<Event>>>,
-    next_id: Arc<AtomicU64>,
-}
-
-impl Events {
-    /// The events since the last `take`.
-    pub fn take(&self) -> Vec<Event> {
-        std::mem::take(&mut *self.seen.lock().unwrap())
-    }
-
-    /// How many events since the last `take` have a message mentioning
-    /// `text`.
-    pub fn mentioning(&self, text: &str) -> usize {
-        let seen = self.seen.lock().unwrap();
-        seen.iter()
-            .filter(|(message, _)| message.contains(text))
-            .count()
-    }
-}
-
-struct Fields(Event);
-
-impl tracing::field::Visit for Fields {
-    // A string field reads the same whether it was recorded as a `&str` or
-    // with `%` (Display): unquoted.
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.record_debug(field, &format_args!("{value}"));
-    }
-
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        let text = format!("{value:?}");
-        if field.name() == "message" {
-            self.0 .0 = text;
-        } else {
-            self.0 .1.insert(field.name().to_owned(), text);
-        }
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        *metadata.level() <= tracing::Level::INFO
-    }
-
-    fn new_span(&self, _span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(self.next_id.fetch_add(1, Ordering::Relaxed) + 1)
-    }
-
-    fn record(&self, _span: &tracing::span::Id, _values: &tracing::span::Record<'_>) {}
-
-    fn record_follows_from(&self, _span: &tracing::span::Id, _follows: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut fields = Fields(Default::default());
-        event.record(&mut fields);
-        self.seen.lock().unwrap().push(fields.0);
-    }
-
-    fn enter(&self, _span: &tracing::span::Id) {}
-
-    fn exit(&self, _span: &tracing::span::Id) {}
-}
+#[allow(unused_imports)] // not every test binary records events
+pub use resilience_testkit::{Event, Events};
 
 /// One step of a [`Scripted`] body.
 #[derive(Debug, Clone)]

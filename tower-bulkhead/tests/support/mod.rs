@@ -3,8 +3,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::sync::Semaphore;
@@ -131,80 +131,15 @@ impl Service<Request> for GateService {
     }
 }
 
-/// A `tracing` subscriber that records the `WARN` events it sees, with
-/// their `suppressed` field.
-#[derive(Clone, Default)]
-pub struct Events {
-    seen: Arc<Mutex<Vec<(String, u64)>>>,
-    next_id: Arc<AtomicU64>,
-    debug: bool,
+#[allow(unused_imports)] // not every test binary records events
+pub use resilience_testkit::{Event, Events};
+
+/// A `tracing` subscriber that records the `WARN` and `ERROR` events.
+pub fn warnings() -> Events {
+    Events::at_least(tracing::Level::WARN)
 }
 
-impl Events {
-    /// A subscriber that also records `DEBUG` events.
-    pub fn with_debug() -> Self {
-        Self {
-            debug: true,
-            ..Self::default()
-        }
-    }
-
-    /// `(message, suppressed)` of each event so far.
-    pub fn seen(&self) -> Vec<(String, u64)> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-struct Fields {
-    message: String,
-    suppressed: u64,
-}
-
-impl tracing::field::Visit for Fields {
-    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
-        if field.name() == "suppressed" {
-            self.suppressed = value;
-        }
-    }
-
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.message = format!("{value:?}");
-        }
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        let max = if self.debug {
-            tracing::Level::DEBUG
-        } else {
-            tracing::Level::WARN
-        };
-        *metadata.level() <= max
-    }
-
-    fn new_span(&self, _span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(self.next_id.fetch_add(1, Ordering::Relaxed) + 1)
-    }
-
-    fn record(&self, _span: &tracing::span::Id, _values: &tracing::span::Record<'_>) {}
-
-    fn record_follows_from(&self, _span: &tracing::span::Id, _follows: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut fields = Fields {
-            message: String::new(),
-            suppressed: 0,
-        };
-        event.record(&mut fields);
-        self.seen
-            .lock()
-            .unwrap()
-            .push((fields.message, fields.suppressed));
-    }
-
-    fn enter(&self, _span: &tracing::span::Id) {}
-
-    fn exit(&self, _span: &tracing::span::Id) {}
+/// An event's `suppressed` field (0 when absent).
+pub fn suppressed(event: &Event) -> u64 {
+    event.1.get("suppressed").map_or(0, |n| n.parse().unwrap())
 }
