@@ -35,8 +35,6 @@ mod emulator;
 mod moto;
 
 use std::collections::HashSet;
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +43,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use emulator::{Emulator, Outcome, Record};
+use resilience_testkit::redis::RedisServer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
@@ -79,8 +78,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_on_redis_opens_probes_and_closes_as_one() {
-    let Some(redis) = RedisServer::start_or_skip("a_fleet_on_redis_opens_probes_and_closes_as_one")
-    else {
+    let Some(redis) = redis_or_skip("a_fleet_on_redis_opens_probes_and_closes_as_one") else {
         return;
     };
     let _serial = SERIAL.lock().await;
@@ -661,71 +659,11 @@ impl Dependency {
     }
 }
 
-/// A private `redis-server` on a free port of 127.0.0.1, killed on drop.
-struct RedisServer {
-    child: Child,
-    port: u16,
-}
-
-impl RedisServer {
-    /// Starts one, or says loudly that the test is skipped (a failure
-    /// under `TOWER_REQUIRE_SERVERS`).
-    fn start_or_skip(test: &str) -> Option<Self> {
-        let found = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
-            assert!(
-                std::env::var_os("TOWER_REQUIRE_SERVERS").is_none(),
-                "redis-server not found and TOWER_REQUIRE_SERVERS is set: `{test}` must run"
-            );
-            eprintln!("skipped: redis-server not found (install it to run `{test}`)");
-            return None;
-        }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        let server = Self { child, port };
-        for _ in 0..1000 {
-            if server.pong() {
-                return Some(server);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("redis-server on port {port} did not answer");
-    }
-
-    fn pong(&self) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let mut answer = [0; 5];
-        c.set_read_timeout(Some(Duration::from_secs(1))).is_ok()
-            && c.write_all(b"PING\r\n").is_ok()
-            && c.read_exact(&mut answer).is_ok()
-            && &answer == b"+PONG"
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A private `redis-server` on a free port of 127.0.0.1, killed on drop,
+/// or `None` having said loudly that the test is skipped (a failure under
+/// `TOWER_REQUIRE_SERVERS`).
+fn redis_or_skip(test: &str) -> Option<RedisServer> {
+    let hint = "install it to run the Lambda fleet on Redis";
+    tower_breaker_conformance::server_found("redis-server", "--version", test, hint)
+        .then(RedisServer::start)
 }

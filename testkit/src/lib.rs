@@ -2,6 +2,8 @@
 //! crate lists it as a path-only dev-dependency, which `cargo package`
 //! leaves out.
 
+pub mod redis;
+
 use std::sync::OnceLock;
 
 use tracing::dispatcher::{DefaultGuard, Dispatch};

@@ -2,16 +2,12 @@
 //! on drop, so that tests can kill and restart it (never the system one).
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// A `redis-server` child process.
+/// A `redis-server` child process (the workspace's test launcher), with
+/// what the Redis tests read behind the store's back.
 #[derive(Debug)]
-pub struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-}
+pub struct RedisServer(resilience_testkit::redis::RedisServer);
 
 impl RedisServer {
     /// Starts one, or, when no `redis-server` is on the `PATH`, says so on
@@ -25,56 +21,26 @@ impl RedisServer {
 
     /// Starts one on a free port and waits until it answers.
     pub fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let mut server = Self { child: None, port };
-        server.restart();
-        server
+        Self(resilience_testkit::redis::RedisServer::start())
     }
 
     pub fn port(&self) -> u16 {
-        self.port
+        self.0.port()
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        self.0.url()
     }
 
     /// Kills it (SIGKILL: no goodbye to the clients).
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.0.kill();
     }
 
     /// Starts it (again) on the same port, empty, and waits until it
     /// answers.
     pub fn restart(&mut self) {
-        self.kill();
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--enable-debug-command", "local"])
-            .arg("--dir")
-            .arg(std::env::temp_dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (`.ci/run` installs it)");
-        self.child = Some(child);
-        for _ in 0..500 {
-            if let Ok(mut c) = self.try_raw() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("redis-server on port {} did not start", self.port);
+        self.0.restart();
     }
 
     fn try_raw(&self) -> redis::RedisResult<redis::Connection> {
@@ -118,11 +84,5 @@ impl RedisServer {
     pub fn now_ms(&self) -> i64 {
         let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut self.raw()).unwrap();
         s * 1000 + us / 1000
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
