@@ -2,6 +2,7 @@
 //! crate lists it as a path-only dev-dependency, which `cargo package`
 //! leaves out.
 
+pub mod process;
 pub mod redis;
 
 use std::sync::OnceLock;

@@ -2,20 +2,18 @@
 //! `moto_server`, from PyPI), on a free port of 127.0.0.1, killed on drop,
 //! so that tests can kill and restart it (never anything but loopback).
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_dynamodb::Client;
+use resilience_testkit::process::ChildServer;
 use tower_breaker_dynamodb::{DynamoDbOptions, DynamoDbStore};
 
 /// A `moto_server` child process.
 #[derive(Debug)]
-pub struct MotoServer {
-    child: Option<Child>,
-    port: u16,
-}
+pub struct MotoServer(ChildServer);
 
 impl MotoServer {
     /// Starts one, or, when `moto_server` is not installed, says so on the
@@ -28,34 +26,6 @@ impl MotoServer {
     }
 
     /// Starts one on a free port and waits until it accepts connections.
-    pub fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let mut server = Self { child: None, port };
-        server.restart();
-        server
-    }
-
-    /// The server's process id (to stop and continue it).
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Kills it (SIGKILL). Its tables are gone with it.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts it (again) on the same port, empty.
     ///
     /// `moto_server` serves each request in a thread of its own and does
     /// not lock items, so two conditional writes racing on one item can
@@ -63,22 +33,36 @@ impl MotoServer {
     /// writes of an item. It runs here with one thread (moto's own `main`
     /// with werkzeug's `threaded` turned off), so its conditional writes
     /// are atomic, as DynamoDB's are.
+    pub fn start() -> Self {
+        let command = |port: u16| {
+            let mut command = Command::new(interpreter());
+            command
+                .args(["-c", SINGLE_THREADED, &port.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            command
+        };
+        let accepts = |port| TcpStream::connect(("127.0.0.1", port)).is_ok();
+        Self(ChildServer::start("moto_server", command, accepts))
+    }
+
+    /// The server's process id (to stop and continue it).
+    pub fn pid(&self) -> u32 {
+        self.0.pid()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.0.port())
+    }
+
+    /// Kills it (SIGKILL). Its tables are gone with it.
+    pub fn kill(&mut self) {
+        self.0.kill();
+    }
+
+    /// Starts it (again) on the same port, empty.
     pub fn restart(&mut self) {
-        self.kill();
-        let child = Command::new(interpreter())
-            .args(["-c", SINGLE_THREADED, &self.port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server must be installed (`.ci/run` installs it)");
-        self.child = Some(child);
-        for _ in 0..1000 {
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("moto_server on port {} did not start", self.port);
+        self.0.restart();
     }
 
     /// An SDK client for it: plain HTTP to loopback, test credentials.
@@ -92,12 +76,6 @@ impl MotoServer {
         let store = DynamoDbStore::new(self.client(), options.table(table)).unwrap();
         store.create_table().await.expect("create the test table");
         store
-    }
-}
-
-impl Drop for MotoServer {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
