@@ -110,7 +110,10 @@
 //! **The budget.** Over a sliding window, retries may be at most
 //! `max(ratio * requests, min_per_sec * window)`: the share is exact, and
 //! the floor is a minimum for quiet clients, never added to the share. Every request deposits one;
-//! every retry withdraws one or is refused. The budget lives in the layer,
+//! every retry withdraws one or is refused. A retry that never reaches the
+//! dependency gives its withdrawal back: refused by the breaker's hook,
+//! dropped during its backoff, or refused at once by a layer below (a full
+//! bulkhead, a throttle). The budget lives in the layer,
 //! so every service built by [`Layer::layer`](tower_layer::Layer::layer)
 //! (axum and hyper call it once per connection) and every clone share it.
 //! Counting a request and claiming a retry are lock-free; see
