@@ -17,8 +17,10 @@ fn the_first_seeds_keep_every_promise() {
     }
 }
 
+/// Seed 22 is all HTTP (see the crate's docs for gRPC seeds).
 #[test]
 fn a_seed_replays_exactly() {
+    assert_eq!(Scenario::from_seed(22).grpc_share, 0.0);
     let (a, b) = (run(22), run(22));
     assert_eq!(a.to_string(), b.to_string());
     assert!(a.attempts > 0);
