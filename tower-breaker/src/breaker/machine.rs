@@ -465,17 +465,37 @@ impl Core {
             (w.deadline_ms().saturating_mul(NANOS_PER_MS)).saturating_sub(core.s.half_open_ns());
         core.last_probe_ns
             .store(now.saturating_sub(started).max(1), Relaxed);
+        let gen = w.gen();
         if code == OK {
             core.metrics.probe(ProbeResult::Success);
-            let successes = core.probe_succeeded(w.gen());
+            let successes = core.probe_succeeded(gen);
             if successes >= core.s.successes() {
-                self.close_with_counts(w, Cause::ProbesSucceeded, core.probe_counts(w.gen(), 0));
+                let counts = core.probe_counts(gen, 0);
+                self.still_half_open(w, |w| {
+                    self.close_with_counts(w, Cause::ProbesSucceeded, counts)
+                });
             }
         } else {
             core.metrics.probe(ProbeResult::Failure);
-            let counts = core.probe_counts(w.gen(), code);
-            core.release_probe(w.gen());
-            self.open(w, Cause::ProbeFailed, counts);
+            let counts = core.probe_counts(gen, code);
+            core.release_probe(gen);
+            self.still_half_open(w, |w| self.open(w, Cause::ProbeFailed, counts));
+        }
+    }
+
+    /// Makes `transition` from the half-open word `w`, retried from the
+    /// current word while the circuit is still half-open in `w`'s
+    /// generation: a caller taking another probe slot renews the probe
+    /// deadline (a new word, the same generation), and a probe's outcome
+    /// must not be lost to that (the circuit would stay half-open until a
+    /// later probe).
+    fn still_half_open(&self, mut w: Word, mut transition: impl FnMut(Word) -> bool) {
+        let gen = w.gen();
+        while !transition(w) {
+            w = Word(self.word.load(Acquire));
+            if w.gen() != gen || w.state() != HALF_OPEN {
+                return;
+            }
         }
     }
 
