@@ -72,6 +72,9 @@ pub(super) struct StoreLink {
     in_flight: AtomicUsize,
     /// Woken when `in_flight` drops to zero.
     idle: tokio::sync::Notify,
+    /// This process's closes queued or being written: until they land, a
+    /// read may still find the probe's lease or the opening they end.
+    closing: Arc<AtomicUsize>,
     /// Reports that failed (applied or not, the breaker cannot tell).
     failed_reports: AtomicU64,
     /// The retry budget that shares the fleet's through this breaker,
@@ -113,7 +116,28 @@ enum Write {
         lease: Duration,
     },
     /// Close after this process's probe succeeded.
-    Close { token: ProbeToken },
+    Close {
+        token: ProbeToken,
+        _on_its_way: Closing,
+    },
+}
+
+/// A close of this process on its way to the store: counted in
+/// [`StoreLink::closing`] until it is dropped (written, failed, or lost
+/// with its task).
+struct Closing(Arc<AtomicUsize>);
+
+impl Closing {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, AcqRel);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, AcqRel);
+    }
 }
 
 /// How many refresh intervals the store must have been failing before a
@@ -162,6 +186,7 @@ impl StoreLink {
             renewal: tokio::sync::Mutex::new(()),
             renewed: Mutex::new(None),
             in_flight: AtomicUsize::new(0),
+            closing: Arc::new(AtomicUsize::new(0)),
             idle: tokio::sync::Notify::new(),
             failed_reports: AtomicU64::new(0),
             budget: std::sync::OnceLock::new(),
@@ -263,6 +288,8 @@ impl StoreLink {
 pub(super) struct Asked {
     pub(super) ns: u64,
     transitions: u64,
+    /// A close of this process was on its way to the store.
+    closing: bool,
 }
 
 impl Asked {
@@ -278,6 +305,10 @@ impl Core {
     pub(super) fn asked(&self) -> Asked {
         Asked {
             transitions: self.transitions.load(Acquire),
+            closing: self
+                .store
+                .as_ref()
+                .is_some_and(|link| link.closing.load(Acquire) != 0),
             ns: self.now_ns(),
         }
     }
@@ -740,7 +771,11 @@ impl Core {
         let core = &**self;
         let Some(link) = &core.store else { return };
         let from = Word(core.word.load(Acquire));
-        if !from.is_automatic() || asked.before_a_transition(core) {
+        // Asked while this process's close was on its way, the answer may
+        // predate the close (the lease of the probe that closed, or the
+        // opening it ended): adopting it would re-open a circuit that just
+        // recovered. The first read after the close lands tells.
+        if !from.is_automatic() || asked.before_a_transition(core) || asked.closing {
             return;
         }
         let now = core.now_ns();
@@ -837,7 +872,10 @@ impl Core {
 
     pub(super) fn store_close(self: &Arc<Self>, link: &StoreLink) {
         if let Some(token) = link.take_token() {
-            self.enqueue(Write::Close { token });
+            self.enqueue(Write::Close {
+                token,
+                _on_its_way: Closing::new(&link.closing),
+            });
         }
     }
 
@@ -917,23 +955,27 @@ impl Core {
                     let _ended = Ended(&self.elected);
                     self.run_election(link, electing, period, lease).await;
                 }
-                Write::Close { token } => match link
-                    .store
-                    .close(&self.name, link.after_renewal(token).await)
-                    .await
-                {
-                    Ok(true) => self.store_ok(),
-                    Ok(false) => {
-                        // Fenced: the fleet re-elected or re-opened after
-                        // this probe's lease lapsed. Follow it now rather
-                        // than at the next refresh.
-                        self.store_ok();
-                        let asked = self.asked();
-                        let read = link.store.read(&self.name).await;
-                        self.apply_read(&read, asked);
+                Write::Close { token, _on_its_way } => {
+                    let closed = link
+                        .store
+                        .close(&self.name, link.after_renewal(token).await)
+                        .await;
+                    // Landed or not: reads asked from now on are adopted.
+                    drop(_on_its_way);
+                    match closed {
+                        Ok(true) => self.store_ok(),
+                        Ok(false) => {
+                            // Fenced: the fleet re-elected or re-opened after
+                            // this probe's lease lapsed. Follow it now rather
+                            // than at the next refresh.
+                            self.store_ok();
+                            let asked = self.asked();
+                            let read = link.store.read(&self.name).await;
+                            self.apply_read(&read, asked);
+                        }
+                        Err(e) => self.store_failed("close", &e),
                     }
-                    Err(e) => self.store_failed("close", &e),
-                },
+                }
             }
         }
     }
