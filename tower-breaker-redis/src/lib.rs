@@ -96,8 +96,13 @@
 //! The scripts publish every opening and close on the circuit's key, and a
 //! store built from a target subscribes (one pub/sub connection per store,
 //! reconnecting by itself), so every breaker of the fleet learns of an
-//! opening within milliseconds; the periodic read stays as the bound for
-//! messages lost while the subscriber was disconnected.
+//! opening within milliseconds. Messages published while the subscriber
+//! was disconnected (a restart of Redis, a partition) are lost: when it
+//! connects again, every breaker of the store reads its circuit's decision
+//! again, so a quiet process (one that makes no calls, hence no periodic
+//! reads) does not keep reading "open" after the fleet closed. A record
+//! lost in a restart is never taken for a close: a process that knows of
+//! an opening writes it again.
 //!
 //! # Example
 //!

@@ -5,7 +5,10 @@
 //! Pub/sub is fire-and-forget: a message published while the subscriber
 //! is disconnected is lost, and Redis cuts off a subscriber that falls too
 //! far behind. So a push only shortens how late a breaker learns; the
-//! breaker's periodic read stays the bound.
+//! breaker's periodic read stays the bound. A breaker that makes no call
+//! makes no periodic read either: when the subscriber connects again after
+//! a disconnection, every watcher is told to read again
+//! ([`Watcher::resync`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -144,6 +147,22 @@ impl Push {
             .len()
     }
 
+    /// Tells every live watcher that messages may have been missed.
+    fn resync(&self) {
+        let alive: Vec<Arc<dyn Watcher>> = {
+            let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state
+                .watchers
+                .values()
+                .flatten()
+                .filter_map(Weak::upgrade)
+                .collect()
+        };
+        for watcher in alive {
+            watcher.resync();
+        }
+    }
+
     /// Hands a published message to the watchers of its channel.
     fn dispatch(&self, msg: &Msg) {
         let Ok(payload) = msg.get_payload::<String>() else {
@@ -180,6 +199,9 @@ async fn run(push: Weak<Push>, dial: Dial) {
     let mut delay = FIRST_DELAY;
     // Whether this streak of failures was already reported at warn level.
     let mut warned = false;
+    // Whether a connection subscribed before: the next one may have
+    // missed messages in between.
+    let mut subscribed_before = false;
     loop {
         let connected = match tokio::time::timeout(SUBSCRIBE_TIMEOUT, dial()).await {
             Ok(connected) => connected.map_err(|e| e.to_string()),
@@ -234,6 +256,13 @@ async fn run(push: Weak<Push>, dial: Dial) {
         }
         delay = FIRST_DELAY;
         warned = false;
+        if std::mem::replace(&mut subscribed_before, true) {
+            // Back after a disconnection: what was published meanwhile is
+            // lost, and a quiet breaker would keep an old decision until
+            // its next call. Each watcher reads again.
+            let Some(this) = push.upgrade() else { return };
+            this.resync();
+        }
         let mut stream = Box::pin(stream);
         let mut tick = Box::pin(tokio::time::sleep(PING_INTERVAL));
         loop {

@@ -98,3 +98,77 @@ async fn a_partitioned_process_replaces_its_dead_connection_and_follows_the_flee
         "partition: calls never waited (slowest {slowest:?}), {errors} store errors, the dead connection replaced {replaced:?} after the cut, the fleet's opening followed {followed:?} after the heal (refresh interval {REFRESH:?})"
     );
 }
+
+/// A quiet process (it makes no call, hence no periodic read) whose store
+/// connections go down while the rest of the fleet closes the circuit:
+/// the close is published while its push connection is away, and lost to
+/// it. When its connection comes back it reads the decision again and
+/// closes, without a call. Before, it read "open" until its next call (a
+/// Redis restart does the same to every subscriber).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_process_reads_again_when_its_push_connection_comes_back() {
+    let Some(server) = RedisServer::start_or_skip(
+        "a_quiet_process_reads_again_when_its_push_connection_comes_back",
+    ) else {
+        return;
+    };
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
+    let connect = |url: String| async move {
+        Arc::new(
+            RedisStore::connect(&url, RedisOptions::new())
+                .await
+                .expect("connect"),
+        )
+    };
+    let short = |store| {
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .open_period(ms(300))
+            .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
+    };
+    let prober = Breaker::with_config("quiet", short(connect(server.url()).await));
+    let quiet = Breaker::with_config("quiet", short(connect(proxy.url()).await));
+    prober.refresh().await.unwrap();
+    quiet.refresh().await.unwrap();
+
+    while state(&prober) != State::Open {
+        prober.try_acquire().unwrap().record(Outcome::Failure);
+    }
+    let start = Instant::now();
+    while state(&quiet) != State::Open {
+        assert!(start.elapsed() < secs(5), "the opening was never pushed");
+        sleep(ms(5)).await;
+    }
+
+    proxy.go_down();
+    sleep(ms(300)).await;
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < secs(5), "the prober never closed");
+        if let Ok(permit) = prober.try_acquire() {
+            permit.record(Outcome::Success);
+        }
+        if state(&prober) == State::Closed {
+            break;
+        }
+        sleep(ms(5)).await;
+    }
+    sleep(ms(200)).await;
+    assert_eq!(state(&quiet), State::Open, "it heard nothing yet");
+
+    proxy.come_up();
+    let back = Instant::now();
+    while state(&quiet) != State::Closed {
+        assert!(
+            back.elapsed() < secs(5),
+            "the quiet process still reads open, without a call: {:?}",
+            quiet.snapshot()
+        );
+        sleep(ms(10)).await;
+    }
+    println!(
+        "quiet process: closed {:?} after its connections came back, without a call",
+        back.elapsed()
+    );
+}

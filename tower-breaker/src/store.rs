@@ -433,6 +433,15 @@ pub trait Watcher: Send + Sync + 'static {
     /// The circuit's decision changed: `Open` with the time left, or
     /// `Closed`. Called on the store's thread: keep it short.
     fn decided(self: Arc<Self>, decision: Decision);
+
+    /// Decisions may have been missed: the store's push connection was
+    /// down for a while (pushes are fire-and-forget) and is back. A store
+    /// calls this on each of its watchers once it pushes again, so that a
+    /// quiet process (one that makes no calls, hence no periodic reads)
+    /// does not keep a decision the fleet has left. Called on the store's
+    /// thread: keep it short. The breaker reads the decision again, in a
+    /// task of its own; the default does nothing.
+    fn resync(self: Arc<Self>) {}
 }
 
 /// Outcomes one breaker counted since its last [`Store::report`].

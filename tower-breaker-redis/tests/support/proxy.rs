@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,7 +15,11 @@ use tokio::task::JoinHandle;
 pub struct Proxy {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    /// Connections are closed at once (a server that is down).
+    down: Arc<AtomicBool>,
     accepted: Arc<AtomicU64>,
+    /// The pumps of the connections forwarded so far.
+    pumps: Arc<Mutex<Vec<JoinHandle<()>>>>,
     task: JoinHandle<()>,
 }
 
@@ -25,24 +29,32 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().unwrap();
         let cut = Arc::new(AtomicBool::new(false));
+        let down = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicU64::new(0));
-        let (c, a) = (cut.clone(), accepted.clone());
+        let pumps = Arc::new(Mutex::new(Vec::new()));
+        let (c, d, a, p) = (cut.clone(), down.clone(), accepted.clone(), pumps.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 a.fetch_add(1, SeqCst);
+                if d.load(SeqCst) {
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(target).await else {
                     continue;
                 };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, c.clone()));
-                tokio::spawn(pump(sr, cw, c.clone()));
+                let mut pumps = p.lock().unwrap();
+                pumps.push(tokio::spawn(pump(cr, sw, c.clone())));
+                pumps.push(tokio::spawn(pump(sr, cw, c.clone())));
             }
         });
         Self {
             addr,
             cut,
+            down,
             accepted,
+            pumps,
             task,
         }
     }
@@ -61,6 +73,20 @@ impl Proxy {
     /// Forwards again (what was held back goes through, late).
     pub fn heal(&self) {
         self.cut.store(false, SeqCst);
+    }
+
+    /// Closes every connection and closes new ones at once, as a server
+    /// that went down: clients see their connections end.
+    pub fn go_down(&self) {
+        self.down.store(true, SeqCst);
+        for pump in self.pumps.lock().unwrap().drain(..) {
+            pump.abort();
+        }
+    }
+
+    /// Forwards new connections again, as a server that came back.
+    pub fn come_up(&self) {
+        self.down.store(false, SeqCst);
     }
 
     /// The connections accepted so far.

@@ -151,6 +151,10 @@ const DOWN_REFRESHES_BEFORE_LOCAL_PROBE: u64 = 2;
 /// probe seen in flight for two thirds of a lease (1.3 s by default).
 const IDLE_RENEWALS: u32 = 2;
 
+/// How many reads a breaker tries, a refresh interval apart, when its
+/// store's push connection is back after a disconnection.
+const RESYNC_READS: u32 = 3;
+
 /// The least interval between two `circuit_store_failed` warnings of the
 /// breakers that share a fleet configuration.
 const STORE_WARNING_INTERVAL_MS: u64 = 1_000;
@@ -318,6 +322,29 @@ impl Watcher for Core {
     fn decided(self: Arc<Self>, decision: Decision) {
         let asked = self.asked();
         self.apply_read(&Ok(decision), asked);
+    }
+
+    fn resync(self: Arc<Self>) {
+        // The read the next call would make, now: the pushes missed
+        // meanwhile may have been the fleet's close. The store's command
+        // connection may have gone down with the push connection and learn
+        // it only from this read: a failed read is tried again, a refresh
+        // interval apart.
+        let _ = spawn(async move {
+            let Some(link) = &self.store else { return };
+            for attempt in 0..RESYNC_READS {
+                if attempt > 0 {
+                    tokio::time::sleep(Duration::from_nanos(link.refresh_ns)).await;
+                }
+                let asked = self.asked();
+                let read = link.store.read(&self.name).await;
+                let answered = read.is_ok();
+                self.apply_read(&read, asked);
+                if answered {
+                    return;
+                }
+            }
+        });
     }
 }
 
