@@ -1262,7 +1262,11 @@ async fn run(args: Args) -> i32 {
         let stack = local.as_ref().map(|(_, stack)| stack.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(MissedTickBehavior::Burst);
+            // A stall of this process (a busy machine) skips the ticks it
+            // missed: sent at once, they would be a burst the bulkhead
+            // rightly refuses, which the recovery check would read as the
+            // circuit not recovered ("recovery never" under load).
+            tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
             loop {
                 let now = tick.tick().await;
                 if now - start >= duration {
