@@ -25,6 +25,15 @@ fn on(store: Arc<RedisStore>) -> BreakerConfig {
         .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
 }
 
+/// A store on `url` (Redis itself, or the proxy in front of it).
+async fn connect(url: &str) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::connect(url, RedisOptions::new())
+            .await
+            .expect("connect"),
+    )
+}
+
 /// While cut off, the process's calls never wait on the store (each is
 /// admitted at once: the breaker fails open) and its store alarm counts
 /// the timeouts; after three unanswered calls it gives up on the silent
@@ -40,15 +49,8 @@ async fn a_partitioned_process_replaces_its_dead_connection_and_follows_the_flee
         return;
     };
     let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
-    let connect = |url: String| async move {
-        Arc::new(
-            RedisStore::connect(&url, RedisOptions::new())
-                .await
-                .expect("connect"),
-        )
-    };
-    let cut_off = Breaker::with_config("partition", on(connect(proxy.url()).await));
-    let other = Breaker::with_config("partition", on(connect(server.url()).await));
+    let cut_off = Breaker::with_config("partition", on(connect(&proxy.url()).await));
+    let other = Breaker::with_config("partition", on(connect(&server.url()).await));
     cut_off.refresh().await.unwrap();
     other.refresh().await.unwrap();
     sleep(ms(200)).await; // the push subscriber's connection too
@@ -113,13 +115,6 @@ async fn a_quiet_process_reads_again_when_its_push_connection_comes_back() {
         return;
     };
     let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
-    let connect = |url: String| async move {
-        Arc::new(
-            RedisStore::connect(&url, RedisOptions::new())
-                .await
-                .expect("connect"),
-        )
-    };
     let short = |store| {
         config()
             .count_window(2)
@@ -127,8 +122,8 @@ async fn a_quiet_process_reads_again_when_its_push_connection_comes_back() {
             .open_period(ms(300))
             .fleet(FleetConfig::new(store).refresh_interval(REFRESH))
     };
-    let prober = Breaker::with_config("quiet", short(connect(server.url()).await));
-    let quiet = Breaker::with_config("quiet", short(connect(proxy.url()).await));
+    let prober = Breaker::with_config("quiet", short(connect(&server.url()).await));
+    let quiet = Breaker::with_config("quiet", short(connect(&proxy.url()).await));
     prober.refresh().await.unwrap();
     quiet.refresh().await.unwrap();
 
