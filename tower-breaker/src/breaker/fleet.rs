@@ -336,11 +336,7 @@ impl Watcher for Core {
                 if attempt > 0 {
                     tokio::time::sleep(Duration::from_nanos(link.refresh_ns)).await;
                 }
-                let asked = self.asked();
-                let read = link.store.read(&self.name).await;
-                let answered = read.is_ok();
-                self.apply_read(&read, asked);
-                if answered {
+                if self.read_and_adopt(link).await.is_ok() {
                     return;
                 }
             }
@@ -710,6 +706,14 @@ impl Core {
 
     /// Adopts what a read of the store said, and wakes the calls that
     /// wait for a fresh decision.
+    /// Reads the store's decision now and adopts it; returns the read.
+    async fn read_and_adopt(self: &Arc<Self>, link: &StoreLink) -> Result<Decision, StoreError> {
+        let asked = self.asked();
+        let read = link.store.read(&self.name).await;
+        self.apply_read(&read, asked);
+        read
+    }
+
     pub(super) fn apply_read(
         self: &Arc<Self>,
         result: &Result<Decision, StoreError>,
@@ -996,9 +1000,7 @@ impl Core {
                             // this probe's lease lapsed. Follow it now rather
                             // than at the next refresh.
                             self.store_ok();
-                            let asked = self.asked();
-                            let read = link.store.read(&self.name).await;
-                            self.apply_read(&read, asked);
+                            let _ = self.read_and_adopt(link).await;
                         }
                         Err(e) => self.store_failed("close", &e),
                     }

@@ -439,13 +439,7 @@ impl Core {
             core.window.counts(gen, now)
         };
         if let Some(cause) = core.trip_cause(counts, in_a_row) {
-            let mut w = w;
-            while w.gen() == gen && w.state() == CLOSED {
-                if self.open(w, cause, counts) {
-                    return;
-                }
-                w = Word(core.word.load(Acquire));
-            }
+            self.while_unmoved(w, |w| self.open(w, cause, counts));
         }
     }
 
@@ -471,7 +465,7 @@ impl Core {
             let successes = core.probe_succeeded(gen);
             if successes >= core.s.successes() {
                 let counts = core.probe_counts(gen, 0);
-                self.still_half_open(w, |w| {
+                self.while_unmoved(w, |w| {
                     self.close_with_counts(w, Cause::ProbesSucceeded, counts)
                 });
             }
@@ -479,21 +473,21 @@ impl Core {
             core.metrics.probe(ProbeResult::Failure);
             let counts = core.probe_counts(gen, code);
             core.release_probe(gen);
-            self.still_half_open(w, |w| self.open(w, Cause::ProbeFailed, counts));
+            self.while_unmoved(w, |w| self.open(w, Cause::ProbeFailed, counts));
         }
     }
 
-    /// Makes `transition` from the half-open word `w`, retried from the
-    /// current word while the circuit is still half-open in `w`'s
-    /// generation: a caller taking another probe slot renews the probe
-    /// deadline (a new word, the same generation), and a probe's outcome
-    /// must not be lost to that (the circuit would stay half-open until a
-    /// later probe).
-    fn still_half_open(&self, mut w: Word, mut transition: impl FnMut(Word) -> bool) {
-        let gen = w.gen();
+    /// Makes `transition` from the word `w`, retried from the current word
+    /// while the circuit is still in `w`'s state and generation: a word can
+    /// change within them (a ramp-up ending, a caller taking another probe
+    /// slot renews the probe deadline), and an outcome that decides a
+    /// transition must not be lost to that (a half-open circuit would wait
+    /// for a later probe).
+    fn while_unmoved(&self, mut w: Word, mut transition: impl FnMut(Word) -> bool) {
+        let (gen, state) = (w.gen(), w.state());
         while !transition(w) {
             w = Word(self.word.load(Acquire));
-            if w.gen() != gen || w.state() != HALF_OPEN {
+            if w.gen() != gen || w.state() != state {
                 return;
             }
         }
