@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{request, request_to, Request};
+use support::{answers_after, request, request_to, together, Request};
 use tokio::sync::Semaphore;
 use tokio::time::{advance, sleep, timeout, Instant};
 use tower::{service_fn, BoxError, Service, ServiceExt};
@@ -312,17 +312,6 @@ fn gradient_remeasures_the_no_load_latency_about_every_minute() {
 
 // --- Through the layer, with paused time ----------------------------------
 
-/// A dependency that answers after `latency`.
-fn answers_after(
-    latency: Duration,
-) -> impl Service<Request, Response = http::Response<()>, Error = BoxError, Future = impl Send> + Clone
-{
-    service_fn(move |_req: Request| async move {
-        sleep(latency).await;
-        Ok::<_, BoxError>(http::Response::new(()))
-    })
-}
-
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_call_dropped_by_its_caller_lowers_the_limit() {
     let layer = BulkheadLayer::adaptive("dep", Aimd::new().initial(10).bounds(2, 100));
@@ -347,21 +336,6 @@ async fn a_call_dropped_by_its_caller_lowers_the_limit() {
     advance(tower_bulkhead::adaptive::MAX_WINDOW).await;
     let _ = timeout(5 * MS, svc.clone().oneshot(request())).await;
     assert_eq!(handle.limit(), 8);
-}
-
-/// Runs all `futures` at once on their own tasks, collecting their
-/// outputs in the given order.
-async fn together<F>(futures: Vec<F>) -> Vec<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let tasks: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
-    let mut outputs = Vec::new();
-    for task in tasks {
-        outputs.push(task.await.unwrap());
-    }
-    outputs
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -707,44 +681,6 @@ async fn racing_tasks_leak_no_permit_and_the_limit_stays_within_bounds() {
     assert_eq!(handle.in_flight(), 0);
     let limit = handle.limit();
     assert!((2..=16).contains(&limit), "{limit}");
-}
-
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn every_change_of_limit_is_a_debug_event_at_most_one_per_second() {
-    let events = support::Events::at_least(tracing::Level::DEBUG);
-    let _guard = tracing::subscriber::set_default(events.clone());
-    let layer = BulkheadLayer::adaptive("dep", Aimd::new().initial(20));
-    let handle = layer.handle();
-    let svc = layer.layer(answers_after(50 * MS));
-    let cut_ten = || {
-        let calls: Vec<_> = (0..10)
-            .map(|_| timeout(5 * MS, svc.clone().oneshot(request())))
-            .collect();
-        together(calls)
-    };
-    let changes = |events: &support::Events| {
-        events
-            .seen()
-            .into_iter()
-            .filter(|(message, _)| message == "bulkhead limit changed")
-            .collect::<Vec<_>>()
-    };
-    for _ in 0..3 {
-        advance(20 * MS).await;
-        cut_ten().await;
-    }
-    assert_eq!(handle.limit(), 14, "20, 18, 16, 14");
-    assert_eq!(changes(&events).len(), 1, "the later two are suppressed");
-    advance(Duration::from_secs(1)).await;
-    cut_ten().await;
-    assert_eq!(handle.limit(), 12);
-    let seen = changes(&events);
-    assert_eq!(seen.len(), 2);
-    assert_eq!(
-        support::suppressed(&seen[1]),
-        2,
-        "it reports the two suppressed changes"
-    );
 }
 
 #[test]

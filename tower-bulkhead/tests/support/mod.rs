@@ -143,3 +143,29 @@ pub fn warnings() -> Events {
 pub fn suppressed(event: &Event) -> u64 {
     event.1.get("suppressed").map_or(0, |n| n.parse().unwrap())
 }
+
+/// A dependency that answers after `latency`.
+pub fn answers_after(
+    latency: std::time::Duration,
+) -> impl Service<Request, Response = http::Response<()>, Error = BoxError, Future = impl Send> + Clone
+{
+    tower::service_fn(move |_req: Request| async move {
+        tokio::time::sleep(latency).await;
+        Ok::<_, BoxError>(http::Response::new(()))
+    })
+}
+
+/// Runs all `futures` at once on their own tasks, collecting their
+/// outputs in the given order.
+pub async fn together<F>(futures: Vec<F>) -> Vec<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let tasks: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut outputs = Vec::new();
+    for task in tasks {
+        outputs.push(task.await.unwrap());
+    }
+    outputs
+}
