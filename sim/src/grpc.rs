@@ -1,5 +1,6 @@
-//! The same dependency over gRPC: a tonic server (`sim.Shop/Order`, unary,
-//! and `sim.Shop/Watch`, a server stream) under the server stack, and a
+//! The same dependency over gRPC: tonic's routes (`sim.Shop/Order`, unary,
+//! and `sim.Shop/Watch`, a server stream) under the server stack, served
+//! by hyper's HTTP/2 server (see [`serve`] for why not tonic's), and a
 //! tonic `Channel` under `client_stack(..).tonic(..)`, both over the
 //! simulated network. Written by hand with `tonic::server::Grpc` and
 //! `tonic::client::Grpc`, as generated code would be.
@@ -15,14 +16,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::stream::{self, Stream, StreamExt};
 use http::uri::PathAndQuery;
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tonic::server::{NamedService, ServerStreamingService, UnaryService};
-use tonic::transport::server::Connected;
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::service::{RecoverErrorLayer, Routes};
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
-use tower::Service;
+use tower::{Service, ServiceBuilder};
 use tower_shield::stack::ServerStack;
 
 use crate::scenario::Phase;
@@ -47,57 +49,38 @@ pub(crate) struct Receipt {
 
 // === the server ===
 
-/// A simulated TCP connection as tonic's server takes it.
-struct Conn(turmoil::net::TcpStream);
-
-impl Connected for Conn {
-    type ConnectInfo = ();
-
-    fn connect_info(&self) -> Self::ConnectInfo {}
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
 /// Serves `sim.Shop` under `stack` until the host crashes.
+///
+/// Over hyper's HTTP/2 server rather than tonic's `Server`, so that two
+/// runs of a seed send the same bytes: hyper writes a `date` header from
+/// the wall clock unless told not to, which tonic's `Server` does not
+/// offer, and under HTTP/2 its HPACK encoding (a new literal each second
+/// of real time, an index in between) changes the size of the frames the
+/// simulated network carries. Otherwise the server is tonic's: its routes,
+/// and its recovery of a handler's `Status` as a trailers-only answer.
+/// (tonic's own `grpc-timeout` enforcement is left out: the server stack's
+/// deadline is the one under test.)
 pub(crate) async fn serve(world: Arc<ServerWorld>, stack: ServerStack) -> turmoil::Result {
     let listener =
         turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
-    let incoming = stream::unfold(listener, |listener| async move {
-        let accepted = listener.accept().await.map(|(stream, _)| Conn(stream));
-        Some((accepted, listener))
-    });
-    Server::builder()
+    let routes = Routes::new(Shop(world)).prepare();
+    let service = ServiceBuilder::new()
+        .map_request(|request: http::Request<Incoming>| request.map(tonic::body::Body::new))
+        .layer(RecoverErrorLayer::new())
         .layer(stack)
-        .add_service(Shop(world))
-        .serve_with_incoming(incoming)
-        .await?;
-    Ok(())
+        .service(routes);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let service = TowerToHyperService::new(service.clone());
+        tokio::spawn(async move {
+            // A connection that breaks (a crash, a partition) ends here.
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .auto_date_header(false)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 #[derive(Clone)]
