@@ -552,6 +552,123 @@ mod tests {
     }
 
     #[test]
+    fn a_word_counts_one_epoch_and_drops_adds_for_an_earlier_one() {
+        let word = Word::default();
+        assert_eq!(word.add(5), Some(0));
+        assert_eq!(word.add(5), Some(1));
+        // An earlier epoch's add (a call that spans a bucket's end) is
+        // dropped: the bucket already holds a later lap.
+        assert_eq!(word.add(4), None);
+        assert_eq!((word.count(5), word.count(4)), (2, 0));
+        // A later epoch's add starts the word over.
+        assert_eq!(word.add(6), Some(0));
+        assert_eq!((word.count(6), word.count(5)), (1, 0));
+    }
+
+    #[test]
+    fn a_word_takes_back_only_its_own_epoch_and_never_below_zero() {
+        let word = Word::default();
+        word.add(5);
+        word.add(5);
+        assert!(!word.sub(4), "another epoch's count is not touched");
+        assert_eq!(word.count(5), 2);
+        assert!(word.sub(5));
+        assert!(word.sub(5));
+        assert!(!word.sub(5), "nothing left to take back");
+        assert_eq!(word.count(5), 0);
+        // The stamp is intact: the epoch counts on from zero.
+        assert_eq!(word.add(5), Some(0));
+    }
+
+    #[test]
+    fn every_stripe_and_epoch_of_a_lap_has_a_bucket_of_its_own() {
+        let w = Window::new(1.5);
+        let mut seen = std::collections::HashSet::new();
+        for stripe in 0..STRIPES {
+            for epoch in 0..BUCKETS as u64 {
+                let bucket: *const Bucket = w.bucket(stripe, epoch);
+                assert!(seen.insert(bucket), "stripe {stripe}, epoch {epoch}");
+            }
+        }
+        // The next lap reuses the ring; a stripe past the last wraps.
+        assert!(std::ptr::eq(
+            w.bucket(1, 3),
+            w.bucket(1, 3 + BUCKETS as u64)
+        ));
+        assert!(std::ptr::eq(w.bucket(2, 3), w.bucket(2 + STRIPES, 3)));
+    }
+
+    #[test]
+    fn a_late_refusal_reaches_the_cache_from_anywhere_in_the_window() {
+        // The oldest bucket still in the window.
+        let w = Window::new(1.5);
+        req(&w, 1, 2, 0);
+        let last = BUCKETS as u64;
+        req(&w, last, 2, 0);
+        w.refuse(1, 2, 0);
+        assert_eq!(req(&w, last, 2, 0).1, sums(2, 1));
+        // The bucket just before the newest, far from the start.
+        let w = Window::new(1.5);
+        req(&w, 1000, 2, 0);
+        req(&w, 1001, 2, 0);
+        w.refuse(1000, 2, 0);
+        assert_eq!(req(&w, 1001, 2, 0).1, sums(2, 1));
+    }
+
+    #[test]
+    fn a_request_taken_back_in_the_newest_bucket_leaves_the_past_alone() {
+        let w = Window::new(1.5);
+        req(&w, 1, 2, 0);
+        req(&w, 1, 2, 0);
+        req(&w, 2, 2, 0); // moves on: the past holds epoch 1's two
+        w.forget(2, 2, 0);
+        assert_eq!(req(&w, 2, 2, 0).1, sums(2, 2));
+        assert_eq!(w.sums(2), sums(3, 3));
+    }
+
+    #[test]
+    fn a_refusal_for_a_bucket_that_left_the_window_spends_no_budget() {
+        let w = Window::new(1.5);
+        req(&w, 1, 2, 0);
+        let late = 1 + BUCKETS as u64;
+        for _ in 0..30 {
+            w.request(late, 2, 0);
+        }
+        // K0 = 1.5 and a past of 30 requests: a budget of 10 refusals.
+        assert!(w.request(late + 1, 2, 0).quiet);
+        w.refuse(1, 2, 0); // epoch 1 is gone
+        for n in 0..10 {
+            w.refuse(late + 1, 2, 0);
+            assert!(w.request(late + 1, 2, 0).quiet, "{} refusals", n + 1);
+        }
+        w.refuse(late + 1, 2, 0);
+        assert!(!w.request(late + 1, 2, 0).quiet);
+    }
+
+    #[test]
+    fn a_new_k_spends_the_newest_budget_and_sets_the_next_one() {
+        let w = Window::new(1.5);
+        for _ in 0..30 {
+            w.request(1, 2, 0);
+        }
+        assert!(w.request(2, 2, 0).quiet);
+        w.set_k0(3.0);
+        assert!(
+            !w.request(2, 2, 0).quiet,
+            "judged by the rule until the next bucket"
+        );
+        // Epoch 3's past: 32 requests, no refusal. K0 = 3 leaves
+        // (2 * 32) / 3 = 21 refusals (K0 = 1.5 would leave 10).
+        assert!(w.request(3, 2, 0).quiet);
+        for n in 0..21 {
+            w.refuse(3, 2, 0);
+            assert!(w.request(3, 2, 0).quiet, "{} refusals", n + 1);
+        }
+        w.refuse(3, 2, 0);
+        assert!(!w.request(3, 2, 0).quiet);
+    }
+
+    #[test]
     fn an_old_clock_reading_counts_at_the_newest_epoch() {
         let w = Window::new(1.5);
         req(&w, 9, 2, 0);
