@@ -310,6 +310,166 @@ fn gradient_remeasures_the_no_load_latency_about_every_minute() {
     assert!(limit > 20, "{limit}");
 }
 
+/// A random source that always draws the same number.
+#[derive(Debug)]
+struct Fixed(u64);
+
+impl tower_resilience_base::random::RandomSource for Fixed {
+    fn next_u64(&self) -> u64 {
+        self.0
+    }
+}
+
+#[test]
+fn gradient_smoothing_and_tolerance_set_its_steps() {
+    let now = Instant::now();
+    // Calls at 2.5 times the no-load latency: the gradient is at its
+    // floor of 0.5, so the target is half the limit; smoothing sets how
+    // far one window goes towards it.
+    let slow = |g: Gradient| {
+        let mut g = g;
+        let limit = measured(&mut g, 20, 10 * MS, now);
+        g.update(limit, &window(now, 25 * MS, limit, 10))
+    };
+    assert_eq!(slow(gradient()), 18, "default 0.2: 20 * 0.8 + 10 * 0.2");
+    assert_eq!(slow(gradient().smoothing(0.5)), 15);
+    assert_eq!(slow(gradient().smoothing(1.0)), 10);
+    assert_eq!(slow(gradient().smoothing(5.0)), 10, "clamped to 1");
+    assert_eq!(slow(gradient().smoothing(f64::NAN)), 18, "the default");
+    // Calls at 1.25 times the no-load latency: within the default
+    // tolerance of 25% (the limit grows by its headroom), above a
+    // tolerance of 0 (the gradient is 0.8).
+    let slower = |g: Gradient| {
+        let mut g = g;
+        let limit = measured(&mut g, 20, 10 * MS, now);
+        g.update(
+            limit,
+            &window(now, 12_500 * Duration::from_micros(1), limit, 10),
+        )
+    };
+    assert_eq!(slower(gradient()), 21, "20 + 0.2 * sqrt(20)");
+    assert_eq!(slower(gradient().tolerance(0.0)), 19, "20 * 0.8 + 16 * 0.2");
+    assert_eq!(slower(gradient().tolerance(f64::NAN)), 21, "the default");
+    assert_eq!(slow(gradient().tolerance(1.5)), 21, "25 ms is within 150%");
+}
+
+#[test]
+fn gradient_remeasures_after_its_interval_with_a_jitter_from_its_source() {
+    // Pinned for a new measurement at the interval times 1 ± 15%, the
+    // jitter drawn from the source: 0.85 for the lowest draw, 1.15 for
+    // the highest.
+    for (draw, expected) in [(0, 8_500), (u64::MAX, 11_500)] {
+        let start = Instant::now();
+        let mut g = Gradient::new()
+            .remeasure_interval(Duration::from_secs(10))
+            .random(Arc::new(Fixed(draw)));
+        let mut limit = measured(&mut g, 20, 10 * MS, start);
+        let mut t = start;
+        let pinned = loop {
+            t += Duration::from_millis(100);
+            assert!(t < start + Duration::from_secs(20), "never pinned");
+            let next = g.update(limit, &window(t, 10 * MS, limit, 10));
+            if next == g.min_limit() {
+                break t.duration_since(start);
+            }
+            limit = next;
+        };
+        let expected = Duration::from_millis(expected);
+        assert!(
+            pinned >= expected && pinned <= expected + Duration::from_millis(100),
+            "draw {draw:#x}: pinned after {pinned:?}, expected {expected:?}"
+        );
+    }
+}
+
+#[test]
+fn gradient_caps_for_cuts_beyond_the_no_load_share_and_not_for_as_many() {
+    let now = Instant::now();
+    let timed = |plain: usize, cut: usize, in_flight: usize| {
+        let w = (0..plain).fold(Window::new(now, 20 * MS), |w, _| {
+            w.with_sample(10 * MS, in_flight)
+        });
+        (0..cut).fold(w, |w, _| w.with_congested_sample(10 * MS, in_flight))
+    };
+    // Measured without a cut: a window may have 1% cut (plus the noise of
+    // a share of 0, which is 0) before it is a burst. Exactly 1% is not.
+    let mut g = gradient();
+    let limit = measured(&mut g, 20, 10 * MS, now);
+    assert_eq!(g.update(limit, &timed(99, 1, limit)), 21, "not capped");
+    let mut g = gradient();
+    let limit = measured(&mut g, 20, 10 * MS, now);
+    assert_eq!(g.update(limit, &timed(98, 2, limit)), 18, "capped at 90%");
+    // Cuts that last: the share smoothed over the windows (a fifth of
+    // each new one) may be 5% above the no-load share. A window of 5 in 16
+    // cut (a burst: capped), then one without a timed cut but with an
+    // untimed one: the smoothed share is then exactly 5%, not above.
+    let mut g = gradient();
+    let limit = measured(&mut g, 20, 10 * MS, now);
+    let limit = g.update(limit, &timed(11, 5, limit));
+    assert_eq!(limit, 18);
+    let untimed = |in_flight| timed(16, 0, in_flight).with_congestion(1);
+    assert_eq!(g.update(limit, &untimed(limit)), 18, "not capped");
+    // Three windows of half cut, then one without a timed cut: the
+    // smoothed share (about 20%) is still above, and caps the limit.
+    let mut g = gradient();
+    let mut limit = measured(&mut g, 20, 10 * MS, now);
+    for _ in 0..3 {
+        limit = g.update(limit, &timed(5, 5, limit));
+    }
+    let next = g.update(limit, &untimed(limit));
+    assert_eq!(next, (limit as f64 * 0.9).round() as usize, "capped at 90%");
+    // Only a window with a congestion signal is capped: not one whose
+    // calls all answered, nor one without calls.
+    assert_eq!(g.update(next, &timed(16, 0, next)), next);
+    assert_eq!(g.update(next, &Window::new(now, 20 * MS)), next);
+}
+
+/// The compartment's limit is the truth (a limit set by hand, or clamped
+/// by the compartment): the estimate starts over from it when they part.
+#[test]
+fn gradient_starts_from_the_compartments_limit_when_it_differs_from_its_estimate() {
+    let now = Instant::now();
+    let mut g = gradient();
+    let limit = measured(&mut g, 20, 10 * MS, now);
+    assert_eq!(g.update(limit, &window(now, 10 * MS, limit, 10)), 21);
+    // Set to 50 by hand: grows from 50 by 0.2 * sqrt(50).
+    assert_eq!(g.update(50, &window(now, 10 * MS, 50, 10)), 51);
+}
+
+/// Measured with a quarter of the calls cut, the limit grows without load
+/// until the smoothed share of cut calls is above that quarter by half
+/// the baseline's noise (two standard deviations of a share of 40 calls)
+/// plus 1%: 32.8%. A third of the calls cut brings it there in 13
+/// windows, and it stops growing.
+#[test]
+fn gradient_stops_growing_once_the_smoothed_cut_share_rises_past_the_baseline_noise() {
+    let now = Instant::now();
+    let mut g = gradient();
+    let with_cuts = |limit: usize, cut_of_12: usize| {
+        (0..12).fold(Window::new(now, 50 * MS), |w, i| {
+            if i < cut_of_12 {
+                w.with_congested_sample(25 * MS, limit)
+            } else {
+                w.with_sample(18 * MS, limit)
+            }
+        })
+    };
+    assert_eq!(g.update(20, &with_cuts(20, 3)), 3);
+    for _ in 0..4 {
+        g.update(3, &with_cuts(3, 3));
+    }
+    let mut limit = 20;
+    let mut grew = Vec::new();
+    for _ in 0..30 {
+        let next = g.update(limit, &with_cuts(limit, 4));
+        assert!(next >= limit, "never capped: {next} < {limit}");
+        grew.push(next > limit);
+        limit = next;
+    }
+    assert!(grew[..12].iter().all(|&g| g), "{grew:?}");
+    assert!(grew[13..].iter().all(|&g| !g), "{grew:?}");
+}
+
 // --- Through the layer, with paused time ----------------------------------
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
