@@ -339,6 +339,92 @@ impl<'de> Deserialize<'de> for Share {
 mod tests {
     use super::*;
 
+    type E = serde::de::value::Error;
+
+    /// What a settings file's value turns into, through serde's own
+    /// deserializers: a value, or the error's message.
+    fn read<'de, T: Deserialize<'de>>(de: impl Deserializer<'de, Error = E>) -> Result<T, String> {
+        T::deserialize(de).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_duration_reads_from_text_and_a_bare_number_is_refused_with_a_hint() {
+        use serde::de::value::{
+            BoolDeserializer, F64Deserializer, I64Deserializer, StrDeserializer, U64Deserializer,
+        };
+        let ms = Duration::from_millis(250);
+        assert_eq!(
+            read(StrDeserializer::<E>::new("250ms")),
+            Ok(HumanDuration(ms))
+        );
+        let refused = |r: Result<HumanDuration, String>| r.expect_err("refused");
+        assert!(refused(read(StrDeserializer::<E>::new("5"))).contains("needs a unit"));
+        assert_eq!(
+            refused(read(U64Deserializer::<E>::new(5))),
+            "invalid duration 5: a number needs a unit, e.g. \"5ms\" or \"5s\""
+        );
+        assert_eq!(
+            refused(read(I64Deserializer::<E>::new(-5))),
+            "invalid duration -5: a number needs a unit, e.g. \"-5ms\" or \"-5s\""
+        );
+        assert_eq!(
+            refused(read(F64Deserializer::<E>::new(1.5))),
+            "invalid duration 1.5: a number needs a unit, e.g. \"1.5s\""
+        );
+        let wrong = refused(read(BoolDeserializer::<E>::new(true)));
+        assert!(
+            wrong.contains("expected a duration with its unit"),
+            "{wrong}"
+        );
+        // Both ways to and from `Duration`, and written as it is read.
+        assert_eq!(Duration::from(HumanDuration(ms)), ms);
+        assert_eq!(HumanDuration::from(ms), HumanDuration(ms));
+        assert_eq!(HumanDuration(ms).to_string(), format_duration(ms));
+        assert_eq!(parse_duration(&HumanDuration(ms).to_string()), Ok(ms));
+    }
+
+    #[test]
+    fn a_share_reads_from_a_fraction_or_a_percentage_within_bounds() {
+        use serde::de::value::{
+            BoolDeserializer, F64Deserializer, I64Deserializer, StrDeserializer, U64Deserializer,
+        };
+        assert_eq!(read(StrDeserializer::<E>::new("50%")), Ok(Share(0.5)));
+        assert_eq!(read(F64Deserializer::<E>::new(0.25)), Ok(Share(0.25)));
+        assert_eq!(read(U64Deserializer::<E>::new(1)), Ok(Share(1.0)));
+        assert_eq!(read(I64Deserializer::<E>::new(1)), Ok(Share(1.0)));
+        let refused = |r: Result<Share, String>| r.expect_err("refused");
+        assert!(refused(read(StrDeserializer::<E>::new("150%"))).contains("above 100%"));
+        assert_eq!(
+            refused(read(F64Deserializer::<E>::new(1.5))),
+            "invalid share 1.5: above 100%"
+        );
+        assert_eq!(
+            refused(read(U64Deserializer::<E>::new(2))),
+            "invalid share 2: above 100%"
+        );
+        assert_eq!(
+            refused(read(I64Deserializer::<E>::new(-1))),
+            "invalid share -1: below 0%"
+        );
+        let wrong = refused(read(BoolDeserializer::<E>::new(true)));
+        assert!(
+            wrong.contains("expected a fraction within 0.0..=1.0"),
+            "{wrong}"
+        );
+    }
+
+    #[test]
+    fn an_invalid_setting_names_the_setting_before_its_message() {
+        let e = InvalidSetting {
+            setting: "backoff.cap",
+            message: "(1s) is below backoff.base (2s)".to_owned(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "backoff.cap: (1s) is below backoff.base (2s)"
+        );
+    }
+
     #[test]
     fn durations_in_every_unit_and_their_round_trip() {
         for (text, expected) in [
