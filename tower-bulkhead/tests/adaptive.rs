@@ -90,6 +90,8 @@ fn aimd_stays_within_its_bounds_on_a_falling_then_noisy_trace() {
 
 #[test]
 fn aimd_settings_out_of_range_are_brought_back() {
+    let aimd = Aimd::new().bounds(5, 50);
+    assert_eq!((aimd.min_limit(), aimd.max_limit()), (5, 50));
     let aimd = Aimd::new().bounds(0, 0).initial(50).backoff_ratio(f64::NAN);
     assert_eq!((aimd.min_limit(), aimd.max_limit()), (1, 1));
     assert_eq!(aimd.initial_limit(), 1);
