@@ -305,6 +305,32 @@ mod tests {
         assert_eq!(e.quantile(now, 0.95, 101), Quantile::TooFew);
     }
 
+    /// In a gap between two clusters, the side whose share still running
+    /// is nearer the target, the slower side on a tie.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn in_a_gap_the_nearer_side_and_on_a_tie_the_slower_one() {
+        let now = Instant::now();
+        let at = |e: &Estimator, q| match e.quantile(now, q, 1) {
+            Quantile::At(d) => d,
+            other => panic!("{other:?}"),
+        };
+        // 1 at 10 ms, 5 at 20 ms, 2 at 200 ms; the median: 87.5% still
+        // run after 10 ms (37.5% from 50%), 25% after 20 ms (25% from it).
+        let e = Estimator::new(now, Duration::from_secs(10));
+        e.record(now, 10 * MS, false);
+        (0..5).for_each(|_| e.record(now, 20 * MS, false));
+        (0..2).for_each(|_| e.record(now, 200 * MS, false));
+        let median = at(&e, 0.5);
+        assert!(median >= 20 * MS && median < 21 * MS, "{median:?}");
+        // 2 at 10 ms and 2 at 200 ms; the 75th percentile: 50% still run
+        // after 10 ms and 0% after 200 ms, both 25% from the target.
+        let e = Estimator::new(now, Duration::from_secs(10));
+        (0..2).for_each(|_| e.record(now, 10 * MS, false));
+        (0..2).for_each(|_| e.record(now, 200 * MS, false));
+        let p75 = at(&e, 0.75);
+        assert!(p75 >= 200 * MS && p75 < 213 * MS, "{p75:?}");
+    }
+
     // Regression: cancelled attempts counted as answers at their elapsed
     // time sat just above the delay, so a delay that started low climbed
     // back by one hedge latency per refresh (4 ms per second in a test
