@@ -75,6 +75,7 @@ async fn a_body_that_stalls_after_the_head_fails_at_the_deadline_not_before() {
         .unwrap();
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
+    assert!(!body.is_end_stream(), "open until it ends or is cut");
     let first = body.frame().await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap(), "first");
 
@@ -92,7 +93,33 @@ async fn a_body_that_stalls_after_the_head_fails_at_the_deadline_not_before() {
     drop(next);
     // Cut: nothing more, and the body says it ended.
     assert!(body.is_end_stream());
+    assert_eq!(body.size_hint().exact(), Some(0));
+    assert!(format!("{body:?}").contains("cut: true"), "{body:?}");
     assert!(body.frame().await.is_none());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_body_passes_on_its_size_hint_and_says_what_it_is() {
+    let hello = || {
+        http_body_util::Full::new(Bytes::from("hello"))
+            .map_err(|never| -> BoxError { match never {} })
+            .boxed_unsync()
+    };
+    let response = ServiceBuilder::new()
+        .layer(ClientDeadlineLayer::new().default_timeout(ms(100)))
+        .service(service_fn(move |_req: Request<()>| {
+            let body = hello();
+            async move { Ok::<_, BoxError>(Response::new(body)) }
+        }))
+        .oneshot(Request::new(()))
+        .await
+        .unwrap();
+    let body = response.into_body();
+    assert_eq!(body.size_hint().exact(), Some(5));
+    let shown = format!("{body:?}");
+    assert!(shown.starts_with("ResponseBody"), "{shown}");
+    assert!(shown.contains("cut: false"), "{shown}");
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
