@@ -229,6 +229,18 @@ fn gradient_on_a_noisy_trace_stays_bounded_and_congestion_caps_it() {
     assert!(limit > 162, "{limit}");
 }
 
+/// A window of 12 calls at `limit` in flight, the first `cut_of_12` cut
+/// by their deadline at 25 ms, the others answered in 18 ms.
+fn with_cuts(now: Instant, limit: usize, cut_of_12: usize) -> Window {
+    (0..12).fold(Window::new(now, 50 * MS), |w, i| {
+        if i < cut_of_12 {
+            w.with_congested_sample(25 * MS, limit)
+        } else {
+            w.with_sample(18 * MS, limit)
+        }
+    })
+}
+
 /// 20 ms calls behind a 25 ms deadline: about a quarter are cut even
 /// without load. Those cuts are the dependency's, not a queue's: the limit
 /// must not sink for them, only for more.
@@ -237,15 +249,7 @@ fn gradient_tells_cuts_without_load_from_cuts_of_a_queue() {
     let now = Instant::now();
     let mut g = gradient();
     // One window in four cut at 25 ms, measured at the minimum.
-    let with_cuts = |limit: usize, cut_of_12: usize| {
-        (0..12).fold(Window::new(now, 50 * MS), |w, i| {
-            if i < cut_of_12 {
-                w.with_congested_sample(25 * MS, limit)
-            } else {
-                w.with_sample(18 * MS, limit)
-            }
-        })
-    };
+    let with_cuts = |limit, cut_of_12| with_cuts(now, limit, cut_of_12);
     assert_eq!(g.update(20, &with_cuts(20, 3)), 3);
     for _ in 0..3 {
         assert_eq!(g.update(3, &with_cuts(3, 3)), 3);
@@ -447,15 +451,7 @@ fn gradient_starts_from_the_compartments_limit_when_it_differs_from_its_estimate
 fn gradient_stops_growing_once_the_smoothed_cut_share_rises_past_the_baseline_noise() {
     let now = Instant::now();
     let mut g = gradient();
-    let with_cuts = |limit: usize, cut_of_12: usize| {
-        (0..12).fold(Window::new(now, 50 * MS), |w, i| {
-            if i < cut_of_12 {
-                w.with_congested_sample(25 * MS, limit)
-            } else {
-                w.with_sample(18 * MS, limit)
-            }
-        })
-    };
+    let with_cuts = |limit, cut_of_12| with_cuts(now, limit, cut_of_12);
     assert_eq!(g.update(20, &with_cuts(20, 3)), 3);
     for _ in 0..4 {
         g.update(3, &with_cuts(3, 3));

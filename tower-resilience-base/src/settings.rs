@@ -339,6 +339,10 @@ impl<'de> Deserialize<'de> for Share {
 mod tests {
     use super::*;
 
+    use serde::de::value::{
+        BoolDeserializer, F64Deserializer, I64Deserializer, StrDeserializer, U64Deserializer,
+    };
+
     type E = serde::de::value::Error;
 
     /// What a settings file's value turns into, through serde's own
@@ -349,9 +353,6 @@ mod tests {
 
     #[test]
     fn a_duration_reads_from_text_and_a_bare_number_is_refused_with_a_hint() {
-        use serde::de::value::{
-            BoolDeserializer, F64Deserializer, I64Deserializer, StrDeserializer, U64Deserializer,
-        };
         let ms = Duration::from_millis(250);
         assert_eq!(
             read(StrDeserializer::<E>::new("250ms")),
@@ -385,9 +386,6 @@ mod tests {
 
     #[test]
     fn a_share_reads_from_a_fraction_or_a_percentage_within_bounds() {
-        use serde::de::value::{
-            BoolDeserializer, F64Deserializer, I64Deserializer, StrDeserializer, U64Deserializer,
-        };
         assert_eq!(read(StrDeserializer::<E>::new("50%")), Ok(Share(0.5)));
         assert_eq!(read(F64Deserializer::<E>::new(0.25)), Ok(Share(0.25)));
         assert_eq!(read(U64Deserializer::<E>::new(1)), Ok(Share(1.0)));
