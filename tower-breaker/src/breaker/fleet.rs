@@ -704,8 +704,6 @@ impl Core {
         Some((delta, rule))
     }
 
-    /// Adopts what a read of the store said, and wakes the calls that
-    /// wait for a fresh decision.
     /// Reads the store's decision now and adopts it; returns the read.
     async fn read_and_adopt(self: &Arc<Self>, link: &StoreLink) -> Result<Decision, StoreError> {
         let asked = self.asked();
@@ -714,6 +712,8 @@ impl Core {
         read
     }
 
+    /// Adopts what a read of the store said, and wakes the calls that
+    /// wait for a fresh decision.
     pub(super) fn apply_read(
         self: &Arc<Self>,
         result: &Result<Decision, StoreError>,
