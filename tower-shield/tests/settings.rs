@@ -494,7 +494,14 @@ fn reloads_under_load_lose_nothing() {
         // Phase 2: the dependency fails; the circuit opens and must stay
         // open while the settings keep changing.
         dep.fail.store(true, SeqCst);
-        while breaker.snapshot().state != State::Open {
+        // The opening's count follows its state word (the transition is a
+        // compare-and-swap, counted after it succeeds): on two worker
+        // threads a snapshot can see the circuit open with the count not
+        // yet bumped, so wait for both.
+        while {
+            let now = breaker.snapshot();
+            now.state != State::Open || now.totals.opened == 0
+        } {
             tokio::task::yield_now().await;
         }
         let opened = breaker.snapshot().totals.opened;
