@@ -13,7 +13,13 @@ use crate::{Mode, State};
 /// [`Breaker::snapshot`](crate::Breaker::snapshot).
 ///
 /// Each figure is read with one atomic load, so figures taken while calls
-/// complete may disagree by the calls in flight.
+/// complete may disagree by the calls in flight. The same holds across a
+/// transition: the state changes first (one compare-and-swap of the state
+/// word) and its count in [`totals`](Self::totals) follows, so a snapshot
+/// taken on another thread at that instant can show
+/// [`State::Open`](crate::State::Open) with `totals.opened` not yet
+/// bumped. A caller that compares counts across a transition waits for
+/// the count itself, not only for the state.
 ///
 /// # Example
 ///
