@@ -17,7 +17,7 @@ use crate::{Mode, State};
 /// transition: the state changes first (one compare-and-swap of the state
 /// word) and its count in [`totals`](Self::totals) follows, so a snapshot
 /// taken on another thread at that instant can show
-/// [`State::Open`](crate::State::Open) with `totals.opened` not yet
+/// [`State::Open`] with `totals.opened` not yet
 /// bumped. A caller that compares counts across a transition waits for
 /// the count itself, not only for the state.
 ///
