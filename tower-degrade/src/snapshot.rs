@@ -184,8 +184,15 @@ impl StaleServed {
     /// The mean age of the cached answers served, if any were.
     #[must_use]
     pub fn mean_age(&self) -> Option<Duration> {
-        let n = u32::try_from(self.served).ok().filter(|&n| n > 0)?;
-        Some(self.total_age / n)
+        if self.served == 0 {
+            return None;
+        }
+        // In nanoseconds over u128: a count beyond `u32::MAX` (a
+        // long-lived layer) still has a mean.
+        let mean = self.total_age.as_nanos() / u128::from(self.served);
+        Some(Duration::from_nanos(
+            u64::try_from(mean).unwrap_or(u64::MAX),
+        ))
     }
 }
 
@@ -367,5 +374,137 @@ mod tests {
         assert_eq!(s.stale.served, 2);
         assert_eq!(s.stale.max_age, Duration::from_secs(3));
         assert_eq!(s.stale.mean_age(), Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn each_cause_has_its_own_count_and_the_total_adds_them() {
+        let stats = Stats::new();
+        for (i, &cause) in Cause::ALL.iter().enumerate() {
+            for _ in 0..=i {
+                stats.served(cause, None);
+                stats.unanswered(cause);
+                stats.unanswered(cause);
+            }
+        }
+        // 1 + 2 + ... + 8 served, twice that unanswered.
+        assert_eq!(stats.served(Cause::Failure, None), 37);
+        assert_eq!(stats.unanswered(Cause::Exercise), 73);
+        let s = stats.snapshot("layer".into(), 7);
+        assert_eq!(&*s.name, "layer");
+        assert_eq!(s.cached, 7);
+        let served: Vec<(Cause, u64)> = s.served.iter().collect();
+        let expected: Vec<(Cause, u64)> = Cause::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (c, i as u64 + 1 + u64::from(c == Cause::Failure)))
+            .collect();
+        assert_eq!(served, expected, "in the order of Cause::ALL");
+        assert_eq!(s.served.total(), 37);
+        assert_eq!(s.served.get(Cause::BulkheadFull), 2);
+        assert_eq!(s.unanswered.get(Cause::CircuitOpen), 2);
+        assert_eq!(s.unanswered.get(Cause::Exercise), 17);
+        assert_eq!(s.unanswered.total(), 73);
+        assert_eq!(s.stale, StaleServed::default(), "nothing stale was served");
+    }
+
+    #[test]
+    fn shadow_outcomes_and_cold_keys_are_counted_apart() {
+        let stats = Stats::new();
+        stats.shadow(Some(true));
+        for _ in 0..2 {
+            stats.shadow(Some(false));
+        }
+        for _ in 0..4 {
+            stats.shadow(None);
+        }
+        stats.cold();
+        stats.cold();
+        let s = stats.snapshot("x".into(), 0);
+        let shadow = s.shadow;
+        assert_eq!(
+            (shadow.agreed, shadow.differed, shadow.unanswered),
+            (1, 2, 4)
+        );
+        assert_eq!(shadow.compared(), 3, "agreed and differed; not unanswered");
+        assert_eq!(s.cold, 2);
+        assert_eq!(s.served.total() + s.unanswered.total(), 0);
+    }
+
+    #[test]
+    fn the_mean_age_needs_an_answer_and_survives_any_count() {
+        let stale = |served, total_age| StaleServed {
+            served,
+            total_age,
+            max_age: Duration::ZERO,
+        };
+        assert_eq!(stale(0, Duration::from_secs(5)).mean_age(), None);
+        assert_eq!(
+            stale(1, Duration::from_secs(5)).mean_age(),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            stale(4, Duration::from_secs(10)).mean_age(),
+            Some(Duration::from_millis(2_500))
+        );
+        let many = 5_000_000_000; // beyond u32
+        assert_eq!(
+            stale(many, Duration::from_secs(many) * 3).mean_age(),
+            Some(Duration::from_secs(3))
+        );
+    }
+
+    #[test]
+    fn async_permits_stop_at_the_limit_and_free_their_place_on_drop() {
+        let stats = Arc::new(Stats::new());
+        let a = stats.async_permit(2).expect("first of two");
+        let b = stats.async_permit(2).expect("second of two");
+        assert!(stats.async_permit(2).is_none(), "the limit is reached");
+        assert_eq!(stats.snapshot("x".into(), 0).async_waiting, 2);
+        drop(a);
+        assert_eq!(stats.snapshot("x".into(), 0).async_waiting, 1);
+        let c = stats.async_permit(2).expect("a place was freed");
+        assert!(
+            stats.async_permit(0).is_none(),
+            "a limit of zero awaits nothing"
+        );
+        assert_eq!(format!("{c:?}"), "AsyncPermit");
+        drop((b, c));
+        assert_eq!(stats.snapshot("x".into(), 0).async_waiting, 0);
+    }
+
+    #[test]
+    fn racing_threads_never_hold_more_async_permits_than_the_limit() {
+        const LIMIT: usize = 3;
+        let stats = Arc::new(Stats::new());
+        let held = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let granted = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (stats, held, most, granted) =
+                    (stats.clone(), held.clone(), most.clone(), granted.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..5_000 {
+                        if let Some(permit) = stats.async_permit(LIMIT) {
+                            let now = held.fetch_add(1, Relaxed) + 1;
+                            most.fetch_max(now, Relaxed);
+                            granted.fetch_add(1, Relaxed);
+                            std::hint::spin_loop();
+                            held.fetch_sub(1, Relaxed);
+                            drop(permit);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert!(most.load(Relaxed) <= LIMIT, "held at once: {most:?}");
+        assert!(
+            granted.load(Relaxed) > 0,
+            "a refusal means a permit is held"
+        );
+        assert_eq!(stats.snapshot("x".into(), 0).async_waiting, 0, "none lost");
     }
 }
