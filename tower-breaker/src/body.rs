@@ -288,7 +288,99 @@ impl<B, C> fmt::Debug for ResponseBody<B, C> {
 mod tests {
     use std::mem::size_of;
 
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+
     use super::*;
+    use crate::Breaker;
+
+    /// The breaker's (successful, failed) totals.
+    fn counts(breaker: &Breaker) -> (u64, u64) {
+        let totals = breaker.snapshot().totals;
+        (totals.successful, totals.failed)
+    }
+
+    fn open_body(breaker: &Breaker, text: &'static str) -> ResponseBody<Full<Bytes>> {
+        let late = Late::new(breaker.try_acquire().unwrap(), DefaultClassifier);
+        let response = wrap(Response::new(Full::new(Bytes::from(text))), Some(late));
+        response.into_body()
+    }
+
+    #[test]
+    fn the_collector_is_one_breaker_and_the_outer_one_comes_back() {
+        let outer = begin(7);
+        assert!(collecting(7));
+        assert!(!collecting(8), "another breaker's hook keeps nothing");
+        assert_eq!(begin(9), 7, "a breaker below replaces it for its poll");
+        assert!(collecting(9) && !collecting(7));
+        assert!(end(7).is_none(), "nothing was kept");
+        assert!(collecting(7), "the outer breaker collects again");
+        assert!(end(outer).is_none());
+        assert!(!collecting(7));
+    }
+
+    #[test]
+    fn a_kept_outcome_is_handed_over_once_at_the_end_of_the_poll() {
+        let breaker = Breaker::new("dependency");
+        let outer = begin(breaker.id());
+        defer(breaker.try_acquire().unwrap());
+        assert_eq!(counts(&breaker), (0, 0), "kept open");
+        let deferred = end(outer).expect("the poll's kept outcome");
+        assert!(end(outer).is_none(), "taken once");
+        deferred.settle_now();
+        assert_eq!(counts(&breaker), (1, 0), "settled as the head said");
+    }
+
+    #[test]
+    fn of_two_outcomes_kept_in_one_poll_the_older_is_settled_at_once() {
+        let breaker = Breaker::new("dependency");
+        let outer = begin(breaker.id());
+        defer(breaker.try_acquire().unwrap());
+        defer(breaker.try_acquire().unwrap());
+        assert_eq!(counts(&breaker), (1, 0), "the hedge that lost is over");
+        let late = end(outer).unwrap().into_late(DefaultClassifier);
+        assert_eq!(counts(&breaker), (1, 0));
+        drop(late);
+        assert_eq!(
+            counts(&breaker),
+            (2, 0),
+            "a dropped body keeps its head's verdict"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_body_that_says_it_ended_settles_with_its_last_frame() {
+        let breaker = Breaker::new("dependency");
+        let mut body = open_body(&breaker, "ab");
+        assert!(body.is_pending());
+        assert!(!body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(2), "the inner body's hint");
+        assert_eq!(format!("{body:?}"), "ResponseBody { pending: true, .. }");
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "ab");
+        assert!(body.is_end_stream());
+        assert!(!body.is_pending(), "no poll for the end is needed");
+        assert_eq!(counts(&breaker), (1, 0));
+        assert_eq!(format!("{body:?}"), "ResponseBody { pending: false, .. }");
+        assert!(body.frame().await.is_none());
+        assert_eq!(counts(&breaker), (1, 0), "counted once");
+    }
+
+    #[test]
+    fn the_inner_body_can_be_reached_and_taken_out() {
+        let breaker = Breaker::new("dependency");
+        let mut body = open_body(&breaker, "abc");
+        assert_eq!(body.get_ref().size_hint().exact(), Some(3));
+        *body.get_mut() = Full::new(Bytes::from_static(b"abcd"));
+        assert_eq!(body.size_hint().exact(), Some(4), "replaced in place");
+        assert_eq!(counts(&breaker), (0, 0));
+        let inner = body.into_inner();
+        assert_eq!(inner.size_hint().exact(), Some(4));
+        assert_eq!(counts(&breaker), (1, 0), "taken out: the head's verdict");
+        let default = ResponseBody::<Full<Bytes>>::default();
+        assert!(!default.is_pending(), "nothing to settle");
+        assert_eq!(default.size_hint().exact(), Some(0));
+    }
 
     /// Every layer above the breaker moves the response with its body: the
     /// open outcome stays three words (the permit's shard, its start time
