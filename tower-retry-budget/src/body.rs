@@ -470,3 +470,272 @@ impl<B> fmt::Debug for BufferedReplay<B> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The replay modes alone, polled by hand: what is recorded, what a
+    //! replay yields and in which order, when a body stops being
+    //! replayable, and what each body says of its size.
+
+    use std::collections::VecDeque;
+    use std::task::Waker;
+
+    use http_body_util::Full;
+
+    use super::*;
+
+    /// A request body that plays its steps; its size hint is exactly the
+    /// data still to come, or unknown when `hinted` is false.
+    struct Script {
+        steps: VecDeque<Step>,
+        hinted: bool,
+    }
+
+    enum Step {
+        Data(&'static str),
+        Trailers,
+        Fail,
+        Pending,
+    }
+
+    fn script(steps: impl IntoIterator<Item = Step>) -> Script {
+        Script {
+            steps: steps.into_iter().collect(),
+            hinted: true,
+        }
+    }
+
+    fn data(chunks: &[&'static str]) -> Vec<Step> {
+        chunks.iter().map(|c| Step::Data(c)).collect()
+    }
+
+    impl Body for Script {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            // Polled by hand: a pause needs no wake-up.
+            Poll::Ready(Some(match self.steps.pop_front() {
+                None => return Poll::Ready(None),
+                Some(Step::Pending) => return Poll::Pending,
+                Some(Step::Data(text)) => Ok(Frame::data(Bytes::from_static(text.as_bytes()))),
+                Some(Step::Trailers) => Ok(Frame::trailers(trailers())),
+                Some(Step::Fail) => Err("connection reset".into()),
+            }))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.steps.is_empty()
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            if !self.hinted {
+                return SizeHint::default();
+            }
+            let left = self.steps.iter().map(|step| match step {
+                Step::Data(text) => text.len() as u64,
+                _ => 0,
+            });
+            SizeHint::with_exact(left.sum())
+        }
+    }
+
+    fn trailers() -> HeaderMap {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers
+    }
+
+    /// What one poll gave, as text: `"ab"`, `"trailers"`, `"end"`,
+    /// `"pending"`, or the error.
+    fn poll<B: Body<Data = Bytes, Error = BoxError> + Unpin>(body: &mut B) -> String {
+        match Pin::new(body).poll_frame(&mut Context::from_waker(Waker::noop())) {
+            Poll::Pending => "pending".to_owned(),
+            Poll::Ready(None) => "end".to_owned(),
+            Poll::Ready(Some(Err(e))) => format!("error: {e}"),
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => String::from_utf8(data.to_vec()).unwrap(),
+                Err(frame) => {
+                    assert_eq!(frame.into_trailers().unwrap(), trailers());
+                    "trailers".to_owned()
+                }
+            },
+        }
+    }
+
+    fn read_all<B: Body<Data = Bytes, Error = BoxError> + Unpin>(body: &mut B) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let frame = poll(body);
+            let done = frame == "end" || frame.starts_with("error");
+            seen.push(frame);
+            if done {
+                return seen;
+            }
+        }
+    }
+
+    fn hint<B: Body>(body: &B) -> (u64, Option<u64>) {
+        let hint = body.size_hint();
+        (hint.lower(), hint.upper())
+    }
+
+    type Saved = BufferedReplay<Script>;
+
+    fn prepare(steps: Vec<Step>, limit: usize) -> (ReplayBody<Script>, Option<Saved>) {
+        <Buffered as ReplayMode<Script>>::prepare(script(steps), limit, true)
+    }
+
+    /// Like [`prepare`], for a body that does not say its size.
+    fn prepare_unhinted(steps: Vec<Step>, limit: usize) -> (ReplayBody<Script>, Saved) {
+        let body = Script {
+            steps: steps.into_iter().collect(),
+            hinted: false,
+        };
+        let (first, saved) = <Buffered as ReplayMode<Script>>::prepare(body, limit, true);
+        (first, saved.expect("nothing known: kept"))
+    }
+
+    fn replay(saved: &Saved) -> Option<ReplayBody<Script>> {
+        <Buffered as ReplayMode<Script>>::replay(saved)
+    }
+
+    fn can_replay(saved: &Saved) -> bool {
+        <Buffered as ReplayMode<Script>>::can_replay(saved)
+    }
+
+    #[test]
+    fn an_ended_body_is_sent_as_empty_and_replayed_for_free() {
+        let (mut body, saved) = prepare(Vec::new(), 10);
+        let saved = saved.expect("an empty body can be retried");
+        assert_eq!(format!("{body:?}"), r#"ReplayBody { kind: "empty" }"#);
+        assert_eq!(format!("{saved:?}"), "BufferedReplay { empty: true }");
+        assert!(body.is_end_stream());
+        assert_eq!(hint(&body), (0, Some(0)));
+        assert_eq!(poll(&mut body), "end");
+        assert!(can_replay(&saved));
+        let mut again = replay(&saved).unwrap();
+        assert!(again.is_end_stream());
+        assert_eq!(poll(&mut again), "end");
+    }
+
+    #[test]
+    fn a_body_that_will_not_be_retried_is_passed_through() {
+        let (mut body, saved) =
+            <Buffered as ReplayMode<Script>>::prepare(script(data(&["ab"])), 10, false);
+        assert!(saved.is_none(), "not retryable: nothing kept");
+        assert_eq!(format!("{body:?}"), r#"ReplayBody { kind: "once" }"#);
+        assert!(!body.is_end_stream());
+        assert_eq!(hint(&body), (2, Some(2)), "the body's own hint");
+        assert_eq!(read_all(&mut body), ["ab", "end"]);
+        assert!(body.is_end_stream(), "the body's own end");
+
+        let (body, saved) = prepare(data(&["abc", "de"]), 4);
+        assert!(saved.is_none(), "5 bytes known, over a limit of 4");
+        assert_eq!(format!("{body:?}"), r#"ReplayBody { kind: "once" }"#);
+        let (body, saved) = prepare(data(&["abc", "de"]), 5);
+        assert!(saved.is_some(), "exactly at the limit: kept");
+        assert_eq!(format!("{body:?}"), r#"ReplayBody { kind: "replayable" }"#);
+        assert!(!body.is_end_stream(), "a recorded body never says it ended");
+    }
+
+    #[test]
+    fn a_retry_replays_what_was_read_then_reads_on() {
+        let mut steps = data(&["ab", "cd"]);
+        steps.push(Step::Pending);
+        steps.extend(data(&["efg"]));
+        steps.push(Step::Trailers);
+        let (mut first, saved) = prepare(steps, 100);
+        let saved = saved.unwrap();
+        assert_eq!(format!("{saved:?}"), "BufferedReplay { empty: false }");
+        assert_eq!(hint(&first), (7, Some(7)));
+        assert_eq!(poll(&mut first), "ab");
+        assert_eq!(poll(&mut first), "cd");
+        assert_eq!(hint(&first), (3, Some(3)), "nothing recorded is unsent");
+        assert_eq!(poll(&mut first), "pending");
+
+        let mut second = replay(&saved).unwrap();
+        assert_eq!(
+            poll(&mut first),
+            "error: request body superseded by a newer attempt",
+            "the first attempt's body is superseded"
+        );
+        assert_eq!(hint(&first), (0, None), "a superseded body knows nothing");
+        assert_eq!(hint(&second), (7, Some(7)), "4 recorded and 3 to read");
+        assert_eq!(poll(&mut second), "ab");
+        assert_eq!(hint(&second), (5, Some(5)));
+        assert_eq!(poll(&mut second), "cd");
+        assert_eq!(hint(&second), (3, Some(3)));
+        assert_eq!(read_all(&mut second), ["efg", "trailers", "end"]);
+        assert_eq!(poll(&mut second), "end", "the trailers are sent once");
+
+        let mut third = replay(&saved).unwrap();
+        assert_eq!(hint(&third), (7, Some(7)), "all recorded, nothing to read");
+        assert_eq!(poll(&mut third), "ab");
+        assert_eq!(hint(&third), (5, Some(5)));
+        assert_eq!(read_all(&mut third), ["cd", "efg", "trailers", "end"]);
+        assert_eq!(hint(&third), (0, Some(0)));
+    }
+
+    #[test]
+    fn a_body_read_to_its_end_without_trailers_ends_once_for_each_attempt() {
+        let (mut first, saved) = prepare(data(&["ab", "c"]), 100);
+        let saved = saved.unwrap();
+        assert_eq!(read_all(&mut first), ["ab", "c", "end"]);
+        assert_eq!(poll(&mut first), "end");
+        let mut second = replay(&saved).unwrap();
+        assert_eq!(read_all(&mut second), ["ab", "c", "end"]);
+        assert_eq!(poll(&mut second), "end");
+    }
+
+    #[test]
+    fn a_body_over_the_limit_stops_being_replayable_but_reaches_its_end() {
+        // Exactly at the limit: still replayable.
+        let (mut first, saved) = prepare_unhinted(data(&["ab", "cd"]), 4);
+        assert_eq!(read_all(&mut first), ["ab", "cd", "end"]);
+        assert!(can_replay(&saved));
+        assert_eq!(read_all(&mut replay(&saved).unwrap()), ["ab", "cd", "end"]);
+
+        // One byte over it: sent whole, once.
+        let (mut first, saved) = prepare_unhinted(data(&["ab", "cd", "e", "f"]), 4);
+        assert_eq!(read_all(&mut first), ["ab", "cd", "e", "f", "end"]);
+        assert!(!can_replay(&saved));
+        assert!(replay(&saved).is_none());
+        assert_eq!(hint(&first), (0, None), "an overflowed body knows nothing");
+    }
+
+    #[test]
+    fn a_body_that_fails_is_not_replayable() {
+        let mut steps = data(&["ab"]);
+        steps.push(Step::Fail);
+        let (mut first, saved) = prepare(steps, 100);
+        let saved = saved.unwrap();
+        assert!(can_replay(&saved), "until it fails");
+        assert_eq!(read_all(&mut first), ["ab", "error: connection reset"]);
+        assert!(!can_replay(&saved));
+        assert!(replay(&saved).is_none());
+    }
+
+    #[test]
+    fn clone_bodies_are_cloned_for_every_attempt() {
+        let body = Full::new(Bytes::from_static(b"abc"));
+        let (sent, saved) = <CloneBody as ReplayMode<Full<Bytes>>>::prepare(body.clone(), 0, true);
+        let saved = saved.expect("kept whatever its size");
+        assert_eq!(hint(&sent), (3, Some(3)));
+        assert!(<CloneBody as ReplayMode<Full<Bytes>>>::can_replay(&saved));
+        let again = <CloneBody as ReplayMode<Full<Bytes>>>::replay(&saved).unwrap();
+        assert_eq!(hint(&again), (3, Some(3)));
+        let (_, saved) = <CloneBody as ReplayMode<Full<Bytes>>>::prepare(body, 0, false);
+        assert!(saved.is_none(), "not retryable: nothing kept");
+    }
+
+    #[test]
+    fn data_of_any_buffer_becomes_bytes() {
+        assert_eq!(into_bytes(&b"abc"[..]), Bytes::from_static(b"abc"));
+        let chained = Buf::chain(&b"ab"[..], &b"cd"[..]);
+        assert_eq!(into_bytes(chained), Bytes::from_static(b"abcd"));
+    }
+}
