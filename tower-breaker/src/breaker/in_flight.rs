@@ -341,6 +341,143 @@ mod tests {
     }
 
     #[test]
+    fn buckets_are_the_widest_power_of_two_within_an_eighth_of_the_threshold() {
+        assert_eq!(InFlight::new(1).shift, 0, "at least a nanosecond");
+        assert_eq!(InFlight::new(15).shift, 0);
+        assert_eq!(InFlight::new(16).shift, 1);
+        assert_eq!(InFlight::new(8 << 20).shift, 20);
+        assert_eq!(InFlight::new((8 << 20) - 1).shift, 19);
+    }
+
+    #[test]
+    fn a_tag_holds_the_generation_and_the_buckets_low_bits_above_the_count() {
+        assert_eq!(tag(5, 3), 5 << 52 | 3 << 32);
+        assert_eq!(tag(5 + 4096, 3 + (1 << 20)), tag(5, 3), "both wrap");
+        assert_eq!(tag(0, 0), 0);
+    }
+
+    #[test]
+    fn generations_and_buckets_are_ordered_within_half_their_space() {
+        let slot = |gen: u32, bucket: u64| tag(gen, bucket) | 1;
+        assert_eq!(age(0, 7, 9), Age::OlderGeneration, "an empty slot");
+        assert_eq!(age(slot(9, 0), 10, 0), Age::OlderGeneration);
+        assert_eq!(age(slot(11, 0), 10, 0), Age::NewerGeneration);
+        assert_eq!(age(slot(10 + 2047, 0), 10, 0), Age::NewerGeneration);
+        assert_eq!(age(slot(10 + 2048, 0), 10, 0), Age::OlderGeneration);
+        assert_eq!(
+            age(slot(4095, 0), 1, 0),
+            Age::OlderGeneration,
+            "across the wrap"
+        );
+        let half = BUCKET_MASK / 2;
+        assert_eq!(age(slot(3, 100), 3, 101), Age::OlderBucket);
+        assert_eq!(age(slot(3, 100), 3, 100 + half), Age::OlderBucket);
+        assert_eq!(age(slot(3, 100), 3, 100 + half + 1), Age::NewerBucket);
+        assert_eq!(age(slot(3, 100), 3, 99), Age::NewerBucket);
+        assert_eq!(
+            age(slot(3, BUCKET_MASK), 3, BUCKET_MASK + 2),
+            Age::OlderBucket,
+            "across the wrap"
+        );
+    }
+
+    #[test]
+    fn calls_started_a_nanosecond_or_a_coarse_millisecond_apart_use_different_rings() {
+        let f = InFlight::new(80 * MS);
+        let index = |start: u64| {
+            let (slot, _) = f.slot(start);
+            (slot as *const AtomicU64 as usize - f.slots.as_ptr() as usize)
+                / std::mem::size_of::<AtomicU64>()
+        };
+        let start = 987_654_321_000;
+        let fine: Vec<usize> = (0..4).map(|i| index(start + i) / SLOTS).collect();
+        let mut rings = fine.clone();
+        rings.sort_unstable();
+        assert_eq!(rings, [0, 1, 2, 3], "{fine:?}");
+        let coarse: Vec<usize> = (2..6).map(|k| index(k * MS) / SLOTS).collect();
+        let mut rings = coarse.clone();
+        rings.sort_unstable();
+        assert_eq!(rings, [0, 1, 2, 3], "{coarse:?}");
+        // Within a ring, consecutive buckets take consecutive slots.
+        let width = 1u64 << f.shift;
+        let first = index(width * 40);
+        assert_eq!(index(width * 41) % SLOTS, (first + 1) % SLOTS);
+        assert_eq!(
+            index(width * 40 + (width * SLOTS as u64)),
+            first,
+            "a lap later"
+        );
+    }
+
+    #[test]
+    fn a_call_and_its_leave_find_the_same_slot_in_every_ring() {
+        let f = InFlight::new(80 * MS);
+        let starts: Vec<u64> = (0..64).map(|i| 5_000 * MS + i * 7_919).collect();
+        for &start in &starts {
+            f.enter(2, start);
+        }
+        let later = 6_000 * MS;
+        assert_eq!(f.stuck(2, later), 64);
+        for (i, &start) in starts.iter().enumerate() {
+            f.leave(2, start);
+            assert_eq!(f.stuck(2, later), 63 - i as u64);
+        }
+        assert!(f.slots.iter().all(|s| s.load(Relaxed) & COUNT_MASK == 0));
+        assert_eq!(f.overflow.load(Relaxed) & OVERFLOW_COUNT, 0);
+    }
+
+    #[test]
+    fn the_overflow_belongs_to_one_generation() {
+        let f = InFlight::new(80 * MS);
+        let width = 1u64 << f.shift;
+        let lap = SLOTS as u64 * width;
+        f.enter(1, width);
+        f.enter(1, width);
+        f.enter(1, width + lap);
+        assert_eq!(f.overflow.load(Relaxed), 1 << 40 | 2);
+        f.enter(2, 3 * width);
+        f.enter(2, 3 * width + lap);
+        assert_eq!(
+            f.overflow.load(Relaxed),
+            2 << 40 | 1,
+            "gen 1's are forgotten"
+        );
+        let later = 3 * width + lap + 100 * MS;
+        assert_eq!(f.stuck(2, later), 2, "one moved, one in its slot");
+        assert_eq!(f.stuck(1, later), 1, "gen 1: only the call in its slot");
+        f.leave(1, width);
+        assert_eq!(
+            f.overflow.load(Relaxed),
+            2 << 40 | 1,
+            "another generation's"
+        );
+        f.leave(2, 3 * width);
+        assert_eq!(f.overflow.load(Relaxed), 2 << 40, "its own");
+        f.leave(2, 3 * width);
+        assert_eq!(f.overflow.load(Relaxed), 2 << 40, "never below zero");
+    }
+
+    #[test]
+    fn a_new_threshold_moves_the_cutoff_and_is_at_least_a_nanosecond() {
+        let f = InFlight::new(200 * MS);
+        let start = 1_000 * MS;
+        f.enter(1, start);
+        let bucket_end = ((start >> f.shift) + 1) << f.shift;
+        assert_eq!(f.stuck(1, bucket_end + 100 * MS), 0);
+        f.set_threshold(100 * MS);
+        assert_eq!(f.stuck(1, bucket_end + 100 * MS - 1), 0);
+        assert_eq!(f.stuck(1, bucket_end + 100 * MS), 1);
+        f.set_threshold(0);
+        assert_eq!(
+            f.stuck(1, bucket_end),
+            0,
+            "1 ns: not yet at the bucket's end"
+        );
+        assert_eq!(f.stuck(1, bucket_end + 1), 1);
+        assert_eq!(f.stuck(1, 0), 0, "before the threshold's length: nothing");
+    }
+
+    #[test]
     fn the_first_call_of_each_new_bucket_sweeps() {
         let f = InFlight::new(80 * MS);
         let width = 1u64 << f.shift;
