@@ -258,11 +258,11 @@ async fn rejections_are_local_rejections_answered_503_and_not_retried() {
             permit.record(Outcome::Failure);
         }
     }
-    let error: BoxError = loop {
-        if let Err(e) = handle.try_acquire(Criticality::Critical) {
-            break Box::new(e);
-        }
-    };
+    // A throttle that never rejects fails here, within 10,000 draws.
+    let error: BoxError = (0..10_000)
+        .find_map(|_| handle.try_acquire(Criticality::Critical).err())
+        .map(Box::new)
+        .expect("a rejection after 50 refusals");
     assert!(is_local_rejection(&*error));
     let throttled = error.downcast_ref::<Throttled>().unwrap();
     assert_eq!(throttled.throttle(), "dep");

@@ -614,3 +614,252 @@ impl LiveRules {
         self.0.set(Self::encode(r));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_resilience_base::random::SeededRandom;
+
+    /// A throttle named "search" with seeded draws and `config`'s other
+    /// settings.
+    fn seeded(config: ThrottleConfig) -> ThrottleHandle {
+        ThrottleHandle::try_with_config("search", config.random(Arc::new(SeededRandom::new(7))))
+            .expect("valid settings")
+    }
+
+    /// Calls until the dependency's refusals get one rejected (within
+    /// 10,000 calls: a throttle that never rejects fails the test, it does
+    /// not hang it).
+    fn refuse_until_rejected(throttle: &ThrottleHandle) {
+        for _ in 0..10_000 {
+            match throttle.try_acquire(Criticality::Critical) {
+                Ok(permit) => permit.record(Outcome::Failure),
+                Err(_) => return,
+            }
+        }
+        panic!(
+            "10,000 refusals and no rejection: {:?}",
+            throttle.snapshot()
+        );
+    }
+
+    /// Calls that succeed until no criticality would be rejected (within
+    /// 10,000 calls).
+    fn succeed_until_quiet(throttle: &ThrottleHandle) {
+        for _ in 0..10_000 {
+            if !throttle.snapshot().throttling {
+                return;
+            }
+            if let Ok(permit) = throttle.try_acquire(Criticality::Critical) {
+                permit.record(Outcome::Success);
+            }
+        }
+        panic!(
+            "10,000 successes and still throttling: {:?}",
+            throttle.snapshot()
+        );
+    }
+
+    #[test]
+    fn the_handle_and_its_permits_name_the_throttle() {
+        let throttle = seeded(ThrottleConfig::new().k(3.0));
+        assert_eq!(throttle.name(), "search");
+        assert_eq!(throttle.config().get_k(Criticality::Critical), 3.0);
+        let shown = format!("{throttle:?}");
+        assert!(
+            shown.starts_with("ThrottleHandle")
+                && shown.contains("\"search\"")
+                && shown.contains("k: [2.25, 2.625, 3.0, 3.0]"),
+            "{shown}"
+        );
+        let permit = throttle
+            .try_acquire(Criticality::Critical)
+            .expect("healthy");
+        let shown = format!("{permit:?}");
+        assert!(
+            shown.starts_with("ThrottlePermit") && shown.contains("\"search\""),
+            "{shown}"
+        );
+        permit.record(Outcome::Success);
+    }
+
+    /// Every thread gets one of the handle's stripes, however many threads
+    /// the process has run (more than 64 here), and a permit dropped
+    /// without a record takes its accept back on whichever stripe it was
+    /// counted.
+    #[test]
+    fn permits_dropped_on_many_threads_are_all_refused() {
+        // Nothing rejected below 1,000 requests: every call gets a permit.
+        let throttle = seeded(ThrottleConfig::new().min_requests(1_000));
+        let threads: Vec<_> = (0..80)
+            .map(|i| {
+                let throttle = throttle.clone();
+                std::thread::spawn(move || {
+                    let permit = throttle
+                        .try_acquire(Criticality::ALL[i % 4])
+                        .expect("below min_requests");
+                    drop(permit);
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("a stripe of the handle's");
+        }
+        let s = throttle.snapshot();
+        assert_eq!(s.requests_by_criticality, [20; 4], "{s:?}");
+        assert_eq!(s.accepts_by_criticality, [0; 4], "{s:?}");
+    }
+
+    /// Each criticality's probability is its own K's rule on its own
+    /// requests and accepts and those of the criticalities above it, never
+    /// above a less critical one's.
+    #[test]
+    fn each_criticality_is_judged_on_itself_and_those_above() {
+        let throttle = seeded(ThrottleConfig::new());
+        let rules = Rules {
+            ks: [1.1, 1.5, 2.0, 3.0],
+            max_rejection: 0.9,
+            min_requests: 0,
+        };
+        let sums = Sums {
+            requests: [100, 50, 30, 20],
+            accepts: [0, 10, 30, 20],
+        };
+        // Sheddable: (200 - 1.1 × 60) / 201; SheddablePlus: (100 - 1.5 ×
+        // 60) / 101; Critical: 50 requests, 50 accepts; CriticalPlus: 20
+        // and 20.
+        let expected = [134.0 / 201.0, 10.0 / 101.0, 0.0, 0.0];
+        let got = throttle.core.probabilities(&rules, &sums);
+        for (p, e) in got.iter().zip(expected) {
+            assert!((p - e).abs() < 1e-12, "{got:?} against {expected:?}");
+        }
+        // Accepts at every criticality: each one's sums leave out exactly
+        // those of the less critical ones. Sheddable: (200 − 1.1 × 30) /
+        // 201; SheddablePlus: (100 − 1.5 × 20) / 101; Critical: (50 − 2 ×
+        // 10) / 51; CriticalPlus: (20 − 3 × 5) / 21.
+        let sums = Sums {
+            requests: [100, 50, 30, 20],
+            accepts: [10, 10, 5, 5],
+        };
+        let expected = [167.0 / 201.0, 70.0 / 101.0, 30.0 / 51.0, 5.0 / 21.0];
+        let got = throttle.core.probabilities(&rules, &sums);
+        for (p, e) in got.iter().zip(expected) {
+            assert!((p - e).abs() < 1e-12, "{got:?} against {expected:?}");
+        }
+    }
+
+    /// Every draw the same number.
+    #[derive(Debug)]
+    struct Fixed(u64);
+
+    impl RandomSource for Fixed {
+        fn next_u64(&self) -> u64 {
+            self.0
+        }
+    }
+
+    /// A request is rejected when its draw, uniform in `[0, 1)`, falls
+    /// below the probability: a draw equal to it is admitted, one just
+    /// below it is not.
+    #[test]
+    fn a_draw_rejects_only_below_the_probability() {
+        let with_draw = |x: u64| {
+            let config = ThrottleConfig::new()
+                .min_requests(1)
+                .max_rejection(0.5)
+                .random(Arc::new(Fixed(x)));
+            ThrottleHandle::try_with_config("search", config).expect("valid settings")
+        };
+        // A draw of exactly 0.5, against a probability capped at 0.5.
+        let at_the_cap = with_draw(1 << 63);
+        for _ in 0..100 {
+            at_the_cap
+                .try_acquire(Criticality::Critical)
+                .expect("a draw equal to the probability is admitted")
+                .record(Outcome::Failure);
+        }
+        assert_eq!(at_the_cap.rejection_probability(Criticality::Critical), 0.5);
+        // One step of 2^-53 below it.
+        let below = with_draw((1 << 63) - (1 << 11));
+        refuse_until_rejected(&below);
+        assert_eq!(below.snapshot().rejected, 1);
+    }
+
+    #[test]
+    fn a_snapshot_says_throttling_only_while_something_would_be_rejected() {
+        let throttle = seeded(ThrottleConfig::new().min_requests(1));
+        throttle
+            .try_acquire(Criticality::Critical)
+            .expect("healthy")
+            .record(Outcome::Success);
+        let healthy = throttle.snapshot();
+        assert_eq!(healthy.probabilities, [0.0; 4]);
+        assert!(!healthy.throttling, "{healthy:?}");
+        refuse_until_rejected(&throttle);
+        let failing = throttle.snapshot();
+        assert!(failing.throttling, "{failing:?}");
+    }
+
+    /// Throttling that stops within a bucket is told by the first call
+    /// after the event interval, to the nanosecond, not when the window
+    /// next moves.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_stop_is_told_when_the_interval_ends() {
+        // One-second buckets.
+        let throttle = seeded(
+            ThrottleConfig::new()
+                .window(Duration::from_secs(60))
+                .min_requests(1),
+        );
+        let announced = || throttle.core.announced.load(Relaxed);
+        // At 0 the dependency refuses: throttling starts, told at 0.
+        refuse_until_rejected(&throttle);
+        assert!(announced());
+        // Still at 0, it accepts again; the news waits for the interval.
+        succeed_until_quiet(&throttle);
+        assert!(announced());
+        let success = || {
+            throttle
+                .try_acquire(Criticality::Critical)
+                .expect("quiet")
+                .record(Outcome::Success);
+        };
+        tokio::time::advance(EVENT_INTERVAL - Duration::from_nanos(1)).await;
+        success();
+        assert!(announced(), "a nanosecond early");
+        tokio::time::advance(Duration::from_nanos(1)).await;
+        success();
+        assert!(!announced(), "told once the interval is over");
+    }
+
+    /// The same when the window moved in between: the call that moved it
+    /// came too early to tell, and the next call, in the new bucket, tells.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_stop_is_told_by_a_call_after_the_window_moved() {
+        let throttle = seeded(
+            ThrottleConfig::new()
+                .window(Duration::from_secs(60))
+                .min_requests(1),
+        );
+        let announced = || throttle.core.announced.load(Relaxed);
+        let success = || {
+            throttle
+                .try_acquire(Criticality::Critical)
+                .expect("quiet")
+                .record(Outcome::Success);
+        };
+        // Throttling starts half-way through the first bucket (told at
+        // 0.5 s), and stops at once.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        refuse_until_rejected(&throttle);
+        succeed_until_quiet(&throttle);
+        // 1.1 s: this call moves the window, within the interval.
+        tokio::time::advance(Duration::from_millis(600)).await;
+        success();
+        assert!(announced(), "within the interval");
+        // 1.6 s: same bucket, interval over.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        success();
+        assert!(!announced(), "told by the first call after the interval");
+    }
+}
