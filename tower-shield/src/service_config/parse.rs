@@ -437,7 +437,309 @@ fn describe(value: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    /// The message of the error `result` holds, with its path.
+    fn error<T: std::fmt::Debug>(result: Result<T>) -> (String, String) {
+        let error = result.expect_err("an invalid value");
+        (error.path().to_owned(), error.message().to_owned())
+    }
+
+    fn retry(max_attempts: Value, multiplier: Value) -> Value {
+        json!({
+            "maxAttempts": max_attempts,
+            "initialBackoff": "0.1s",
+            "maxBackoff": "1s",
+            "backoffMultiplier": multiplier,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        })
+    }
+
+    fn read_retry(value: &Value) -> (Result<RetryPolicy>, Vec<Adjustment>) {
+        let mut reader = Reader {
+            adjustments: Vec::new(),
+        };
+        let policy = reader.retry_policy(value, "p");
+        (policy, reader.adjustments)
+    }
+
+    #[test]
+    fn whole_numbers_are_json_integers_integral_floats_or_strings_of_them() {
+        assert_eq!(integer(&json!(3), "p").unwrap(), 3);
+        assert_eq!(integer(&json!(-2), "p").unwrap(), -2);
+        assert_eq!(
+            integer(&json!(u64::MAX), "p").unwrap(),
+            i128::from(u64::MAX)
+        );
+        assert_eq!(integer(&json!(4.0), "p").unwrap(), 4);
+        assert_eq!(
+            integer(&json!(-1e20), "p").unwrap(),
+            -100_000_000_000_000_000_000
+        );
+        assert_eq!(integer(&json!(" 8 "), "p").unwrap(), 8);
+        assert_eq!(
+            error(integer(&json!(4.5), "p")),
+            ("p".into(), "expected a whole number, got 4.5".into())
+        );
+        assert!(integer(&json!(1e30), "p").is_err(), "beyond 1e30: refused");
+        assert!(integer(&json!(9.9e29), "p").is_ok());
+        assert_eq!(
+            error(integer(&json!(true), "p")).1,
+            "expected a whole number, got a boolean"
+        );
+        let long = "1".repeat(41);
+        assert_eq!(
+            error(integer(&json!(long), "p")).1,
+            "expected a whole number, got a string",
+            "a long value is named by its kind"
+        );
+        let forty = "x".repeat(40);
+        assert_eq!(
+            error(integer(&json!(forty), "p")).1,
+            format!("expected a whole number, got {forty:?}")
+        );
+    }
+
+    #[test]
+    fn numbers_are_finite_json_numbers_or_strings_of_them() {
+        assert_eq!(number(&json!(1.5), "p").unwrap(), 1.5);
+        assert_eq!(number(&json!(" 2.5 "), "p").unwrap(), 2.5);
+        assert_eq!(
+            error(number(&json!("inf"), "p")),
+            ("p".into(), r#"expected a finite number, got "inf""#.into())
+        );
+        assert!(number(&json!("NaN"), "p").is_err());
+        assert_eq!(
+            error(number(&json!([1]), "p")).1,
+            "expected a finite number, got a list"
+        );
+    }
+
+    #[test]
+    fn each_kind_of_value_is_named_in_errors() {
+        let named = |value: Value| error(object(&value, "p")).1;
+        assert_eq!(named(json!(null)), "expected an object, got null");
+        assert_eq!(named(json!(false)), "expected an object, got a boolean");
+        assert_eq!(named(json!(1)), "expected an object, got a number");
+        assert_eq!(named(json!("x")), "expected an object, got a string");
+        assert_eq!(named(json!([])), "expected an object, got a list");
+        assert_eq!(
+            error(array(&json!({}), "p")).1,
+            "expected a list, got an object"
+        );
+        assert!(object(&json!({}), "p").is_ok() && array(&json!([]), "p").is_ok());
+    }
+
+    #[test]
+    fn paths_join_with_a_dot_below_the_root() {
+        assert_eq!(join("", "methodConfig"), "methodConfig");
+        assert_eq!(join("a[0]", "name"), "a[0].name");
+        let map = json!({ "here": 1, "gone": null });
+        let map = map.as_object().unwrap();
+        assert_eq!(required(map, "p", "here").unwrap().1, "p.here");
+        assert_eq!(
+            error(required(map, "p", "gone")),
+            ("p.gone".into(), "missing; gRFC A6 requires it".into()),
+            "null is absent"
+        );
+        assert!(field(map, "gone").is_none());
+    }
+
+    #[test]
+    fn max_attempts_is_above_one_and_capped_to_five_with_a_note() {
+        let attempts = |n: Value| {
+            let (policy, adjustments) = read_retry(&retry(n, json!(2)));
+            (policy.map(|p| p.max_attempts), adjustments)
+        };
+        assert_eq!(
+            error(attempts(json!(1)).0),
+            (
+                "p.maxAttempts".into(),
+                "must be greater than 1, got 1".into()
+            )
+        );
+        let (two, notes) = attempts(json!(2));
+        assert_eq!((two.unwrap(), notes.len()), (2, 0));
+        let (five, notes) = attempts(json!(5));
+        assert_eq!((five.unwrap(), notes.len()), (5, 0), "5 is within the cap");
+        let (six, notes) = attempts(json!("6"));
+        assert_eq!(six.unwrap(), 5);
+        assert_eq!(notes.len(), 1);
+        assert_eq!(notes[0].path(), "p.maxAttempts");
+        assert_eq!((notes[0].requested(), notes[0].applied()), (6, 5));
+        let (huge, notes) = attempts(json!(1e20));
+        assert_eq!(huge.unwrap(), 5);
+        assert_eq!(notes[0].requested(), u64::MAX, "beyond u64: saturated");
+    }
+
+    #[test]
+    fn the_backoff_multiplier_is_above_zero() {
+        for bad in [json!(0), json!(-1), json!(0.0)] {
+            let (policy, _) = read_retry(&retry(json!(3), bad.clone()));
+            assert_eq!(error(policy).0, "p.backoffMultiplier", "{bad}");
+        }
+        let (policy, _) = read_retry(&retry(json!(3), json!(0.001)));
+        assert_eq!(policy.unwrap().backoff_multiplier, 0.001);
+    }
+
+    #[test]
+    fn a_hedging_policy_has_no_delay_and_no_codes_unless_given() {
+        let mut reader = Reader {
+            adjustments: Vec::new(),
+        };
+        let hedge = reader
+            .hedging_policy(&json!({ "maxAttempts": 3 }), "h")
+            .unwrap();
+        assert_eq!(hedge.max_attempts, 3);
+        assert_eq!(hedge.hedging_delay, Duration::ZERO);
+        assert!(hedge.codes.is_empty());
+        let hedge = reader
+            .hedging_policy(
+                &json!({ "maxAttempts": 2, "hedgingDelay": "-0s", "nonFatalStatusCodes": [14] }),
+                "h",
+            )
+            .unwrap();
+        assert_eq!(hedge.hedging_delay, Duration::ZERO, "-0s is 0");
+        assert!(!hedge.codes.is_empty());
+    }
+
+    #[test]
+    fn durations_are_checked_against_their_lower_bound() {
+        let at_least_zero = |v: Value| duration(&v, "d", false);
+        let above_zero = |v: Value| duration(&v, "d", true);
+        assert_eq!(at_least_zero(json!("0s")).unwrap(), Duration::ZERO);
+        assert_eq!(at_least_zero(json!("-0.000s")).unwrap(), Duration::ZERO);
+        assert_eq!(
+            error(at_least_zero(json!("-1s"))),
+            ("d".into(), r#"must be at least 0, got "-1s""#.into())
+        );
+        assert_eq!(
+            error(above_zero(json!("0s"))).1,
+            r#"must be greater than 0, got "0s""#
+        );
+        assert_eq!(
+            error(above_zero(json!("-1s"))).1,
+            r#"must be greater than 0, got "-1s""#
+        );
+        assert_eq!(
+            above_zero(json!("0.25s")).unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            above_zero(json!("0.123456789s")).unwrap(),
+            Duration::from_nanos(123_456_789)
+        );
+        assert_eq!(
+            error(above_zero(json!(5))).1,
+            r#"expected a duration string such as "0.1s", got a number"#
+        );
+        assert!(error(above_zero(json!("5")))
+            .1
+            .starts_with(r#"invalid duration "5""#));
+    }
+
+    #[test]
+    fn status_codes_are_one_to_sixteen_by_name_or_number() {
+        let codes = status_codes(&json!([16, "1", 1]), "c");
+        assert!(codes.is_err(), "a number in a string is not a name");
+        let codes = status_codes(&json!([16, 1, "CANCELLED"]), "c").unwrap();
+        assert_eq!(format!("{codes:?}"), "{CANCELLED, UNAUTHENTICATED}");
+        assert_eq!(
+            error(status_codes(&json!([1, 17]), "c")),
+            (
+                "c[1]".into(),
+                "unknown status code 17; gRPC's codes are 0 to 16".into()
+            )
+        );
+        assert_eq!(
+            error(status_codes(&json!([-1]), "c")).1,
+            "unknown status code -1; gRPC's codes are 0 to 16"
+        );
+        assert_eq!(
+            error(status_codes(&json!([0]), "c")).1,
+            "OK is not a failure; it cannot be retried or hedged on"
+        );
+        assert_eq!(
+            error(status_codes(&json!([true]), "c")).1,
+            "expected a status code name or number, got a boolean"
+        );
+        assert_eq!(error(status_codes(&json!({}), "c")).0, "c");
+    }
+
+    #[test]
+    fn a_token_ratio_keeps_three_decimals_and_must_keep_one_thousandth() {
+        let throttling =
+            |ratio: Value| retry_throttling(&json!({ "maxTokens": 10, "tokenRatio": ratio }), "t");
+        assert_eq!(throttling(json!(0.0006)).unwrap().token_ratio_milli(), 1);
+        assert_eq!(throttling(json!(0.1234)).unwrap().token_ratio_milli(), 123);
+        assert_eq!(
+            error(throttling(json!(0.0004))),
+            (
+                "t.tokenRatio".into(),
+                "must be greater than 0 at gRFC A6's three decimal places, got 0.0004".into()
+            )
+        );
+        assert_eq!(
+            throttling(json!(1e12)).unwrap().token_ratio_milli(),
+            u32::MAX,
+            "saturated"
+        );
+        assert_eq!(
+            throttling(json!(4_294_967.295))
+                .unwrap()
+                .token_ratio_milli(),
+            u32::MAX
+        );
+        assert_eq!(
+            throttling(json!(4_294_967.294))
+                .unwrap()
+                .token_ratio_milli(),
+            u32::MAX - 1
+        );
+        let tokens = |n: Value| retry_throttling(&json!({ "maxTokens": n, "tokenRatio": 1 }), "t");
+        assert_eq!(tokens(json!(1)).unwrap().max_tokens(), 1);
+        assert_eq!(tokens(json!(1000)).unwrap().max_tokens(), 1000);
+        assert!(tokens(json!(0)).is_err() && tokens(json!(1001)).is_err());
+    }
+
+    #[test]
+    fn a_method_name_needs_a_service_for_its_method() {
+        assert_eq!(
+            error(method_name(&json!({ "service": 5 }), "n")),
+            ("n.service".into(), "expected a string, got a number".into())
+        );
+        let name = method_name(&json!({ "service": "a.B", "method": "C" }), "n").unwrap();
+        assert_eq!((&*name.service, &*name.method), ("a.B", "C"));
+        let name = method_name(&json!({ "method": "" }), "n").unwrap();
+        assert_eq!((&*name.service, &*name.method), ("", ""), "`{{}}`");
+        assert_eq!(
+            error(method_name(&json!({ "method": "C" }), "n")).0,
+            "n.method"
+        );
+    }
+
+    #[test]
+    fn a_name_twice_in_one_method_config_is_a_duplicate() {
+        let config = json!({ "methodConfig": [
+            { "name": [{ "service": "a.B" }, { "service": "a.B" }] },
+        ] });
+        assert_eq!(
+            error(service_config(&config)),
+            (
+                "methodConfig[0].name[1]".into(),
+                r#"duplicate name {service: "a.B"}, already at methodConfig[0].name[0]; gRFC A6 makes such a config invalid"#
+                    .into()
+            )
+        );
+        let fine = json!({ "methodConfig": [
+            { "name": [{ "service": "a.B" }, { "service": "a.B", "method": "C" }] },
+        ] });
+        let config = service_config(&fine).unwrap();
+        assert_eq!(config.methods[0].names.len(), 2);
+        assert!(config.throttling.is_none() && config.adjustments.is_empty());
+    }
 
     #[test]
     fn durations_in_protobufs_json_form() {
