@@ -389,11 +389,15 @@ mod tests {
             (slot as *const AtomicU64 as usize - f.slots.as_ptr() as usize)
                 / std::mem::size_of::<AtomicU64>()
         };
-        let start = 987_654_321_000;
-        let fine: Vec<usize> = (0..4).map(|i| index(start + i) / SLOTS).collect();
-        let mut rings = fine.clone();
-        rings.sort_unstable();
-        assert_eq!(rings, [0, 1, 2, 3], "{fine:?}");
+        // Readings whose bits above bit 20 are not zero in the ring's two
+        // bits (as most readings are): the low bits still choose the ring.
+        for start in [987_655_369_576_u64, 1_000_001_060_921] {
+            assert_ne!((start >> 20) & 3, 0);
+            let fine: Vec<usize> = (0..4).map(|i| index(start + i) / SLOTS).collect();
+            let mut rings = fine.clone();
+            rings.sort_unstable();
+            assert_eq!(rings, [0, 1, 2, 3], "{start}: {fine:?}");
+        }
         let coarse: Vec<usize> = (2..6).map(|k| index(k * MS) / SLOTS).collect();
         let mut rings = coarse.clone();
         rings.sort_unstable();
