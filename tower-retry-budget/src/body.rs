@@ -705,6 +705,21 @@ mod tests {
         assert!(!can_replay(&saved));
         assert!(replay(&saved).is_none());
         assert_eq!(hint(&first), (0, None), "an overflowed body knows nothing");
+
+        // A first frame over the limit on its own.
+        let (mut first, saved) = prepare_unhinted(data(&["abcde"]), 4);
+        assert_eq!(read_all(&mut first), ["abcde", "end"]);
+        assert!(!can_replay(&saved));
+    }
+
+    #[test]
+    fn the_default_limit_is_64_kib() {
+        let body = |len: usize| {
+            let text: &'static str = "x".repeat(len).leak();
+            prepare(data(&[text]), DEFAULT_BODY_LIMIT).1
+        };
+        assert!(body(64 * 1024).is_some(), "exactly 64 KiB: kept");
+        assert!(body(64 * 1024 + 1).is_none(), "one byte more: sent once");
     }
 
     #[test]

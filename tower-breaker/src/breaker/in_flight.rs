@@ -431,6 +431,46 @@ mod tests {
     }
 
     #[test]
+    fn calls_of_one_bucket_share_their_slot_and_are_not_stuck_before_the_threshold() {
+        let f = InFlight::new(80 * MS);
+        let start = 5_000 * MS;
+        for _ in 0..3 {
+            f.enter(2, start);
+        }
+        let (slot, bucket) = f.slot(start);
+        assert_eq!(slot.load(Relaxed), tag(2, bucket) | 3);
+        assert_eq!(f.overflow.load(Relaxed), 0, "nothing moved");
+        assert_eq!(f.stuck(2, start + MS), 0, "in flight for a millisecond");
+        f.leave(2, start);
+        assert_eq!(slot.load(Relaxed), tag(2, bucket) | 2);
+    }
+
+    #[test]
+    fn a_leave_without_its_call_changes_nothing() {
+        let f = InFlight::new(80 * MS);
+        let start = 5_000 * MS;
+        f.enter(2, start);
+        f.leave(2, start);
+        f.leave(2, start);
+        let (slot, bucket) = f.slot(start);
+        assert_eq!(slot.load(Relaxed), tag(2, bucket), "the count stays at 0");
+        assert_eq!(f.stuck(2, start + 300 * MS), 0);
+    }
+
+    #[test]
+    fn calls_moved_in_one_generation_add_up() {
+        let f = InFlight::new(80 * MS);
+        let width = 1u64 << f.shift;
+        let lap = SLOTS as u64 * width;
+        for first in [width, 2 * width, 3 * width] {
+            f.enter(1, first);
+            f.enter(1, first + lap);
+        }
+        assert_eq!(f.overflow.load(Relaxed), 1 << 40 | 3, "three moves of one");
+        assert_eq!(f.stuck(1, 3 * width + lap + 100 * MS), 6);
+    }
+
+    #[test]
     fn the_overflow_belongs_to_one_generation() {
         let f = InFlight::new(80 * MS);
         let width = 1u64 << f.shift;
