@@ -105,6 +105,30 @@ impl Capture {
             .cloned()
             .collect()
     }
+
+    /// The recorded lines that contain `needle` anywhere (the message, a
+    /// field's name or its value), in order: for checking that a value
+    /// was logged somewhere, or never (a password, say).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let capture = resilience_testkit::Capture::default();
+    /// let _guard = resilience_testkit::set_default(capture.clone());
+    /// tracing::warn!(error = "tls: bad certificate", "store failed");
+    /// assert_eq!(capture.containing("certificate").len(), 1);
+    /// assert!(capture.containing("hunter2").is_empty());
+    /// ```
+    #[must_use]
+    pub fn containing(&self, needle: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
 }
 
 impl std::fmt::Debug for Capture {

@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,42 +36,11 @@ fn trip(b: &Breaker) {
     }
 }
 
-/// Counts `circuit_store_failed` events (a minimal subscriber; the test
-/// runs on one thread, so a thread-local default catches every event).
-#[derive(Debug, Clone, Default)]
-struct Alarms(Arc<AtomicUsize>);
-
-impl tracing::Subscriber for Alarms {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Message(bool);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" && format!("{value:?}") == "circuit_store_failed" {
-                    self.0 = true;
-                }
-            }
-        }
-        let mut m = Message(false);
-        event.record(&mut m);
-        if m.0 {
-            self.0.fetch_add(1, SeqCst);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back() {
-    let alarms = Alarms::default();
+    // The test runs on one thread, so a thread-local default catches
+    // every event.
+    let alarms = resilience_testkit::Events::at_least(tracing::Level::WARN);
     let _guard = resilience_testkit::set_default(alarms.clone());
     let Some(mut server) = RedisServer::start_or_skip(
         "killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_back",
@@ -105,12 +73,15 @@ async fn killed_redis_fails_open_with_an_alarm_and_sharing_resumes_when_it_is_ba
     }
     let errors = |x: &Breaker| x.snapshot().totals.store_errors;
     assert!(errors(&a) > 0 && errors(&b) > 0);
-    assert!(alarms.0.load(SeqCst) > 0, "circuit_store_failed events");
+    assert!(
+        alarms.count("circuit_store_failed") > 0,
+        "circuit_store_failed events"
+    );
     println!(
         "faults: redis down, {admitted} calls admitted, store_errors {} + {}, {} alarm events",
         errors(&a),
         errors(&b),
-        alarms.0.load(SeqCst)
+        alarms.count("circuit_store_failed")
     );
 
     // The local breaker keeps working; its opening cannot be shared yet.

@@ -12,7 +12,7 @@
 mod support;
 
 use std::error::Error;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use support::redis_tls::{TestCa, TlsServer, PASSWORD, USER};
@@ -65,49 +65,18 @@ fn chain(err: &(dyn Error + 'static)) -> String {
 
 /// Every `tracing` event of this test binary, as text (a process-wide
 /// subscriber, so that no callsite's cached interest hides one).
-fn logs() -> &'static Mutex<Vec<String>> {
-    static LOGS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+fn logs() -> &'static resilience_testkit::Capture {
+    static LOGS: OnceLock<resilience_testkit::Capture> = OnceLock::new();
     LOGS.get_or_init(|| {
-        let _ = tracing::subscriber::set_global_default(Capture);
-        Mutex::new(Vec::new())
+        let capture = resilience_testkit::Capture::default();
+        let _ = tracing::subscriber::set_global_default(capture.clone());
+        capture
     })
-}
-
-struct Capture;
-
-impl tracing::Subscriber for Capture {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Text(String);
-        impl tracing::field::Visit for Text {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={value:?} ", field.name()));
-            }
-        }
-        let mut text = Text(String::new());
-        event.record(&mut text);
-        logs().lock().unwrap().push(text.0);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 /// The captured events that mention `needle`.
 fn logged(needle: &str) -> Vec<String> {
-    logs()
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|e| e.contains(needle))
-        .cloned()
-        .collect()
+    logs().containing(needle)
 }
 
 /// Until `b` has refreshed with an error whose text holds `expected`
