@@ -48,7 +48,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
-use tower_breaker::{Breaker, BreakerConfig, SeededRandom, State, Transition};
+use tower_breaker::{BreakerConfig, SeededRandom, State, Transition};
 use tower_bulkhead::CompartmentHandle;
 use tower_resilience_base::error::CircuitOpen;
 use tower_retry_budget::body::ReplayBody;
@@ -318,13 +318,9 @@ async fn server(
     // period's jitter drawn from the seed, as the client's is: drawn from
     // the process's random source, it made a seed part ways between runs
     // once the server's circuit opened (seen on gRPC seeds 68 and 298).
-    let breaker = Breaker::with_config(
-        "server",
-        BreakerConfig::default().random(SeededRandom::new(scenario.seed ^ 0x5e4e_0000)),
-    );
     let stack = server_stack("server")
         .concurrency(scenario.server_concurrency)
-        .breaker(breaker);
+        .random(SeededRandom::new(scenario.seed ^ 0x5e4e_0000));
     *handle.lock().unwrap() = Some(stack.bulkhead_handle());
     let world = Arc::new(ServerWorld {
         scenario,

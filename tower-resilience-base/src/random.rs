@@ -127,6 +127,27 @@ impl RandomSource for ProcessRandom {
     }
 }
 
+/// A shared source is a source: `Arc<SeededRandom>` or an
+/// `Arc<dyn RandomSource>` can be handed to every layer's `random` setter,
+/// and the layers then draw from one sequence.
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+/// use tower_resilience_base::random::{RandomSource, SeededRandom};
+///
+/// let shared: Arc<dyn RandomSource> = Arc::new(SeededRandom::new(7));
+/// let first = shared.next_u64();
+/// assert_eq!(first, SeededRandom::new(7).next_u64());
+/// assert_ne!(Arc::clone(&shared).next_u64(), first, "one sequence");
+/// ```
+impl<R: RandomSource + ?Sized> RandomSource for std::sync::Arc<R> {
+    fn next_u64(&self) -> u64 {
+        (**self).next_u64()
+    }
+}
+
 // === impl SeededRandom ===
 
 impl SeededRandom {
@@ -159,6 +180,16 @@ mod tests {
     fn process_sources_differ() {
         let (a, b) = (ProcessRandom::new(), ProcessRandom::new());
         assert_ne!(a.next_u64(), b.next_u64());
+    }
+
+    #[test]
+    fn a_shared_source_draws_from_one_sequence() {
+        let shared: std::sync::Arc<dyn RandomSource> = std::sync::Arc::new(SeededRandom::new(9));
+        let clone = std::sync::Arc::clone(&shared);
+        let expected = SeededRandom::new(9);
+        assert_eq!(shared.next_u64(), expected.next_u64());
+        assert_eq!(clone.next_u64(), expected.next_u64(), "the clone goes on");
+        assert_eq!(shared.next_u64(), expected.next_u64());
     }
 
     #[test]

@@ -132,6 +132,7 @@ use tower_deadline::{
     ClientDeadline, ClientDeadlineLayer, ServerDeadline, ServerDeadlineLayer, TimeoutHandle,
 };
 use tower_layer::Layer;
+use tower_resilience_base::random::RandomSource;
 use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryBudget, RetryLayer};
 
 use tower_breaker::throttle::{Throttle, ThrottleHandle, ThrottleLayer};
@@ -208,6 +209,12 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
     throttle: Option<ThrottleLayer>,
     bulkhead: BulkheadLayer<Single, R>,
     attempt: ClientDeadlineLayer,
+    /// The source set by [`ClientStack::random`], for the layers the stack
+    /// builds later.
+    random: Option<Arc<dyn RandomSource>>,
+    /// The breaker is the stack's own (not one passed to
+    /// [`ClientStack::breaker`]), so [`ClientStack::random`] may rebuild it.
+    own_breaker: bool,
 }
 
 /// The recommended server stack, as one [`Layer`] for
@@ -240,6 +247,9 @@ pub struct ServerStack<R = BodyEnd> {
     deadline: ServerDeadlineLayer,
     bulkhead: HttpBulkheadLayer<Single, R>,
     breaker: HttpBreakerLayer,
+    /// The breaker is the stack's own, so [`ServerStack::random`] may
+    /// rebuild it.
+    own_breaker: bool,
 }
 
 /// The recommended client stack for the dependency `name` (the name of its
@@ -275,6 +285,8 @@ pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
         bulkhead: BulkheadLayer::new(Arc::clone(&name), DEFAULT_CLIENT_CONCURRENCY)
             .hold_until_body_end(),
         attempt: ClientDeadlineLayer::new().name(Arc::clone(&name)),
+        random: None,
+        own_breaker: true,
         name,
     }
 }
@@ -298,6 +310,7 @@ pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
         bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY)
             .hold_until_body_end(),
         breaker: HttpBreakerLayer::new(Breaker::new(Arc::clone(&name))),
+        own_breaker: true,
         name,
     }
 }
@@ -370,16 +383,67 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     }
 
     /// Use `breaker` (one with a shared store, say, or one already watched
-    /// by a dashboard).
+    /// by a dashboard). It keeps its own random source, whatever
+    /// [`random`](Self::random) says.
     pub fn breaker(mut self, breaker: Breaker) -> Self {
         self.breaker = BreakerLayer::new(breaker);
+        self.own_breaker = false;
         self
     }
 
-    /// A breaker of this stack's name with `config`.
-    pub fn breaker_config(self, config: BreakerConfig) -> Self {
-        let breaker = Breaker::with_config(Arc::clone(&self.name), config);
-        self.breaker(breaker)
+    /// A breaker of this stack's name with `config` (and the stack's
+    /// [`random`](Self::random) source, if one was set).
+    pub fn breaker_config(mut self, config: BreakerConfig) -> Self {
+        let config = match &self.random {
+            Some(random) => config.random(Arc::clone(random)),
+            None => config,
+        };
+        self.breaker = BreakerLayer::new(Breaker::with_config(Arc::clone(&self.name), config));
+        self.own_breaker = true;
+        self
+    }
+
+    /// The random source of the stack's jitter: the retry layer's backoff
+    /// delays and the open periods and ramp-up of the breaker the stack
+    /// builds (by default each draws from a
+    /// [`ProcessRandom`](tower_resilience_base::random::ProcessRandom) of
+    /// its own). Both draw from this one source, so a
+    /// [`SeededRandom`](tower_resilience_base::random::SeededRandom) makes
+    /// a run's delays reproducible: tests and simulations set it in one
+    /// line.
+    ///
+    /// It applies to the retry layer the stack holds when it is called,
+    /// and to the stack's own breaker, now or when
+    /// [`breaker_config`](Self::breaker_config) builds it later. The
+    /// stack's breaker is rebuilt, with its configuration, so take
+    /// [`breaker_handle`](Self::breaker_handle) after this call. What you
+    /// pass in keeps its own source: a breaker given to
+    /// [`breaker`](Self::breaker), a retry layer given to
+    /// [`retry`](Self::retry) after this call, and a
+    /// [`throttle`](Self::throttle) (set its
+    /// [`random`](ThrottleLayer::random) yourself).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_resilience_base::random::SeededRandom;
+    /// use tower_shield::stack::client_stack;
+    ///
+    /// let stack = client_stack("catalog")
+    ///     .timeout(Duration::from_millis(800))
+    ///     .random(SeededRandom::new(42));
+    /// # let _ = stack;
+    /// ```
+    pub fn random(mut self, random: impl RandomSource) -> Self {
+        let random: Arc<dyn RandomSource> = Arc::new(random);
+        self.retry = self.retry.random(Arc::clone(&random));
+        if self.own_breaker {
+            let config = self.breaker.breaker().config().random(Arc::clone(&random));
+            self.breaker = BreakerLayer::new(Breaker::with_config(Arc::clone(&self.name), config));
+        }
+        self.random = Some(random);
+        self
     }
 
     /// The most attempts per call, the first included (default 3).
@@ -399,6 +463,8 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
             throttle: self.throttle,
             bulkhead: self.bulkhead,
             attempt: self.attempt,
+            random: self.random,
+            own_breaker: self.own_breaker,
         }
     }
 
@@ -479,6 +545,8 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
             throttle: self.throttle,
             bulkhead: layer,
             attempt: self.attempt,
+            random: self.random,
+            own_breaker: self.own_breaker,
         }
     }
 
@@ -649,12 +717,41 @@ impl<R: Release> ServerStack<R> {
             deadline: self.deadline,
             bulkhead: layer,
             breaker: self.breaker,
+            own_breaker: self.own_breaker,
         }
     }
 
-    /// Use `breaker`.
+    /// Use `breaker`. It keeps its own random source, whatever
+    /// [`random`](Self::random) says.
     pub fn breaker(mut self, breaker: Breaker) -> Self {
         self.breaker = HttpBreakerLayer::new(breaker);
+        self.own_breaker = false;
+        self
+    }
+
+    /// The random source of the jitter of the stack's breaker (its open
+    /// periods and ramp-up; by default a
+    /// [`ProcessRandom`](tower_resilience_base::random::ProcessRandom)): a
+    /// [`SeededRandom`](tower_resilience_base::random::SeededRandom) makes
+    /// a run reproducible. The breaker is rebuilt with its configuration,
+    /// so take [`breaker_handle`](Self::breaker_handle) after this call; a
+    /// breaker given to [`breaker`](Self::breaker) keeps its own source.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_resilience_base::random::SeededRandom;
+    /// use tower_shield::stack::server_stack;
+    ///
+    /// let stack = server_stack("shop").random(SeededRandom::new(42));
+    /// # let _ = stack;
+    /// ```
+    pub fn random(mut self, random: impl RandomSource) -> Self {
+        if self.own_breaker {
+            let config = self.breaker.breaker().config().random(random);
+            self.breaker =
+                HttpBreakerLayer::new(Breaker::with_config(Arc::clone(&self.name), config));
+        }
         self
     }
 

@@ -219,8 +219,8 @@ impl ThrottleConfig {
     /// [`ProcessRandom`](tower_resilience_base::random::ProcessRandom)); a
     /// [`SeededRandom`](tower_resilience_base::random::SeededRandom) makes
     /// tests reproducible.
-    pub fn random(mut self, random: Arc<dyn RandomSource>) -> Self {
-        self.random = Some(random);
+    pub fn random(mut self, random: impl RandomSource) -> Self {
+        self.random = Some(Arc::new(random));
         self
     }
 

@@ -171,7 +171,7 @@ impl<C> ThrottleLayer<C> {
     }
 
     /// The random source of the draws; see [`ThrottleConfig::random`].
-    pub fn random(self, random: Arc<dyn RandomSource>) -> Self {
+    pub fn random(self, random: impl RandomSource) -> Self {
         self.reconfigure(|c| c.random(random))
     }
 

@@ -227,8 +227,8 @@ impl Gradient {
 
     /// The random source of the re-measurement jitter (default: a
     /// [`ProcessRandom`]); inject a seeded one for reproducible tests.
-    pub fn random(mut self, random: Arc<dyn RandomSource>) -> Self {
-        self.random = random;
+    pub fn random(mut self, random: impl RandomSource) -> Self {
+        self.random = Arc::new(random);
         self
     }
 
