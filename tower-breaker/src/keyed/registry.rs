@@ -936,6 +936,200 @@ mod tests {
         ));
     }
 
+    /// A registry of `max` keys idle after `idle` seconds.
+    fn registry(max: usize, idle: u64) -> BreakerRegistry<u32> {
+        BreakerRegistry::new("r", BreakerConfig::new())
+            .max_keys(max)
+            .idle_timeout(Duration::from_secs(idle))
+    }
+
+    /// `n` keys whose breakers land in shard `shard` of `r`.
+    fn keys_in(r: &BreakerRegistry<u32>, shard: usize, n: usize) -> Vec<u32> {
+        (0..)
+            .filter(|k| Registry::<u32>::shard_index(r.inner.hasher.hash_one(k)) == shard)
+            .take(n)
+            .collect()
+    }
+
+    #[test]
+    fn use_is_recorded_at_a_64th_of_the_idle_timeout() {
+        assert_eq!(registry(1, 64).inner.grain_ns, 1_000_000_000);
+        let default = BreakerRegistry::<u32>::new("r", BreakerConfig::new());
+        assert_eq!(default.inner.grain_ns, 9_375_000_000, "600 s / 64");
+    }
+
+    #[test]
+    fn a_registry_tells_whether_it_is_empty_and_what_it_holds() {
+        let r = registry(4, 60);
+        assert!(r.is_empty());
+        r.get(&1);
+        assert!(!r.is_empty());
+        let text = format!("{r:?}");
+        for part in [
+            "BreakerRegistry",
+            "prefix: \"r\"",
+            "keys: 1",
+            "max_keys: 4",
+            "60s",
+        ] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+    }
+
+    #[test]
+    fn the_shard_is_read_from_bits_40_to_43_of_the_hash() {
+        assert_eq!(Registry::<u32>::shard_index(3 << 40), 3);
+        assert_eq!(Registry::<u32>::shard_index((15 << 40) | 0xff), 15);
+        assert_eq!(Registry::<u32>::shard_index((1 << 40) - 1), 0, "bits below");
+        assert_eq!(Registry::<u32>::shard_index(0x1a << 40), 10, "bits above");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_search_for_a_victim_wraps_round_the_shards() {
+        let r = registry(1, 60);
+        let (a, b, c) = (
+            keys_in(&r, 5, 1)[0],
+            keys_in(&r, 3, 1)[0],
+            keys_in(&r, 1, 1)[0],
+        );
+        assert_eq!(r.get(&a).name(), format!("r:{a}"));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        // From shard 0 up to 5, where `a` is evicted: the search goes on
+        // from there next time.
+        assert_eq!(r.get(&b).name(), format!("r:{b}"));
+        assert!(r.find(&a).is_none());
+        assert_eq!(r.inner.cursor.load(Relaxed), 5);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        // From shard 5 on, past 15 and back to 3, where `b` is.
+        assert_eq!(r.get(&c).name(), format!("r:{c}"));
+        assert!(r.find(&b).is_none());
+        assert_eq!(r.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_without_a_victim_publishes_when_one_can_be_found() {
+        let r = registry(1, 60);
+        let a = keys_in(&r, 0, 1)[0];
+        r.get(&a);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(r.get(&(a + 1)).name(), "r:overflow");
+        let second = 1_000_000_000;
+        // `a`, used at 0, may go at 60 s; the empty shards not before
+        // 10 + 60 s.
+        assert_eq!(r.inner.shards[0].evictable_at.load(Relaxed), 60 * second);
+        assert_eq!(r.inner.shards[1].evictable_at.load(Relaxed), 70 * second);
+        assert_eq!(r.inner.evictable_at.load(Relaxed), 60 * second);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_place_given_back_after_a_race_goes_to_the_next_new_key() {
+        let r = registry(2, 60);
+        let a = keys_in(&r, 4, 1)[0];
+        r.get(&a);
+        r.get(&(a + 1));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(r.get(&(a + 2)).name(), "r:overflow");
+        assert!(r.inner.evictable_at.load(Relaxed) > r.inner.now_ns());
+        // What two callers racing on one new key leave behind in a full
+        // registry: each evicted a breaker, one inserted, the other gave
+        // its place back.
+        drop(r.inner.shards[4].table.write().unwrap().remove(0));
+        r.inner.len.fetch_sub(1, Relaxed);
+        assert_eq!(r.get(&(a + 2)).name(), format!("r:{}", a + 2));
+        assert_eq!(r.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_search_skips_a_shard_that_cannot_evict_yet() {
+        let r = registry(100, 60);
+        let victim = keys_in(&r, 9, 1)[0];
+        r.get(&victim);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        // More fresh breakers in shard 2 than one search looks at.
+        for key in keys_in(&r, 2, SAMPLES + 1) {
+            r.get(&key);
+        }
+        let now = r.inner.now_ns();
+        r.inner.shards[2]
+            .evictable_at
+            .store(now + 60 * 1_000_000_000, Relaxed);
+        for shard in [0, 1] {
+            r.inner.shards[shard].evictable_at.store(u64::MAX, Relaxed);
+        }
+        let evicted = r.inner.make_room(now).expect("shard 9's breaker");
+        assert_eq!(evicted.key, victim);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_registry_full_warning_is_given_at_most_once_a_second() {
+        let events = resilience_testkit::Events::at_least(tracing::Level::WARN);
+        let _guard = resilience_testkit::set_default(events.clone());
+        let r = registry(0, 60);
+        r.get(&1);
+        r.get(&2);
+        assert_eq!(
+            events.count("circuit_registry_full"),
+            1,
+            "the first at once"
+        );
+        tokio::time::advance(Duration::from_millis(999)).await;
+        r.get(&3);
+        assert_eq!(events.count("circuit_registry_full"), 1);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        r.get(&4);
+        assert_eq!(events.count("circuit_registry_full"), 2, "a second later");
+    }
+
+    #[test]
+    fn a_handle_keeps_the_hook_of_its_first_classifier() {
+        use tower_resilience_base::outcome::ErrorsOnly;
+        let handle = Handle {
+            breaker: Breaker::new("h"),
+            hook: OnceLock::new(),
+        };
+        let mine = HookOwner::of::<ErrorsOnly, ()>(1);
+        let other = HookOwner::of::<Arc<ErrorsOnly>, ()>(1);
+        let first = Arc::clone(handle.hook::<_, ()>(mine, &ErrorsOnly).get());
+        let again = Arc::clone(handle.hook::<_, ()>(mine, &ErrorsOnly).get());
+        assert!(Arc::ptr_eq(&first, &again), "kept");
+        let theirs = handle.hook::<_, ()>(other, &Arc::new(ErrorsOnly));
+        assert!(matches!(theirs, HookRef::Made(_)));
+        assert!(!Arc::ptr_eq(&first, theirs.get()), "made for the call");
+    }
+
+    #[test]
+    fn a_zero_sized_classifier_is_the_same_owner_in_every_layer() {
+        use tower_resilience_base::outcome::ErrorsOnly;
+        let (one, two) = (next_layer_id(), next_layer_id());
+        assert_ne!(one, two, "each layer its own id");
+        assert_eq!(
+            HookOwner::of::<ErrorsOnly, ()>(one),
+            HookOwner::of::<ErrorsOnly, ()>(two)
+        );
+        assert_ne!(
+            HookOwner::of::<Arc<ErrorsOnly>, ()>(one),
+            HookOwner::of::<Arc<ErrorsOnly>, ()>(two)
+        );
+        assert_ne!(
+            HookOwner::of::<ErrorsOnly, ()>(one),
+            HookOwner::of::<ErrorsOnly, u8>(one),
+            "another response type"
+        );
+    }
+
+    #[test]
+    fn a_prehashed_key_is_its_own_hash() {
+        let build = BuildHasherDefault::<Prehashed>::default();
+        assert_eq!(
+            build.hash_one(0x1234_5678_9abc_def0_u64),
+            0x1234_5678_9abc_def0
+        );
+        // Bytes are folded in, a rotation apart: the ninth meets the first.
+        let mut h = Prehashed::default();
+        h.write(&[0xff; 9]);
+        assert_eq!(h.finish(), 0xffff_ffff_ffff_ff00);
+    }
+
     #[test]
     fn use_is_recorded_once_per_grain_and_never_late() {
         let e = entry();
