@@ -403,6 +403,13 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
         self
     }
 
+    /// The source set by [`random`](Self::random), for the retry layers a
+    /// service config builds.
+    #[cfg(feature = "service-config")]
+    pub(crate) fn random_source(&self) -> Option<&Arc<dyn RandomSource>> {
+        self.random.as_ref()
+    }
+
     /// The random source of the stack's jitter: the retry layer's backoff
     /// delays and the open periods and ramp-up of the breaker the stack
     /// builds (by default each draws from a
@@ -413,6 +420,8 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     /// line.
     ///
     /// It applies to the retry layer the stack holds when it is called,
+    /// to the retry layers of each method that a gRPC service config
+    /// builds from the stack (`service_config`, feature `service-config`),
     /// and to the stack's own breaker, now or when
     /// [`breaker_config`](Self::breaker_config) builds it later. The
     /// stack's breaker is rebuilt, with its configuration, so take

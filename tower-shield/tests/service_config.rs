@@ -750,6 +750,51 @@ async fn retries_wait_within_a6s_bounds() {
     assert_eq!(stack.retry_counters().refused_by_budget, 0);
 }
 
+/// The waits between the attempts of one call that fails with UNAVAILABLE
+/// five times, through `stack` with `config` applied (paused time).
+async fn waits_between_attempts(stack: ClientStack, config: &ServiceConfig) -> Vec<Duration> {
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let transport = service_fn({
+        let sent = sent.clone();
+        move |req: http::Request<_>| {
+            sent.lock().unwrap().push(Instant::now());
+            let _body: tower_shield::retry::body::ReplayBody<_> = req.into_body();
+            async {
+                let response = http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .header("grpc-status", "14")
+                    .body(String::new())?;
+                Ok::<_, BoxError>(response)
+            }
+        }
+    });
+    let client = stack.service_config(config).layer(transport);
+    let request = http::Request::post(format!("http://shop{ORDER}"))
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap();
+    client.oneshot(request).await.unwrap();
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 5, "every attempt made");
+    sent.windows(2).map(|pair| pair[1] - pair[0]).collect()
+}
+
+/// The stack's `random(..)` reaches the retry layers the config builds: a
+/// seed gives the same backoffs every time, and another seed other ones.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_seeded_stack_draws_the_configs_backoffs_from_its_seed() {
+    let config = ServiceConfig::from_json(
+        r#"{ "methodConfig": [{ "name": [{ "service": "test.Shop" }], "retryPolicy": {
+            "maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "0.3s",
+            "backoffMultiplier": 1.5, "retryableStatusCodes": ["UNAVAILABLE"] } }] }"#,
+    )
+    .unwrap();
+    let seeded = |seed| stack("shop").random(tower_breaker::SeededRandom::new(seed));
+    let first = waits_between_attempts(seeded(5), &config).await;
+    assert_eq!(waits_between_attempts(seeded(5), &config).await, first);
+    assert_ne!(waits_between_attempts(seeded(6), &config).await, first);
+}
+
 // ------------------------------------------------------------------ retries
 
 #[tokio::test]

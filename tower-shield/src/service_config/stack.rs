@@ -143,12 +143,19 @@ impl<R: Release + Clone> ServiceConfigStack<R> {
             // is layered, so the breaker's fleet store does not take it.
             budget.share(throttle.clone());
         }
+        // The stack's random source, if it was given one, draws the
+        // jitter of every route's retries.
+        let random = stack.random_source().cloned();
         let retry = |policy: A6Policy| {
-            RetryLayer::new()
+            let layer = RetryLayer::new()
                 .name(Arc::clone(&name))
                 .budget(Arc::clone(&budget))
                 .policy(policy)
-                .max_attempts(1)
+                .max_attempts(1);
+            match &random {
+                Some(random) => layer.random(Arc::clone(random)),
+                None => layer,
+            }
         };
         // Methods without a policy: one attempt, and counted in the
         // throttle (every outgoing call is, in A6).
