@@ -945,10 +945,13 @@ mod tests {
 
     /// `n` keys whose breakers land in shard `shard` of `r`.
     fn keys_in(r: &BreakerRegistry<u32>, shard: usize, n: usize) -> Vec<u32> {
-        (0..)
+        // Bounded, so that a broken `shard_index` fails instead of hanging.
+        let keys: Vec<u32> = (0..100_000)
             .filter(|k| Registry::<u32>::shard_index(r.inner.hasher.hash_one(k)) == shard)
             .take(n)
-            .collect()
+            .collect();
+        assert_eq!(keys.len(), n, "keys of shard {shard}");
+        keys
     }
 
     #[test]
