@@ -1025,6 +1025,19 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_round_without_a_victim_leaves_the_search_where_it_began() {
+        let r = registry(1, 60);
+        let a = keys_in(&r, 0, 1)[0];
+        r.get(&a);
+        // The last search stopped at shard 7; every shard moves the search
+        // one on, so a round through all sixteen ends back at 7.
+        r.inner.cursor.store(7, Relaxed);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(r.get(&(a + 1)).name(), "r:overflow");
+        assert_eq!(r.inner.cursor.load(Relaxed), 7);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_place_given_back_after_a_race_goes_to_the_next_new_key() {
         let r = registry(2, 60);
         let a = keys_in(&r, 4, 1)[0];
