@@ -1,6 +1,7 @@
 //! The response futures of [`CircuitBreaker`](crate::CircuitBreaker),
-//! [`HttpCircuitBreaker`](crate::HttpCircuitBreaker) and
-//! [`PlainCircuitBreaker`](crate::PlainCircuitBreaker). The response body
+//! [`HttpCircuitBreaker`](crate::HttpCircuitBreaker),
+//! [`PlainCircuitBreaker`](crate::PlainCircuitBreaker) and
+//! [`TypedCircuitBreaker`](crate::TypedCircuitBreaker). The response body
 //! of the first two is [`crate::body::ResponseBody`].
 
 use std::error::Error;
@@ -16,7 +17,7 @@ use pin_project_lite::pin_project;
 use crate::body::{self, Deferred, Late, ResponseBody};
 use crate::breaker::Permit;
 use crate::classify::{outcome, Classify, Outcome};
-use crate::error::CircuitOpen;
+use crate::error::{BreakerError, CircuitOpen};
 use crate::BoxError;
 
 pin_project! {
@@ -46,6 +47,21 @@ pin_project! {
     /// Dropping it counts nothing and frees a half-open probe slot.
     #[must_use = "futures do nothing unless polled"]
     pub struct PlainResponseFuture<F, C> {
+        #[pin]
+        kind: Kind<F>,
+        tracker: Tracker<C>,
+    }
+}
+
+pin_project! {
+    /// Response future of [`TypedCircuitBreaker`](crate::TypedCircuitBreaker).
+    ///
+    /// Either fails at once with [`BreakerError::Open`] (the inner service
+    /// was not called; nothing is allocated), or waits for the inner future
+    /// and counts its outcome. Dropping it counts nothing and frees a
+    /// half-open probe slot.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct TypedResponseFuture<F, C> {
         #[pin]
         kind: Kind<F>,
         tracker: Tracker<C>,
@@ -242,6 +258,62 @@ where
 impl<F, C> fmt::Debug for PlainResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlainResponseFuture")
+            .field("state", &self.kind.name())
+            .finish()
+    }
+}
+
+// === impl TypedResponseFuture ===
+
+impl<F, C> TypedResponseFuture<F, C> {
+    #[inline]
+    pub(crate) fn called(future: F, tracker: Tracker<C>) -> Self {
+        Self {
+            kind: Kind::Called { future },
+            tracker,
+        }
+    }
+
+    pub(crate) fn rejected(error: CircuitOpen) -> Self {
+        Self {
+            kind: Kind::Rejected { error: Some(error) },
+            tracker: Tracker::Done,
+        }
+    }
+}
+
+impl<F, C, Res, E> Future for TypedResponseFuture<F, C>
+where
+    F: Future<Output = Result<Res, E>>,
+    E: Error + 'static,
+    C: Classify<Res>,
+{
+    type Output = Result<Res, BreakerError<E>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Called { future } => {
+                let result = ready!(future.poll(cx));
+                match &result {
+                    Ok(response) => this.tracker.finish(Ok(response)),
+                    Err(e) => this.tracker.finish::<Res>(Err(e)),
+                }
+                Poll::Ready(result.map_err(BreakerError::Inner))
+            }
+            KindProj::Rejected { error } => Poll::Ready(Err(BreakerError::Open(
+                error
+                    .take()
+                    .expect("breaker response future polled after completion"),
+            ))),
+        }
+    }
+}
+
+impl<F, C> fmt::Debug for TypedResponseFuture<F, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TypedResponseFuture")
             .field("state", &self.kind.name())
             .finish()
     }

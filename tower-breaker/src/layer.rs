@@ -2,7 +2,9 @@ use tower_layer::Layer;
 
 use crate::breaker::Breaker;
 use crate::classify::{DefaultClassifier, ErrorsOnly};
-use crate::service::{CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker};
+use crate::service::{
+    CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker, TypedCircuitBreaker,
+};
 
 /// Wraps HTTP client services in a [`CircuitBreaker`] that shares one
 /// [`Breaker`]; a [`Layer`].
@@ -130,6 +132,43 @@ pub struct HttpBreakerLayer<C = DefaultClassifier> {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct PlainBreakerLayer<C = ErrorsOnly> {
+    breaker: Breaker,
+    classifier: C,
+}
+
+/// Wraps services of any request type in a [`TypedCircuitBreaker`] that
+/// shares one [`Breaker`]; a [`Layer`].
+///
+/// The plain flavour with an unboxed error, [`BreakerError`]: a refusal
+/// allocates nothing. The type parameter is the
+/// [classifier](crate::Classify), by default [`ErrorsOnly`].
+///
+/// # Clone
+///
+/// Clones share the breaker and clone the classifier.
+///
+/// # Example
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_breaker::{Breaker, PlainBreakerLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let breaker = Breaker::new("users-db");
+/// let lookup = ServiceBuilder::new()
+///     .layer(PlainBreakerLayer::new(breaker.clone()).typed())
+///     .service(service_fn(|id: u32| async move { Ok::<_, Infallible>(id * 2) }));
+/// assert_eq!(lookup.oneshot(21).await.unwrap(), 42);
+/// assert_eq!(breaker.snapshot().totals.successful, 1);
+/// # }
+/// ```
+///
+/// [`BreakerError`]: crate::error::BreakerError
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct TypedBreakerLayer<C = ErrorsOnly> {
     breaker: Breaker,
     classifier: C,
 }
@@ -273,6 +312,15 @@ impl<C> PlainBreakerLayer<C> {
         }
     }
 
+    /// The same layer with an unboxed error: it builds
+    /// [`TypedCircuitBreaker`]s, whose refusals allocate nothing.
+    pub fn typed(self) -> TypedBreakerLayer<C> {
+        TypedBreakerLayer {
+            breaker: self.breaker,
+            classifier: self.classifier,
+        }
+    }
+
     /// The breaker.
     #[must_use]
     pub fn breaker(&self) -> &Breaker {
@@ -285,5 +333,43 @@ impl<S, C: Clone> Layer<S> for PlainBreakerLayer<C> {
 
     fn layer(&self, inner: S) -> Self::Service {
         PlainCircuitBreaker::from_parts(inner, self.breaker.clone(), self.classifier.clone())
+    }
+}
+
+// === impl TypedBreakerLayer ===
+
+impl TypedBreakerLayer {
+    /// A layer for `breaker` with the [`ErrorsOnly`] classifier: every
+    /// response succeeds, errors fail.
+    pub const fn new(breaker: Breaker) -> Self {
+        Self {
+            breaker,
+            classifier: ErrorsOnly,
+        }
+    }
+}
+
+impl<C> TypedBreakerLayer<C> {
+    /// Replaces the classifier, which judges each outcome (see
+    /// [`Classify`](crate::Classify)).
+    pub fn classifier<D>(self, classifier: D) -> TypedBreakerLayer<D> {
+        TypedBreakerLayer {
+            breaker: self.breaker,
+            classifier,
+        }
+    }
+
+    /// The breaker.
+    #[must_use]
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+}
+
+impl<S, C: Clone> Layer<S> for TypedBreakerLayer<C> {
+    type Service = TypedCircuitBreaker<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        TypedCircuitBreaker::from_parts(inner, self.breaker.clone(), self.classifier.clone())
     }
 }

@@ -174,6 +174,7 @@
 //! | [`CircuitBreaker`] ([`BreakerLayer`]), for HTTP clients | `http::Request<B>` | `Err(`[`CircuitOpen`](error::CircuitOpen)`)` in a [`BoxError`] | boxed | yes |
 //! | [`HttpCircuitBreaker`] ([`HttpBreakerLayer`]), for HTTP servers | `http::Request<B>`, responses with a `B: Default` body | `503` + `Retry-After` + `x-tower-no-retry: 1`, or a gRPC UNAVAILABLE | unchanged | no |
 //! | [`PlainCircuitBreaker`] ([`PlainBreakerLayer`]), for anything else | any | `Err(`[`CircuitOpen`](error::CircuitOpen)`)` in a [`BoxError`] | boxed | no |
+//! | [`TypedCircuitBreaker`] ([`TypedBreakerLayer`]), plain with an unboxed error | any | `Err(`[`BreakerError::Open`](error::BreakerError::Open)`)`, no allocation | [`BreakerError::Inner`](error::BreakerError::Inner) | no |
 //!
 //! - The **client** flavour counts every attempt of a retry layer below
 //!   through its attempt hook (see [Ordering](#ordering)); its default
@@ -188,12 +189,17 @@
 //! - The **plain** flavour takes any request type and counts each call
 //!   once. Its responses need not be HTTP, so its default classifier is
 //!   [`ErrorsOnly`](classify::ErrorsOnly) (responses succeed, errors fail).
+//!   Its **typed** form ([`PlainBreakerLayer::typed`]) returns a
+//!   [`BreakerError`](error::BreakerError) instead of a [`BoxError`], so a
+//!   refusal allocates nothing; use it where refusals are frequent (a
+//!   tight loop against a dependency that is down) or where the caller
+//!   matches on the error.
 //!
 //! [`BreakerLayer::http_answers`] and [`BreakerLayer::plain`] turn a client
 //! layer into the other two, keeping its breaker.
 //!
-//! Each flavour has a keyed twin, one breaker per key of the request (host,
-//! route, tenant) from a bounded [`BreakerRegistry`]:
+//! Each flavour but the typed form has a keyed twin, one breaker per key
+//! of the request (host, route, tenant) from a bounded [`BreakerRegistry`]:
 //! [`KeyedCircuitBreaker`](keyed::KeyedCircuitBreaker) ([`KeyedBreakerLayer`]),
 //! [`KeyedHttpCircuitBreaker`](keyed::KeyedHttpCircuitBreaker) ([`KeyedHttpBreakerLayer`](keyed::KeyedHttpBreakerLayer), per-route
 //! breakers on an axum router) and [`KeyedPlainCircuitBreaker`](keyed::KeyedPlainCircuitBreaker)
@@ -572,8 +578,8 @@ pub use classify::{Classify, DefaultClassifier, Outcome};
 pub use config::{BreakerConfig, FleetConfig};
 pub use flush::FlushLayer;
 pub use keyed::{BreakerRegistry, KeyedBreakerLayer};
-pub use layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
-pub use service::{CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker};
+pub use layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer, TypedBreakerLayer};
+pub use service::{CircuitBreaker, HttpCircuitBreaker, PlainCircuitBreaker, TypedCircuitBreaker};
 pub use snapshot::{Snapshot, Transition};
 pub use state::{Mode, State};
 pub use throttle::{ThrottleHandle, ThrottleLayer};

@@ -11,10 +11,12 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::breaker::{Breaker, ElectionWait, Kind, Raw};
 use crate::classify::{Classify, DefaultClassifier, ErrorsOnly};
-use crate::error::CircuitOpen;
-use crate::future::{AnswerFuture, PlainResponseFuture, ResponseFuture, Tracker};
+use crate::error::{BreakerError, CircuitOpen};
+use crate::future::{
+    AnswerFuture, PlainResponseFuture, ResponseFuture, Tracker, TypedResponseFuture,
+};
 use crate::hook::{self, token, unpack, HookStripes};
-use crate::layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer};
+use crate::layer::{BreakerLayer, HttpBreakerLayer, PlainBreakerLayer, TypedBreakerLayer};
 use crate::BoxError;
 
 /// Middleware for HTTP clients that fails fast while its [`Breaker`] is
@@ -192,6 +194,56 @@ pub struct PlainCircuitBreaker<S, C = ErrorsOnly> {
     election: ElectionWait,
 }
 
+/// The plain flavour with an error that is not boxed: middleware for
+/// services of any request type that fails fast with
+/// [`BreakerError::Open`] while its [`Breaker`] is open, and counts the
+/// outcome of every call it lets through.
+///
+/// Built by [`TypedBreakerLayer`] (or [`PlainBreakerLayer::typed`]). It
+/// behaves as [`PlainCircuitBreaker`] in every way but its error type,
+/// [`BreakerError<S::Error>`](BreakerError): the inner error is kept as it
+/// is, and a refusal allocates nothing (the plain flavour boxes its
+/// [`CircuitOpen`] into a [`BoxError`], one allocation per refusal). Use it
+/// where refusals are frequent and cheap matters, or where the caller
+/// matches on the error rather than downcasting it. `BreakerError` keeps
+/// its cause as its `source`, so a layer above that boxes it still turns a
+/// refusal into a 503 or UNAVAILABLE, and never retries it.
+///
+/// # Clone
+///
+/// Clones share the breaker (one `Arc`) and clone the inner service and
+/// the classifier.
+///
+/// # Example
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{service_fn, ServiceExt};
+/// use tower_breaker::error::BreakerError;
+/// use tower_breaker::{Breaker, Mode, TypedCircuitBreaker};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let lookup = service_fn(|id: u32| async move { Ok::<_, Infallible>(format!("user {id}")) });
+/// let breaker = Breaker::new("users-db");
+/// let lookup = TypedCircuitBreaker::new(lookup, breaker.clone());
+/// assert_eq!(lookup.clone().oneshot(7).await.unwrap(), "user 7");
+///
+/// breaker.set_mode(Mode::ForcedOpen);
+/// match lookup.oneshot(7).await {
+///     Err(BreakerError::Open(open)) => assert_eq!(open.breaker(), "users-db"),
+///     other => panic!("expected a refusal, got {other:?}"),
+/// }
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct TypedCircuitBreaker<S, C = ErrorsOnly> {
+    inner: S,
+    breaker: Breaker,
+    classifier: C,
+    election: ElectionWait,
+}
+
 /// The accessors and the `Debug` every flavour shares: one definition for
 /// the three types (extra fields to show in `Debug` after the name).
 macro_rules! accessors {
@@ -234,6 +286,7 @@ macro_rules! accessors {
 accessors!(CircuitBreaker, count_attempts);
 accessors!(HttpCircuitBreaker);
 accessors!(PlainCircuitBreaker);
+accessors!(TypedCircuitBreaker);
 
 // === impl CircuitBreaker ===
 
@@ -418,6 +471,58 @@ where
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
         call_plain(&self.breaker, &self.classifier, &mut self.inner, request)
+    }
+}
+
+// === impl TypedCircuitBreaker ===
+
+impl<S> TypedCircuitBreaker<S> {
+    /// Wraps `inner` with `breaker` and the [`ErrorsOnly`] classifier: the
+    /// same as `TypedBreakerLayer::new(breaker).layer(inner)`.
+    pub fn new(inner: S, breaker: Breaker) -> Self {
+        Self::from_parts(inner, breaker, ErrorsOnly)
+    }
+
+    /// A layer that wraps services in a [`TypedCircuitBreaker`] with
+    /// `breaker`; the same as [`TypedBreakerLayer::new`].
+    pub fn layer(breaker: Breaker) -> TypedBreakerLayer {
+        TypedBreakerLayer::new(breaker)
+    }
+}
+
+impl<S, C> TypedCircuitBreaker<S, C> {
+    pub(crate) fn from_parts(inner: S, breaker: Breaker, classifier: C) -> Self {
+        Self {
+            inner,
+            breaker,
+            classifier,
+            election: ElectionWait::default(),
+        }
+    }
+}
+
+impl<S, C, Req> Service<Req> for TypedCircuitBreaker<S, C>
+where
+    S: Service<Req>,
+    S::Error: std::error::Error + 'static,
+    C: Classify<S::Response> + Clone,
+{
+    type Response = S::Response;
+    type Error = BreakerError<S::Error>;
+    type Future = TypedResponseFuture<S::Future, C>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        ready!(self.breaker.poll_election(&mut self.election, cx));
+        self.inner.poll_ready(cx).map_err(BreakerError::Inner)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Req) -> Self::Future {
+        match admit(&self.breaker, &self.classifier) {
+            Ok(tracker) => TypedResponseFuture::called(self.inner.call(request), tracker),
+            Err(open) => TypedResponseFuture::rejected(open),
+        }
     }
 }
 
