@@ -16,6 +16,8 @@
 #[path = "support/overhead.rs"]
 #[macro_use]
 mod overhead;
+#[path = "support/peers.rs"]
+mod peers;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use overhead::*;

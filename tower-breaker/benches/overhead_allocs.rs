@@ -9,6 +9,8 @@
 #[path = "support/overhead.rs"]
 #[macro_use]
 mod overhead;
+#[path = "support/peers.rs"]
+mod peers;
 
 use std::alloc::System;
 

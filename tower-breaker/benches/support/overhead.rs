@@ -2,15 +2,14 @@
 //! `overhead_allocs` counts their allocations): a bare `service_fn`,
 //! tower's `ConcurrencyLimit` as the control, and the breaker's closed
 //! paths (count window, time window with slow-call timing, with and without
-//! the attempt hook) and open paths; and the peer circuit breakers,
-//! `failsafe` and `recloser`, each behind the few lines of a `Service`
-//! adapter a tower user would write, closed and open.
+//! the attempt hook) and open paths; and the peer circuit breakers of
+//! `peers.rs`, closed and open (a bench that expands `variants!` declares
+//! that module too).
 
 #![allow(dead_code, unreachable_pub)] // each bench uses what it needs
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -131,114 +130,6 @@ fn closed_timed_with(config: BreakerConfig) -> Breaker {
     )
 }
 
-/// A tower adapter over a peer's future-wrapping call, as a user of
-/// `recloser` writes it: the inner service's future goes into the
-/// breaker's.
-#[derive(Clone)]
-pub struct Recloser<S> {
-    inner: S,
-    breaker: recloser::AsyncRecloser,
-}
-
-impl<S: Service<Request<()>>> Service<Request<()>> for Recloser<S> {
-    type Response = S::Response;
-    type Error = recloser::Error<S::Error>;
-    type Future = recloser::RecloserFuture<S::Future, recloser::AnyError>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(recloser::Error::Inner)
-    }
-
-    fn call(&mut self, req: Request<()>) -> Self::Future {
-        self.breaker.call(self.inner.call(req))
-    }
-}
-
-/// `recloser` with its defaults (a ring of 100 calls, open at 50%).
-pub fn recloser_closed() -> Recloser<Bare> {
-    Recloser {
-        inner: bare(),
-        breaker: recloser::Recloser::default().into(),
-    }
-}
-
-/// `recloser` opened by failures, for an hour.
-pub fn recloser_open() -> Recloser<Bare> {
-    let breaker = recloser::Recloser::custom()
-        .closed_len(2)
-        .open_wait(Duration::from_secs(3600))
-        .build();
-    // Failures until it refuses (its ring must fill first).
-    let opened = (0..10).any(|_| {
-        matches!(
-            breaker.call(|| Err::<(), ()>(())),
-            Err(recloser::Error::Rejected)
-        )
-    });
-    assert!(opened, "recloser should be open");
-    Recloser {
-        inner: bare(),
-        breaker: breaker.into(),
-    }
-}
-
-/// The same adapter over `failsafe`.
-#[derive(Clone)]
-pub struct Failsafe<S, B> {
-    inner: S,
-    breaker: B,
-}
-
-impl<S, B> Service<Request<()>> for Failsafe<S, B>
-where
-    S: Service<Request<()>>,
-    B: failsafe::futures::CircuitBreaker,
-{
-    type Response = S::Response;
-    type Error = failsafe::Error<S::Error>;
-    type Future = failsafe::futures::ResponseFuture<
-        S::Future,
-        B::FailurePolicy,
-        B::Instrument,
-        failsafe::Any,
-    >;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(failsafe::Error::Inner)
-    }
-
-    fn call(&mut self, req: Request<()>) -> Self::Future {
-        self.breaker.call(self.inner.call(req))
-    }
-}
-
-/// `failsafe` with its defaults.
-pub fn failsafe_closed(
-) -> Failsafe<Bare, impl failsafe::futures::CircuitBreaker + Clone + Send + Sync> {
-    Failsafe {
-        inner: bare(),
-        breaker: failsafe::Config::new().build(),
-    }
-}
-
-/// `failsafe` opened by one failure, for an hour.
-pub fn failsafe_open(
-) -> Failsafe<Bare, impl failsafe::futures::CircuitBreaker + Clone + Send + Sync> {
-    use failsafe::CircuitBreaker as _;
-    let breaker = failsafe::Config::new()
-        .failure_policy(failsafe::failure_policy::consecutive_failures(
-            1,
-            failsafe::backoff::constant(Duration::from_secs(3600)),
-        ))
-        .build();
-    let _ = breaker.call(|| Err::<(), ()>(()));
-    assert!(!breaker.is_call_permitted(), "failsafe should be open");
-    Failsafe {
-        inner: bare(),
-        breaker,
-    }
-}
-
 /// Calls `$f!(name, service)` with every variant.
 macro_rules! variants {
     ($f:ident) => {{
@@ -295,10 +186,10 @@ macro_rules! variants {
             "breaker_closed_typed",
             PlainBreakerLayer::new(closed()).typed().layer(bare())
         );
-        $f!("peer_recloser_closed", recloser_closed());
-        $f!("peer_recloser_open_rejects", recloser_open());
-        $f!("peer_failsafe_closed", failsafe_closed());
-        $f!("peer_failsafe_open_rejects", failsafe_open());
+        $f!("peer_recloser_closed", peers::recloser_closed());
+        $f!("peer_recloser_open_rejects", peers::recloser_open());
+        $f!("peer_failsafe_closed", peers::failsafe_closed());
+        $f!("peer_failsafe_open_rejects", peers::failsafe_open());
         $f!(
             "breaker_open_http_answer",
             HttpBreakerLayer::new(open_breaker()).layer(bare())
