@@ -39,6 +39,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use resilience_testkit::redis::RedisServer;
 use tokio::time::{Instant, MissedTickBehavior};
 use tower_breaker::snapshot::Cause;
 use tower_breaker::{Breaker, FleetConfig, State as CircuitState, Transition};
@@ -284,64 +285,16 @@ pub(super) async fn run_child(args: &Args, spec: ChildSpec) -> i32 {
 
 // ================================================================== parent
 
-/// A `redis-server` of our own on a free port of 127.0.0.1, killed on drop.
-#[derive(Debug)]
-struct RedisServer {
-    child: Child,
-    url: String,
-}
-
-impl RedisServer {
-    async fn start() -> Result<Self, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port on 127.0.0.1: {e}"))?
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "could not start redis-server ({e}): install it (Debian: apt-get install \
-                     redis-server) or pass --redis-url redis://127.0.0.1:PORT"
-                )
-            })?;
-        let mut server = Self {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(format!(
-                    "redis-server on port {port} exited at once ({status})"
-                ));
-            }
-            if breaker_store(Some((&server.url, "outage-demo:")))
-                .await
-                .is_ok()
-            {
-                return Ok(server);
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "redis-server on port {port} did not answer within 5 s"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts a `redis-server` of our own (the workspace's launcher) on a free
+/// port of 127.0.0.1, killed on drop. The wait for it to answer blocks, so
+/// it runs off the runtime's workers.
+fn start_redis() -> Result<RedisServer, String> {
+    tokio::task::block_in_place(RedisServer::try_start).map_err(|e| {
+        format!(
+            "{e}: install redis-server (Debian: apt-get install redis-server) or pass \
+             --redis-url redis://127.0.0.1:PORT"
+        )
+    })
 }
 
 /// One second of a child's live figures.
@@ -492,8 +445,8 @@ impl Fleet {
                 (None, url.clone())
             }
             None => {
-                let server = RedisServer::start().await?;
-                let url = server.url.clone();
+                let server = start_redis()?;
+                let url = server.url();
                 (Some(server), url)
             }
         };

@@ -52,15 +52,31 @@ impl ChildServer {
     /// # Panics
     ///
     /// When the command cannot be spawned or is not ready within 10 s
-    /// (`name` says which server).
+    /// (`name` says which server); [`try_start`](Self::try_start) says so
+    /// as an error instead.
     pub fn start(
         name: &'static str,
         command: impl Fn(u16) -> Command + Send + Sync + 'static,
         ready: fn(u16) -> bool,
     ) -> Self {
+        Self::try_start(name, command, ready).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`start`](Self::start), with what went wrong as an error (for a
+    /// program that reports it rather than a test that fails).
+    ///
+    /// # Errors
+    ///
+    /// No free port, the command could not be spawned, it exited at once,
+    /// or it was not ready within 10 s.
+    pub fn try_start(
+        name: &'static str,
+        command: impl Fn(u16) -> Command + Send + Sync + 'static,
+        ready: fn(u16) -> bool,
+    ) -> Result<Self, String> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
-            .expect("a free port")
+            .map_err(|e| format!("no free port on 127.0.0.1 for {name}: {e}"))?
             .port();
         let mut server = Self {
             name,
@@ -69,8 +85,8 @@ impl ChildServer {
             child: None,
             port,
         };
-        server.restart();
-        server
+        server.try_restart()?;
+        Ok(server)
     }
 
     /// Its port on 127.0.0.1.
@@ -101,26 +117,74 @@ impl ChildServer {
     ///
     /// As [`start`](Self::start).
     pub fn restart(&mut self) {
+        if let Err(e) = self.try_restart() {
+            panic!("{e}");
+        }
+    }
+
+    /// [`restart`](Self::restart), with what went wrong as an error.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_start`](Self::try_start).
+    pub fn try_restart(&mut self) -> Result<(), String> {
         self.kill();
-        let child = (self.command)(self.port).spawn().unwrap_or_else(|e| {
-            panic!(
-                "{} must be installed (`.ci/run` installs it): {e}",
-                self.name
-            )
-        });
-        self.child = Some(child);
+        let (name, port) = (self.name, self.port);
+        let child = (self.command)(port)
+            .spawn()
+            .map_err(|e| format!("{name} must be installed (`.ci/run` installs it): {e}"))?;
+        let child = self.child.insert(child);
         for _ in 0..1000 {
-            if (self.ready)(self.port) {
-                return;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Err(format!("{name} on port {port} exited at once ({status})"));
+            }
+            if (self.ready)(port) {
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!("{} on port {} did not start", self.name, self.port);
+        self.kill();
+        Err(format!("{name} on port {port} was not ready within 10 s"))
     }
 }
 
 impl Drop for ChildServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_program_is_an_error_that_names_it() {
+        let e = ChildServer::try_start(
+            "no-such-server",
+            |_port| Command::new("/nonexistent/no-such-server"),
+            |_port| true,
+        )
+        .unwrap_err();
+        assert!(e.starts_with("no-such-server must be installed"), "{e}");
+    }
+
+    #[test]
+    fn a_program_that_exits_at_once_is_said_to_have_exited() {
+        // Not "was not ready within 10 s": the wait notices the exit.
+        let e = ChildServer::try_start("false", |_port| Command::new("false"), |_port| false)
+            .unwrap_err();
+        assert!(e.contains("exited at once"), "{e}");
+    }
+
+    #[test]
+    #[should_panic(expected = "no-such-server must be installed")]
+    fn start_panics_with_the_error() {
+        ChildServer::start(
+            "no-such-server",
+            |_port| Command::new("/nonexistent/no-such-server"),
+            |_port| true,
+        );
     }
 }

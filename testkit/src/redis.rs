@@ -35,6 +35,27 @@ impl RedisServer {
         Self(ChildServer::start("redis-server", command, pong))
     }
 
+    /// [`start`](Self::start), with what went wrong as an error (for a
+    /// program that reports it, such as a demo that starts its own).
+    ///
+    /// # Errors
+    ///
+    /// When `redis-server` cannot be started or does not answer within
+    /// 10 s.
+    pub fn try_start() -> Result<Self, String> {
+        ChildServer::try_start("redis-server", command, pong).map(Self)
+    }
+
+    /// Whether a `redis-server` is on the `PATH` (it answers `--version`).
+    pub fn installed() -> bool {
+        Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// Its port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.0.port()
@@ -60,6 +81,15 @@ impl RedisServer {
         self.0.restart();
     }
 
+    /// [`restart`](Self::restart), with what went wrong as an error.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_start`](Self::try_start).
+    pub fn try_restart(&mut self) -> Result<(), String> {
+        self.0.try_restart()
+    }
+
     /// Whether it answers a `PING` now (within a second).
     pub fn pong(&self) -> bool {
         pong(self.port())
@@ -73,6 +103,7 @@ fn command(port: u16) -> Command {
         .args(["--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .args(["--enable-debug-command", "local"])
+        .stdin(Stdio::null())
         .arg("--dir")
         .arg(std::env::temp_dir())
         .stdout(Stdio::null())

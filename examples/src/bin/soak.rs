@@ -45,8 +45,6 @@
 //! cargo run -q -p examples --bin soak -- --secs 15        # every phase, shortened (CI)
 //! ```
 
-use std::io::{Read as _, Write as _};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -58,6 +56,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use examples::demo::{check, serve_local};
+use resilience_testkit::redis::RedisServer;
 use tokio::time::{Instant, MissedTickBehavior};
 use tower::{Layer, Service, ServiceBuilder};
 use tower_breaker::snapshot::{Cause, Totals};
@@ -471,100 +470,17 @@ async fn redis_store(url: &str, prefix: &str) -> Result<Arc<RedisStore>, String>
 
 // =================================================================== redis
 
-/// The soak's own `redis-server` on a free port of 127.0.0.1, killed on
-/// drop; [`kill`](Self::kill) and [`restart`](Self::restart) (on the same
-/// port) are the store faults.
-struct RedisServer {
-    child: Option<Child>,
-    port: u16,
+/// Starts the soak's own `redis-server` (the workspace's launcher) on a
+/// free port of 127.0.0.1: empty, keeping nothing on disk, killed on drop;
+/// its `kill` and [`restart`] (on the same port) are the store faults. The
+/// wait for it to answer blocks, so it runs off the runtime's workers.
+fn start_redis() -> Result<RedisServer, String> {
+    tokio::task::block_in_place(RedisServer::try_start)
 }
 
-impl RedisServer {
-    fn found() -> bool {
-        Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
-    async fn start() -> Result<Self, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port on 127.0.0.1: {e}"))?
-            .port();
-        let mut server = Self { child: None, port };
-        server.restart().await?;
-        Ok(server)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts it (again) on its port, without persistence (a restart
-    /// forgets every circuit), and waits until it answers PING.
-    async fn restart(&mut self) -> Result<(), String> {
-        let port = self.port.to_string();
-        let child = Command::new("redis-server")
-            .args(["--port", &port, "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("could not start redis-server: {e}"))?;
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                return Err(format!(
-                    "redis-server on port {port} exited at once ({status})"
-                ));
-            }
-            if ping(self.port).await {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "redis-server on port {port} did not answer within 5 s"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Kills it at once (SIGKILL: no goodbye to its clients).
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Whether a Redis on `port` answers `PING` (blocking I/O on a blocking
-/// thread, bounded by short timeouts).
-async fn ping(port: u16) -> bool {
-    let probe = move || -> std::io::Result<bool> {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
-        s.set_read_timeout(Some(Duration::from_millis(500)))?;
-        s.write_all(b"PING\r\n")?;
-        let mut buf = [0u8; 7];
-        s.read_exact(&mut buf)?;
-        Ok(&buf == b"+PONG\r\n")
-    };
-    tokio::task::spawn_blocking(probe)
-        .await
-        .is_ok_and(|r| r.unwrap_or(false))
+/// Restarts `server` on its port, empty again, and waits until it answers.
+fn restart(server: &mut RedisServer) -> Result<(), String> {
+    tokio::task::block_in_place(|| server.try_restart())
 }
 
 // ==================================================================== load
@@ -864,8 +780,8 @@ async fn run(args: Args) -> Result<usize, String> {
 
     // --- the store
     let require = std::env::var_os("TOWER_REQUIRE_SERVERS").is_some_and(|v| v != "0");
-    let mut redis = if RedisServer::found() {
-        Some(RedisServer::start().await?)
+    let mut redis = if RedisServer::installed() {
+        Some(start_redis()?)
     } else if require {
         return Err(
             "redis-server not found and TOWER_REQUIRE_SERVERS is set: the store kill/restart \
@@ -1089,7 +1005,7 @@ async fn run(args: Args) -> Result<usize, String> {
                 store_errors_at_kill = client_breaker.snapshot().totals.store_errors;
                 server.kill();
             }
-            (StoreStep::Restart, Some(server)) => server.restart().await?,
+            (StoreStep::Restart, Some(server)) => restart(server)?,
             _ => {}
         }
         println!(
