@@ -10,51 +10,20 @@
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use resilience_testkit::redis::RedisServer;
 use tower_breaker::store::MemoryStore;
 use tower_breaker::{Breaker, BreakerConfig, Outcome};
 use tower_breaker_redis::{RedisOptions, RedisStore};
 
-/// A private redis-server, killed on drop.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_redis() -> (Server, String) {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let server = Server(
-        Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on the PATH"),
-    );
-    let url = format!("redis://127.0.0.1:{port}");
-    for _ in 0..500 {
-        let ping = redis::Client::open(url.as_str())
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(1)))
-            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
-        if ping.is_ok() {
-            return (server, url);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("redis-server did not start");
+/// The bench's own redis-server (the workspace's launcher), killed on
+/// drop, and its URL.
+fn start_redis() -> (RedisServer, String) {
+    let server = RedisServer::start();
+    let url = server.url();
+    (server, url)
 }
 
 fn closed_path(c: &mut Criterion) {

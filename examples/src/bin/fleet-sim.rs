@@ -111,7 +111,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -120,6 +120,7 @@ use axum::extract::State as AxumState;
 use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
+use resilience_testkit::redis::RedisServer;
 use tokio::time::Instant;
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::store::{
@@ -979,64 +980,16 @@ fn dynamodb_options(sim: &Sim) -> DynamoDbOptions {
 
 // ================================================================ servers
 
-/// A `redis-server` of this run on a free port of 127.0.0.1, killed on
-/// drop.
-#[derive(Debug)]
-struct RedisServer {
-    child: Child,
-    url: String,
-}
-
-impl RedisServer {
-    /// Starts it, or `Ok(None)` when it is not installed (announced).
-    async fn start() -> Result<Option<Self>, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port on 127.0.0.1: {e}"))?
-            .port();
-        let spawned = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match spawned {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                skip_banner("redis-server", "apt-get install redis-server");
-                return Ok(None);
-            }
-            Err(e) => return Err(format!("could not start redis-server: {e}")),
-        };
-        let mut server = Self {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(format!("redis-server on port {port} exited ({status})"));
-            }
-            if RedisStore::connect(&server.url, RedisOptions::new())
-                .await
-                .is_ok()
-            {
-                return Ok(Some(server));
-            }
-            if Instant::now() > deadline {
-                return Err(format!("redis-server on port {port} did not answer in 5 s"));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+/// Starts this run's `redis-server` (the workspace's launcher) on a free
+/// port of 127.0.0.1, killed on drop, or `Ok(None)` when it is not
+/// installed (announced). The wait for it to answer blocks, so it runs off
+/// the runtime's workers.
+fn start_redis() -> Result<Option<RedisServer>, String> {
+    if !RedisServer::installed() {
+        skip_banner("redis-server", "apt-get install redis-server");
+        return Ok(None);
     }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    tokio::task::block_in_place(RedisServer::try_start).map(Some)
 }
 
 /// Says loudly that a server is missing.
@@ -1061,7 +1014,7 @@ enum Server {
 impl Server {
     fn address(&self) -> String {
         match self {
-            Server::Redis(r) => r.url.clone(),
+            Server::Redis(r) => r.url(),
             Server::Moto(m) => m.url().to_owned(),
         }
     }
@@ -1099,7 +1052,7 @@ async fn run(
     dep_addr: SocketAddr,
 ) -> Result<Option<Figures>, String> {
     let server = match kind {
-        Kind::Redis => match RedisServer::start().await? {
+        Kind::Redis => match start_redis()? {
             Some(server) => Server::Redis(server),
             None => return Ok(None),
         },
