@@ -1515,3 +1515,197 @@ fn no_runtime() -> StoreError {
 
 #[cfg(all(test, tower_resilience_loom))]
 mod loom_models;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex as StdMutex, Weak};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::{MemoryStore, StoreFuture};
+    use crate::{Breaker, FleetConfig, Outcome, State};
+
+    const MS: u64 = NANOS_PER_MS;
+
+    /// A [`MemoryStore`] that pushes nothing (it keeps the watcher for the
+    /// test to call), counts its reads, and fails the next
+    /// `failing_reads`.
+    #[derive(Default)]
+    struct Scripted {
+        inner: MemoryStore,
+        reads: AtomicUsize,
+        failing_reads: AtomicUsize,
+        watcher: StdMutex<Option<Weak<dyn Watcher>>>,
+    }
+
+    impl std::fmt::Debug for Scripted {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Scripted").finish_non_exhaustive()
+        }
+    }
+
+    impl Store for Scripted {
+        fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+            self.inner.try_open(name, open_for)
+        }
+        fn try_acquire_probe<'a>(
+            &'a self,
+            name: &'a str,
+            open_for: Duration,
+            lease: Duration,
+        ) -> StoreFuture<'a, Election> {
+            self.inner.try_acquire_probe(name, open_for, lease)
+        }
+        fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+            self.inner.close(name, token)
+        }
+        fn reopen<'a>(
+            &'a self,
+            name: &'a str,
+            token: ProbeToken,
+            open_for: Duration,
+        ) -> StoreFuture<'a, Duration> {
+            self.inner.reopen(name, token, open_for)
+        }
+        fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+            self.reads.fetch_add(1, SeqCst);
+            let failing = self
+                .failing_reads
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if failing {
+                return Box::pin(async { Err(StoreError::new("read failed")) });
+            }
+            self.inner.read(name)
+        }
+        fn watch(&self, _name: &str, watcher: Weak<dyn Watcher>) {
+            *self.watcher.lock().unwrap() = Some(watcher);
+        }
+    }
+
+    /// Lets the spawned store calls run (paused time does not move).
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn link(fleet_window: bool) -> StoreLink {
+        let fleet = FleetConfig::new(Arc::new(MemoryStore::new())).fleet_window(fleet_window);
+        StoreLink::for_config(&BreakerConfig::new().fleet(fleet), "link").expect("a store")
+    }
+
+    #[test]
+    fn a_close_on_its_way_is_counted_until_it_is_dropped() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let first = Closing::new(&count);
+        let second = Closing::new(&count);
+        assert_eq!(count.load(Acquire), 2);
+        drop(first);
+        assert_eq!(count.load(Acquire), 1);
+        drop(second);
+        assert_eq!(count.load(Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn a_call_is_noted_at_most_once_a_millisecond_and_only_for_a_fleet_window() {
+        let shared = link(true);
+        assert!(shared.shares_evidence());
+        shared.note_call(5 * MS);
+        assert_eq!(shared.last_call_ns.load(Relaxed), 5 * MS);
+        // Exactly a millisecond later: not yet.
+        shared.note_call(6 * MS);
+        assert_eq!(shared.last_call_ns.load(Relaxed), 5 * MS);
+        shared.note_call(6 * MS + 1);
+        assert_eq!(shared.last_call_ns.load(Relaxed), 6 * MS + 1);
+
+        let own = link(false);
+        assert!(!own.shares_evidence());
+        own.note_call(5 * MS);
+        assert_eq!(own.last_call_ns.load(Relaxed), 0, "no fleet window");
+    }
+
+    #[tokio::test]
+    async fn a_probe_heard_of_sets_the_wait_until_it_is_forgotten() {
+        let link = link(false);
+        let probing = Decision::Probing {
+            remaining: Duration::from_secs(30),
+            lease: Duration::from_secs(2),
+        };
+        link.heard_of_probe(&probing, 0);
+        // Open for 10 s more, another process's probe for 2 s more: 2 s.
+        let until = 10_000 * MS;
+        assert_eq!(link.open_retry_after(until, 0), Duration::from_secs(2));
+        link.forget_probe();
+        assert_eq!(link.open_retry_after(until, 0), Duration::from_secs(10));
+        // A decision that is not a probe clears it too.
+        link.heard_of_probe(&probing, 0);
+        link.heard_of_probe(&Decision::Closed, 0);
+        assert_eq!(link.open_retry_after(until, 0), Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn a_probe_ended_during_a_renewal_takes_the_renewals_token_only_if_it_renewed_its_own() {
+        let link = link(false);
+        let (old, fresh, other) = (ProbeToken::new(1), ProbeToken::new(2), ProbeToken::new(3));
+        *link.renewed.lock().unwrap() = Some((old, fresh));
+        assert_eq!(link.after_renewal(other).await, other);
+        assert!(link.renewed.lock().unwrap().is_none(), "taken either way");
+        *link.renewed.lock().unwrap() = Some((old, fresh));
+        assert_eq!(link.after_renewal(old).await, fresh);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_asked_before_a_transition_is_known_as_such() {
+        let breaker = Breaker::with_config(
+            "asked",
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .fleet(FleetConfig::new(Arc::new(MemoryStore::new()))),
+        );
+        let asked = breaker.core.asked();
+        assert!(!asked.before_a_transition(&breaker.core));
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        assert_eq!(breaker.snapshot().state, State::Open);
+        assert!(asked.before_a_transition(&breaker.core));
+        assert!(!breaker.core.asked().before_a_transition(&breaker.core));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resync_reads_at_once_and_tries_a_failed_read_again_a_refresh_interval_apart() {
+        let store = Arc::new(Scripted::default());
+        let refresh = Duration::from_secs(1);
+        let breaker = Breaker::with_config(
+            "shared",
+            BreakerConfig::new().fleet(
+                FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>).refresh_interval(refresh),
+            ),
+        );
+        // The fleet opened the circuit while this process heard nothing.
+        store
+            .inner
+            .try_open("shared", Duration::from_secs(30))
+            .await
+            .unwrap();
+        settle().await;
+        store.reads.store(0, SeqCst);
+        store.failing_reads.store(2, SeqCst);
+        let watcher = store.watcher.lock().unwrap().clone().expect("watched");
+        watcher.upgrade().expect("alive").resync();
+        settle().await;
+        assert_eq!(store.reads.load(SeqCst), 1, "the first read at once");
+        assert_eq!(breaker.snapshot().state, State::Closed, "it failed");
+        tokio::time::advance(refresh).await;
+        settle().await;
+        assert_eq!(store.reads.load(SeqCst), 2);
+        assert_eq!(breaker.snapshot().state, State::Closed, "it failed too");
+        tokio::time::advance(refresh).await;
+        settle().await;
+        assert_eq!(store.reads.load(SeqCst), 3);
+        assert_eq!(breaker.snapshot().state, State::Open, "the third adopts it");
+        tokio::time::advance(refresh * 5).await;
+        settle().await;
+        assert_eq!(store.reads.load(SeqCst), 3, "no read after one that worked");
+    }
+}
