@@ -1521,6 +1521,8 @@ mod tests {
     use std::sync::{Arc, Mutex as StdMutex, Weak};
     use std::time::Duration;
 
+    use tower_resilience_base::clock::CoarseClock;
+
     use super::*;
     use crate::store::{MemoryStore, StoreFuture};
     use crate::{Breaker, FleetConfig, Outcome, State};
@@ -1707,5 +1709,79 @@ mod tests {
         tokio::time::advance(refresh * 5).await;
         settle().await;
         assert_eq!(store.reads.load(SeqCst), 3, "no read after one that worked");
+    }
+
+    /// A breaker of a one-call window (open 5 s, no jitter) whose fleet
+    /// shares `store`, telling time by a clock that only the test moves
+    /// (so that threads without a runtime read the same time).
+    fn on_manual_clock(store: FleetConfig) -> (Breaker, &'static CoarseClock) {
+        let clock = CoarseClock::manual();
+        let mut config = BreakerConfig::new()
+            .count_window(1)
+            .minimum_calls(1)
+            .open_period(Duration::from_secs(5))
+            .jitter(0.0)
+            .fleet(store);
+        config.coarse_clock = Some(clock);
+        (Breaker::with_config("manual", config), clock)
+    }
+
+    /// Polls `breaker`'s readiness once, with a waker that does nothing.
+    fn ready_once(breaker: &Breaker) -> Poll<()> {
+        let mut wait = ElectionWait::default();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        breaker.poll_election(&mut wait, &mut cx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_runtime_the_call_that_ends_an_open_period_does_not_wait_for_an_election() {
+        let (breaker, clock) = on_manual_clock(FleetConfig::new(Arc::new(MemoryStore::new())));
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        assert_eq!(breaker.snapshot().state, State::Open);
+        clock.advance(Duration::from_secs(6));
+        let on_a_plain_thread = breaker.clone();
+        let polled = std::thread::spawn(move || ready_once(&on_a_plain_thread))
+            .join()
+            .expect("no panic");
+        assert!(polled.is_ready(), "no runtime to run an election on");
+        assert_eq!(breaker.snapshot().state, State::Open, "none started");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_runtime_a_stale_decision_does_not_wait_for_a_read() {
+        let (breaker, _clock) = on_manual_clock(
+            FleetConfig::new(Arc::new(MemoryStore::new())).max_staleness(Duration::from_millis(1)),
+        );
+        assert_eq!(breaker.snapshot().state, State::Closed);
+        let on_a_plain_thread = breaker.clone();
+        let polled = std::thread::spawn(move || ready_once(&on_a_plain_thread))
+            .join()
+            .expect("no panic");
+        assert!(polled.is_ready(), "no runtime to read on");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_circuit_in_metrics_only_mode_waits_for_no_read_and_no_election() {
+        let store = Arc::new(Scripted::default());
+        let (breaker, clock) = on_manual_clock(
+            FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
+                .max_staleness(Duration::from_millis(1)),
+        );
+        breaker.set_mode(Mode::MetricsOnly);
+        settle().await;
+        let reads = store.reads.load(SeqCst);
+        // Closed, the decision never read: an automatic breaker would read
+        // it first.
+        assert!(ready_once(&breaker).is_ready());
+        settle().await;
+        assert_eq!(store.reads.load(SeqCst), reads, "no read first");
+        // Open, its period over: an automatic breaker would elect.
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        assert_eq!(breaker.snapshot().state, State::Open, "it still judges");
+        clock.advance(Duration::from_secs(6));
+        assert!(ready_once(&breaker).is_ready());
+        assert_eq!(breaker.snapshot().state, State::Open, "no election");
     }
 }
