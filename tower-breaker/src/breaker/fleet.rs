@@ -1784,4 +1784,36 @@ mod tests {
         assert!(ready_once(&breaker).is_ready());
         assert_eq!(breaker.snapshot().state, State::Open, "no election");
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_is_pending_with_calls_unreported_or_store_calls_in_flight() {
+        let breaker = Breaker::with_config(
+            "pending",
+            BreakerConfig::new().fleet(
+                FleetConfig::new(Arc::new(MemoryStore::new()))
+                    .fleet_window(true)
+                    .refresh_interval(Duration::from_secs(1)),
+            ),
+        );
+        let core = &breaker.core;
+        let link = core.store.as_ref().unwrap();
+        settle().await;
+        assert!(!core.flush_pending(), "nothing counted, nothing running");
+        // A call counted, nothing running.
+        let permit = breaker.try_acquire().unwrap();
+        settle().await; // the read its admission started
+        permit.record(Outcome::Success);
+        assert_eq!(link.in_flight.load(Acquire), 0);
+        assert_eq!(core.unreported(link), 1);
+        assert!(core.flush_pending(), "a call to report");
+        breaker.flush().await.unwrap();
+        assert!(!core.flush_pending());
+        // Nothing to report, a read running.
+        core.maybe_refresh(link, core.now_ns() + 10 * NANOS_PER_MS * 1000);
+        assert!(link.in_flight.load(Acquire) > 0);
+        assert_eq!(core.unreported(link), 0);
+        assert!(core.flush_pending(), "a store call in flight");
+        settle().await;
+        assert!(!core.flush_pending());
+    }
 }
