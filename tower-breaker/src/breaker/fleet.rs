@@ -1523,6 +1523,7 @@ mod tests {
 
     use tower_resilience_base::clock::CoarseClock;
 
+    use super::nanos;
     use super::*;
     use crate::store::{MemoryStore, StoreFuture};
     use crate::{Breaker, FleetConfig, Outcome, State};
@@ -1582,6 +1583,49 @@ mod tests {
         }
         fn watch(&self, _name: &str, watcher: Weak<dyn Watcher>) {
             *self.watcher.lock().unwrap() = Some(watcher);
+        }
+    }
+
+    /// A [`MemoryStore`] that keeps every report and the rule it came
+    /// with.
+    #[derive(Debug, Default)]
+    struct Recording {
+        inner: MemoryStore,
+        reports: StdMutex<Vec<(Report, FleetRule)>>,
+    }
+
+    impl Recording {
+        fn last(&self) -> (Report, FleetRule) {
+            *self.reports.lock().unwrap().last().expect("a report")
+        }
+    }
+
+    impl Store for Recording {
+        fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+            self.inner.try_open(name, open_for)
+        }
+        fn try_acquire_probe<'a>(
+            &'a self,
+            name: &'a str,
+            open_for: Duration,
+            lease: Duration,
+        ) -> StoreFuture<'a, Election> {
+            self.inner.try_acquire_probe(name, open_for, lease)
+        }
+        fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+            self.inner.close(name, token)
+        }
+        fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
+            self.inner.read(name)
+        }
+        fn report<'a>(
+            &'a self,
+            name: &'a str,
+            report: Report,
+            rule: FleetRule,
+        ) -> StoreFuture<'a, Decision> {
+            self.reports.lock().unwrap().push((report, rule));
+            self.inner.report(name, report, rule)
         }
     }
 
@@ -1815,5 +1859,88 @@ mod tests {
         assert!(core.flush_pending(), "a store call in flight");
         settle().await;
         assert!(!core.flush_pending());
+    }
+
+    fn recorded(
+        config: BreakerConfig,
+        fleet: impl Fn(FleetConfig) -> FleetConfig,
+    ) -> (Breaker, Arc<Recording>) {
+        let store = Arc::new(Recording::default());
+        let fleet =
+            fleet(FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>).fleet_window(true));
+        (
+            Breaker::with_config("recorded", config.jitter(0.0).fleet(fleet)),
+            store,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_report_carries_the_thresholds_of_the_configuration_now() {
+        let (breaker, store) = recorded(
+            BreakerConfig::new()
+                .count_window(100)
+                .minimum_calls(50)
+                .open_period(Duration::from_secs(5)),
+            |f| f,
+        );
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        let (report, rule) = store.last();
+        assert_eq!((report.calls, report.failures), (1, 1));
+        assert_eq!(rule.open_for, Duration::from_secs(5));
+        assert_eq!(rule.minimum_calls, 50);
+        let _ = breaker.reconfigure(
+            breaker
+                .config()
+                .minimum_calls(60)
+                .open_period(Duration::from_secs(7))
+                .max_open_period(Duration::from_secs(70)),
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        let (report, rule) = store.last();
+        assert_eq!((report.calls, report.failures), (1, 1));
+        assert_eq!(rule.open_for, Duration::from_secs(7));
+        assert_eq!(rule.minimum_calls, 60);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_report_of_failures_made_by_a_refresh_holds_the_next_flush_back() {
+        let flush = Duration::from_secs(1);
+        let (breaker, store) = recorded(
+            BreakerConfig::new().count_window(100).minimum_calls(100),
+            |f| {
+                f.flush_interval(flush)
+                    .refresh_interval(Duration::from_millis(100))
+            },
+        );
+        let link = breaker.core.store.as_ref().unwrap();
+        breaker.try_acquire().unwrap().record(Outcome::Failure); // flushed at once
+        settle().await;
+        assert_eq!(link.next_flush_ns.load(Relaxed), nanos(flush));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Failure); // held back
+        settle().await;
+        assert_eq!(store.reports.lock().unwrap().len(), 1);
+        tokio::time::advance(Duration::from_millis(190)).await;
+        // The periodic read is due: it reports the failure held back.
+        let permit = breaker.try_acquire().unwrap();
+        settle().await;
+        assert_eq!(store.last().0.failures, 1);
+        assert_eq!(
+            link.next_flush_ns.load(Relaxed),
+            nanos(Duration::from_millis(200) + flush)
+        );
+        // A healthy report does not hold the next flush back.
+        permit.record(Outcome::Success);
+        tokio::time::advance(Duration::from_millis(1_100)).await;
+        drop(breaker.try_acquire().unwrap());
+        settle().await;
+        assert_eq!(store.last().0.failures, 0);
+        assert_eq!(
+            link.next_flush_ns.load(Relaxed),
+            nanos(Duration::from_millis(200) + flush)
+        );
     }
 }
