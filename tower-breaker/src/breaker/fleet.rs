@@ -1876,11 +1876,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_report_carries_the_thresholds_of_the_configuration_now() {
+        // Without slow-call detection, no slow rule for the fleet.
+        let (plain, plain_store) = recorded(BreakerConfig::new(), |f| f);
+        plain.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        assert_eq!(plain_store.last().1.slow_rate_ppm, 0);
+
         let (breaker, store) = recorded(
             BreakerConfig::new()
                 .count_window(100)
                 .minimum_calls(50)
-                .open_period(Duration::from_secs(5)),
+                .open_period(Duration::from_secs(5))
+                .slow_calls(Duration::from_secs(1), 0.5),
             |f| f,
         );
         breaker.try_acquire().unwrap().record(Outcome::Failure);
@@ -1889,12 +1896,16 @@ mod tests {
         assert_eq!((report.calls, report.failures), (1, 1));
         assert_eq!(rule.open_for, Duration::from_secs(5));
         assert_eq!(rule.minimum_calls, 50);
+        assert_eq!(rule.failure_rate_ppm, 500_000);
+        assert_eq!(rule.slow_rate_ppm, 500_000);
         let _ = breaker.reconfigure(
             breaker
                 .config()
                 .minimum_calls(60)
                 .open_period(Duration::from_secs(7))
-                .max_open_period(Duration::from_secs(70)),
+                .max_open_period(Duration::from_secs(70))
+                .failure_rate(0.3)
+                .slow_calls(Duration::from_secs(1), 0.4),
         );
         tokio::time::advance(Duration::from_secs(2)).await;
         breaker.try_acquire().unwrap().record(Outcome::Failure);
@@ -1903,6 +1914,8 @@ mod tests {
         assert_eq!((report.calls, report.failures), (1, 1));
         assert_eq!(rule.open_for, Duration::from_secs(7));
         assert_eq!(rule.minimum_calls, 60);
+        assert_eq!(rule.failure_rate_ppm, 300_000);
+        assert_eq!(rule.slow_rate_ppm, 400_000);
     }
 
     #[tokio::test(start_paused = true)]
