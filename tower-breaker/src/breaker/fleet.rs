@@ -1956,4 +1956,67 @@ mod tests {
             nanos(Duration::from_millis(200) + flush)
         );
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_report_places_its_calls_before_the_failures_in_a_row_or_at_the_newest_call() {
+        let (breaker, store) = recorded(
+            BreakerConfig::new().count_window(100).minimum_calls(100),
+            |f| {
+                f.flush_interval(Duration::from_secs(1))
+                    .refresh_interval(Duration::from_secs(1))
+            },
+        );
+        let ms = Duration::from_millis;
+        tokio::time::advance(ms(10)).await;
+        for outcome in [Outcome::Success, Outcome::Success, Outcome::Failure] {
+            breaker.try_acquire().unwrap().record(outcome);
+        }
+        settle().await;
+        // The first report: one failure in a row, its share of a refresh
+        // interval (no report before it to measure from).
+        let (first, _) = store.last();
+        assert_eq!((first.calls, first.failures, first.tail), (3, 1, 1));
+        assert_eq!(first.tail_span, Duration::from_nanos(1_000_000_000 / 3));
+
+        tokio::time::advance(ms(500)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Success);
+        tokio::time::advance(ms(590)).await;
+        // The periodic read is due (at 1.01 s): a report without failures
+        // places its call at the newest admitted, 590 ms ago.
+        drop(breaker.try_acquire().unwrap());
+        settle().await;
+        let (second, _) = store.last();
+        assert_eq!((second.calls, second.failures, second.tail), (1, 0, 0));
+        assert_eq!(second.tail_span, ms(590));
+
+        tokio::time::advance(ms(1_100)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        // One failure in a row, all of the time since the last report.
+        let (third, _) = store.last();
+        assert_eq!((third.calls, third.failures, third.tail), (1, 1, 1));
+        assert_eq!(third.tail_span, ms(1_100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_time_windows_report_places_nothing() {
+        let (breaker, store) = recorded(
+            BreakerConfig::new()
+                .time_window(10, Duration::from_secs(1))
+                .minimum_calls(100),
+            |f| f,
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Success);
+        let failing = breaker.try_acquire().unwrap();
+        settle().await;
+        // Its failure counted (and reported) 100 ms after the newest call.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        failing.record(Outcome::Failure);
+        settle().await;
+        let (report, rule) = store.last();
+        assert_eq!(rule.count_window, 0);
+        assert_eq!((report.calls, report.failures), (2, 1));
+        assert_eq!((report.tail, report.tail_span), (0, Duration::ZERO));
+    }
 }
