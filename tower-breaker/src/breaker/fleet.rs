@@ -2019,4 +2019,52 @@ mod tests {
         assert_eq!((report.calls, report.failures), (2, 1));
         assert_eq!((report.tail, report.tail_span), (0, Duration::ZERO));
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_report_right_after_another_places_its_failures_now() {
+        let (breaker, store) = recorded(
+            BreakerConfig::new().count_window(100).minimum_calls(100),
+            |f| {
+                f.flush_interval(Duration::from_secs(1))
+                    .refresh_interval(Duration::from_secs(1))
+            },
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        // A second failure at the same instant, held back by the flush
+        // interval, then flushed by hand: no time since the last report.
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        breaker.flush().await.unwrap();
+        let reports = store.reports.lock().unwrap().clone();
+        assert_eq!(reports.len(), 2);
+        let (second, _) = reports[1];
+        assert_eq!((second.calls, second.failures, second.tail), (1, 1, 1));
+        assert_eq!(second.tail_span, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_newest_call_known_a_report_places_its_calls_by_their_share() {
+        let (breaker, store) = recorded(
+            BreakerConfig::new().count_window(100).minimum_calls(100),
+            |f| f.refresh_interval(Duration::from_secs(1)),
+        );
+        // Calls in the breaker's first millisecond are not noted.
+        breaker.try_acquire().unwrap().record(Outcome::Success);
+        breaker.try_acquire().unwrap().record(Outcome::Success);
+        assert_eq!(
+            breaker
+                .core
+                .store
+                .as_ref()
+                .unwrap()
+                .last_call_ns
+                .load(Relaxed),
+            0
+        );
+        breaker.flush().await.unwrap();
+        let (report, _) = store.last();
+        assert_eq!((report.calls, report.tail), (2, 0));
+        assert_eq!(report.tail_span, Duration::from_millis(500));
+    }
 }
