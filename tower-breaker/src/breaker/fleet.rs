@@ -783,11 +783,9 @@ impl Core {
         let w = Word(core.word.load(Acquire));
         let now = core.now_ns();
         let deadline_ns = w.deadline_ms().saturating_mul(NANOS_PER_MS);
-        if w.state() != OPEN
-            || !w.is_automatic()
-            || link.shared_open.load(Relaxed)
-            || deadline_ns <= now
-        {
+        // (An open word is an automatic one: `set_mode` closes the circuit,
+        // and a manual mode never moves it.)
+        if w.state() != OPEN || link.shared_open.load(Relaxed) || deadline_ns <= now {
             return;
         }
         self.store_open(w, Duration::from_nanos(deadline_ns - now), None);
@@ -1592,6 +1590,7 @@ mod tests {
     struct Recording {
         inner: MemoryStore,
         reports: StdMutex<Vec<(Report, FleetRule)>>,
+        opens: AtomicUsize,
     }
 
     impl Recording {
@@ -1602,6 +1601,7 @@ mod tests {
 
     impl Store for Recording {
         fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+            self.opens.fetch_add(1, SeqCst);
             self.inner.try_open(name, open_for)
         }
         fn try_acquire_probe<'a>(
@@ -2066,5 +2066,60 @@ mod tests {
         let (report, _) = store.last();
         assert_eq!((report.calls, report.tail), (2, 0));
         assert_eq!(report.tail_span, Duration::from_millis(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_running_automatic_opening_the_store_lacks_is_written_again() {
+        let config = || {
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(5))
+                .ramp_up(Duration::from_secs(10))
+        };
+        let (breaker, store) = recorded(config(), |f| f);
+        let (core, link) = (&breaker.core, breaker.core.store.as_ref().unwrap());
+        let rewrite = || async {
+            core.rewrite_open();
+            settle().await;
+            store.opens.load(SeqCst)
+        };
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        // Written through (once more if the read its admission started
+        // found no record before the write landed).
+        let written = store.opens.load(SeqCst);
+        assert!(written >= 1);
+        assert!(link.shared_open.load(Relaxed));
+        assert_eq!(rewrite().await, written, "the store holds it");
+        link.shared_open.store(false, Relaxed);
+        assert_eq!(
+            rewrite().await,
+            written + 1,
+            "the store lost it: written again"
+        );
+        assert!(link.shared_open.load(Relaxed));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        link.shared_open.store(false, Relaxed);
+        assert_eq!(rewrite().await, written + 1, "its period is over");
+
+        // Closed again (the election won, the probe good), ramping up: the
+        // word's deadline is the ramp's end, in the future.
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        breaker
+            .try_acquire()
+            .expect("the probe")
+            .record(Outcome::Success);
+        settle().await;
+        assert_eq!(breaker.snapshot().state, State::Closed);
+        let written = store.opens.load(SeqCst);
+        link.shared_open.store(false, Relaxed);
+        assert_eq!(rewrite().await, written, "closed: nothing to write");
+
+        // Why an open word is always automatic: a manual mode closes the
+        // circuit, and it stays closed under that mode.
+        breaker.set_mode(Mode::ForcedOpen);
+        assert_eq!(Word(breaker.core.word.load(Acquire)).state(), CLOSED);
     }
 }
