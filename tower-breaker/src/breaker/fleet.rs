@@ -1591,6 +1591,8 @@ mod tests {
         inner: MemoryStore,
         reports: StdMutex<Vec<(Report, FleetRule)>>,
         opens: AtomicUsize,
+        /// The period of each opening written.
+        periods: StdMutex<Vec<Duration>>,
     }
 
     impl Recording {
@@ -1602,6 +1604,7 @@ mod tests {
     impl Store for Recording {
         fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
             self.opens.fetch_add(1, SeqCst);
+            self.periods.lock().unwrap().push(open_for);
             self.inner.try_open(name, open_for)
         }
         fn try_acquire_probe<'a>(
@@ -2092,6 +2095,7 @@ mod tests {
         assert!(written >= 1);
         assert!(link.shared_open.load(Relaxed));
         assert_eq!(rewrite().await, written, "the store holds it");
+        tokio::time::advance(Duration::from_secs(2)).await;
         link.shared_open.store(false, Relaxed);
         assert_eq!(
             rewrite().await,
@@ -2099,7 +2103,12 @@ mod tests {
             "the store lost it: written again"
         );
         assert!(link.shared_open.load(Relaxed));
-        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(
+            store.periods.lock().unwrap().last(),
+            Some(&Duration::from_secs(3)),
+            "for what is left of its period"
+        );
+        tokio::time::advance(Duration::from_secs(4)).await;
         link.shared_open.store(false, Relaxed);
         assert_eq!(rewrite().await, written + 1, "its period is over");
 
@@ -2121,5 +2130,68 @@ mod tests {
         // circuit, and it stays closed under that mode.
         breaker.set_mode(Mode::ForcedOpen);
         assert_eq!(Word(breaker.core.word.load(Acquire)).state(), CLOSED);
+    }
+
+    /// A breaker of a one-call window (open 5 s, no jitter) on `store`.
+    fn one_call(store: Arc<dyn Store>) -> Breaker {
+        Breaker::with_config(
+            "adopt",
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(5))
+                .jitter(0.0)
+                .fleet(FleetConfig::new(store)),
+        )
+    }
+
+    fn deadline_ms(breaker: &Breaker) -> u64 {
+        Word(breaker.core.word.load(Acquire)).deadline_ms()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fleets_opening_is_adopted_until_its_end_unless_asked_before_a_transition() {
+        let breaker = one_call(Arc::new(Scripted::default()));
+        let core = &breaker.core;
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        let asked = core.asked();
+        core.transitions.fetch_add(1, AcqRel); // a transition since
+        core.adopt_open(Duration::from_secs(30), asked);
+        assert_eq!(breaker.snapshot().state, State::Closed, "asked before it");
+        core.adopt_open(Duration::from_secs(30), core.asked());
+        assert_eq!(breaker.snapshot().state, State::Open);
+        assert_eq!(deadline_ms(&breaker), 31_500, "until the fleet's end");
+        assert!(core.store.as_ref().unwrap().shared_open.load(Relaxed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_opening_of_its_own_the_store_does_not_hold_keeps_its_end() {
+        let breaker = one_call(Arc::new(Scripted::default()));
+        let core = &breaker.core;
+        let link = core.store.as_ref().unwrap();
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        assert_eq!(deadline_ms(&breaker), 5_000);
+        link.shared_open.store(false, Relaxed);
+        core.adopt_open(Duration::from_secs(30), core.asked());
+        assert_eq!(deadline_ms(&breaker), 5_000, "not the fleet's opening");
+        link.shared_open.store(true, Relaxed);
+        core.adopt_open(Duration::from_secs(30), core.asked());
+        assert_eq!(deadline_ms(&breaker), 30_000, "the fleet's: its end wins");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fleets_close_is_not_adopted_when_asked_before_a_transition() {
+        let breaker = one_call(Arc::new(Scripted::default()));
+        let core = &breaker.core;
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        assert!(core.store.as_ref().unwrap().shared_open.load(Relaxed));
+        let asked = core.asked();
+        core.transitions.fetch_add(1, AcqRel); // a transition since
+        core.adopt_closed(asked);
+        assert_eq!(breaker.snapshot().state, State::Open, "asked before it");
+        core.adopt_closed(core.asked());
+        assert_eq!(breaker.snapshot().state, State::Closed);
     }
 }
