@@ -2194,4 +2194,38 @@ mod tests {
         core.adopt_closed(core.asked());
         assert_eq!(breaker.snapshot().state, State::Closed);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fleets_close_ends_only_a_shared_opening_or_the_elected_probers_probing() {
+        let breaker = one_call(Arc::new(Scripted::default()));
+        let core = &breaker.core;
+        let link = core.store.as_ref().unwrap();
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        // An opening of its own the store does not hold stays, with or
+        // without a token of an earlier election.
+        link.shared_open.store(false, Relaxed);
+        core.adopt_closed(core.asked());
+        assert_eq!(breaker.snapshot().state, State::Open);
+        *link.token.lock().unwrap() = Some(ProbeToken::new(1));
+        core.adopt_closed(core.asked());
+        assert_eq!(breaker.snapshot().state, State::Open);
+        link.take_token();
+        link.shared_open.store(true, Relaxed);
+
+        // Half-open as the fleet's elected prober.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        assert_eq!(breaker.snapshot().state, State::HalfOpen);
+        let token = link.take_token().expect("elected");
+        // Without the token (not the fleet's prober), a close read leaves
+        // the probing alone.
+        core.adopt_closed(core.asked());
+        assert_eq!(breaker.snapshot().state, State::HalfOpen);
+        *link.token.lock().unwrap() = Some(token);
+        core.adopt_closed(core.asked());
+        assert_eq!(breaker.snapshot().state, State::Closed);
+        assert!(link.take_token().is_none(), "the lease is over");
+    }
 }
