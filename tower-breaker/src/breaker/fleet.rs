@@ -2228,4 +2228,20 @@ mod tests {
         assert_eq!(breaker.snapshot().state, State::Closed);
         assert!(link.take_token().is_none(), "the lease is over");
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fleets_close_of_a_shared_opening_leaves_a_token_to_the_write_that_holds_it() {
+        let breaker = one_call(Arc::new(Scripted::default()));
+        let core = &breaker.core;
+        let link = core.store.as_ref().unwrap();
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        assert!(link.shared_open.load(Relaxed));
+        // Not the elected prober's: only an election's winner gives its
+        // token back when the fleet closes.
+        *link.token.lock().unwrap() = Some(ProbeToken::new(1));
+        core.adopt_closed(core.asked());
+        assert_eq!(breaker.snapshot().state, State::Closed);
+        assert_eq!(link.take_token(), Some(ProbeToken::new(1)));
+    }
 }
