@@ -1537,6 +1537,8 @@ mod tests {
         reads: AtomicUsize,
         failing_reads: AtomicUsize,
         watcher: StdMutex<Option<Weak<dyn Watcher>>>,
+        /// The lease each election asked for.
+        leases: StdMutex<Vec<Duration>>,
     }
 
     impl std::fmt::Debug for Scripted {
@@ -1555,6 +1557,7 @@ mod tests {
             open_for: Duration,
             lease: Duration,
         ) -> StoreFuture<'a, Election> {
+            self.leases.lock().unwrap().push(lease);
             self.inner.try_acquire_probe(name, open_for, lease)
         }
         fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
@@ -2243,5 +2246,30 @@ mod tests {
         core.adopt_closed(core.asked());
         assert_eq!(breaker.snapshot().state, State::Closed);
         assert_eq!(link.take_token(), Some(ProbeToken::new(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_renews_no_lease_is_asked_for_one_of_the_whole_probe() {
+        let store = Arc::new(Scripted::default());
+        let breaker = Breaker::with_config(
+            "lease",
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(5))
+                .jitter(0.0)
+                .max_half_open_wait(Duration::from_secs(7))
+                .fleet(
+                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
+                        .probe_lease(Duration::from_secs(2)),
+                ),
+        );
+        assert_eq!(breaker.core.store.as_ref().unwrap().lease_ns, 0);
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        assert_eq!(*store.leases.lock().unwrap(), [Duration::from_secs(7)]);
     }
 }
