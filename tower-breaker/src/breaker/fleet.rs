@@ -1539,6 +1539,10 @@ mod tests {
         watcher: StdMutex<Option<Weak<dyn Watcher>>>,
         /// The lease each election asked for.
         leases: StdMutex<Vec<Duration>>,
+        /// Openings written (or on their way).
+        opens: AtomicUsize,
+        /// Openings never answer.
+        hang_opens: std::sync::atomic::AtomicBool,
     }
 
     impl std::fmt::Debug for Scripted {
@@ -1549,6 +1553,10 @@ mod tests {
 
     impl Store for Scripted {
         fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
+            self.opens.fetch_add(1, SeqCst);
+            if self.hang_opens.load(SeqCst) {
+                return Box::pin(std::future::pending());
+            }
             self.inner.try_open(name, open_for)
         }
         fn try_acquire_probe<'a>(
@@ -2271,5 +2279,65 @@ mod tests {
         assert!(breaker.try_acquire().is_err(), "electing");
         settle().await;
         assert_eq!(*store.leases.lock().unwrap(), [Duration::from_secs(7)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_stores_later_end_of_an_opening_wins() {
+        let store = Arc::new(Scripted::default());
+        // Another process opened the circuit for 30 s.
+        store
+            .inner
+            .try_open("adopt", Duration::from_secs(30))
+            .await
+            .unwrap();
+        let breaker = one_call(Arc::clone(&store) as Arc<dyn Store>);
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        assert_eq!(deadline_ms(&breaker), 6_000, "its own 5 s");
+        settle().await;
+        assert_eq!(deadline_ms(&breaker), 30_000, "the fleet's, from the store");
+        assert!(breaker
+            .core
+            .store
+            .as_ref()
+            .unwrap()
+            .shared_open
+            .load(Relaxed));
+    }
+
+    #[test]
+    fn a_write_task_dropped_with_its_runtime_lets_the_next_write_start_a_new_one() {
+        let store = Arc::new(Scripted::default());
+        store.hang_opens.store(true, SeqCst);
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let breaker = first.block_on(async {
+            let breaker = one_call(Arc::clone(&store) as Arc<dyn Store>);
+            breaker.try_acquire().unwrap().record(Outcome::Failure);
+            settle().await;
+            breaker
+        });
+        assert_eq!(store.opens.load(SeqCst), 1, "its write hangs");
+        // The runtime goes, and the task draining the writes with it.
+        drop(first);
+        store.hang_opens.store(false, SeqCst);
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        second.block_on(async {
+            breaker.core.rewrite_open();
+            settle().await;
+        });
+        assert!(store.opens.load(SeqCst) >= 2, "a new task wrote it");
+        assert!(breaker
+            .core
+            .store
+            .as_ref()
+            .unwrap()
+            .shared_open
+            .load(Relaxed));
     }
 }
