@@ -1543,6 +1543,10 @@ mod tests {
         opens: AtomicUsize,
         /// Openings never answer.
         hang_opens: std::sync::atomic::AtomicBool,
+        /// How long an election takes to answer.
+        election_delay: StdMutex<Duration>,
+        /// Lease renewals asked for.
+        renewals: AtomicUsize,
     }
 
     impl std::fmt::Debug for Scripted {
@@ -1566,7 +1570,20 @@ mod tests {
             lease: Duration,
         ) -> StoreFuture<'a, Election> {
             self.leases.lock().unwrap().push(lease);
-            self.inner.try_acquire_probe(name, open_for, lease)
+            let delay = *self.election_delay.lock().unwrap();
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                self.inner.try_acquire_probe(name, open_for, lease).await
+            })
+        }
+        fn renew_probe<'a>(
+            &'a self,
+            _name: &'a str,
+            _token: ProbeToken,
+            _lease: Duration,
+        ) -> StoreFuture<'a, Option<ProbeToken>> {
+            self.renewals.fetch_add(1, SeqCst);
+            Box::pin(async { Err(StoreError::new("no renewals here")) })
         }
         fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
             self.inner.close(name, token)
@@ -2339,5 +2356,154 @@ mod tests {
             .unwrap()
             .shared_open
             .load(Relaxed));
+    }
+
+    /// `breaker` (a [`one_call`] breaker) opened by a failure at the
+    /// current time, and its period over: the next call elects.
+    async fn open_and_wait(breaker: &Breaker) {
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        settle().await;
+        tokio::time::advance(Duration::from_secs(5)).await;
+    }
+
+    /// Another process wins the election of `name` on `store` (asking for
+    /// a 10 s period and a 3 s lease): its token.
+    async fn another_wins(store: &MemoryStore, name: &str) -> ProbeToken {
+        match store
+            .try_acquire_probe(name, Duration::from_secs(10), Duration::from_secs(3))
+            .await
+            .unwrap()
+        {
+            Election::Won(token) => token,
+            other => panic!("the other process should win, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_election_keeps_the_circuit_open_until_the_winners_end() {
+        let store = Arc::new(Scripted::default());
+        let breaker = one_call(Arc::clone(&store) as Arc<dyn Store>);
+        open_and_wait(&breaker).await;
+        another_wins(&store.inner, "adopt").await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        assert_eq!(breaker.snapshot().state, State::Open, "lost");
+        // Until the winner's T (10 s from now) or its lease (3 s).
+        let until = deadline_ms(&breaker);
+        assert!((8_000..=15_000).contains(&until), "{until}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_election_answered_after_its_timeout_still_sets_the_end() {
+        let store = Arc::new(Scripted::default());
+        *store.election_delay.lock().unwrap() = Duration::from_secs(2);
+        let breaker = Breaker::with_config(
+            "late",
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(5))
+                .jitter(0.0)
+                .fleet(
+                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
+                        .election_timeout(Duration::from_millis(500))
+                        .refresh_interval(Duration::from_secs(1)),
+                ),
+        );
+        open_and_wait(&breaker).await;
+        another_wins(&store.inner, "late").await;
+        // Reads fail: only the election's answer tells the fleet's time.
+        store.failing_reads.store(usize::MAX, SeqCst);
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        tokio::time::advance(Duration::from_millis(600)).await;
+        // The timeout passed: open for a refresh interval.
+        assert!(breaker.try_acquire().is_err());
+        assert_eq!(breaker.snapshot().state, State::Open);
+        assert_eq!(deadline_ms(&breaker), 6_600);
+        tokio::time::advance(Duration::from_millis(1_400)).await;
+        settle().await;
+        // The answer (at 7 s): the winner's time wins.
+        let until = deadline_ms(&breaker);
+        assert!(until >= 10_000, "{until}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_close_answered_after_the_elections_timeout_closes() {
+        let store = Arc::new(Scripted::default());
+        *store.election_delay.lock().unwrap() = Duration::from_secs(2);
+        let breaker = Breaker::with_config(
+            "late",
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(5))
+                .jitter(0.0)
+                .fleet(
+                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
+                        .election_timeout(Duration::from_millis(500))
+                        .refresh_interval(Duration::from_secs(1)),
+                ),
+        );
+        open_and_wait(&breaker).await;
+        // Reads fail: only the election's answer tells of the close.
+        store.failing_reads.store(usize::MAX, SeqCst);
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        tokio::time::advance(Duration::from_millis(600)).await;
+        assert!(breaker.try_acquire().is_err());
+        assert_eq!(breaker.snapshot().state, State::Open, "timed out");
+        // Meanwhile another process probed and closed the circuit.
+        let token = another_wins(&store.inner, "late").await;
+        assert!(store.inner.close("late", token).await.unwrap());
+        tokio::time::advance(Duration::from_millis(1_400)).await;
+        settle().await;
+        assert_eq!(breaker.snapshot().state, State::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_elected_prober_on_a_store_without_renewals_keeps_its_probe() {
+        let store = Arc::new(Scripted::default());
+        let breaker = one_call(Arc::clone(&store) as Arc<dyn Store>);
+        open_and_wait(&breaker).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        assert_eq!(breaker.snapshot().state, State::HalfOpen, "won");
+        // No heartbeat: nothing renewed, nothing given back while no call
+        // comes (the lease is the whole probe wait).
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+        assert_eq!(store.renewals.load(SeqCst), 0);
+        assert_eq!(breaker.snapshot().state, State::HalfOpen);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_elected_probers_heartbeat_starts_without_a_store_error() {
+        let breaker = one_call(Arc::new(MemoryStore::new()));
+        open_and_wait(&breaker).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        assert_eq!(breaker.snapshot().state, State::HalfOpen, "won");
+        assert_eq!(breaker.snapshot().totals.store_errors, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_is_given_back_only_by_the_half_open_period_that_won_it() {
+        let breaker = one_call(Arc::new(MemoryStore::new()));
+        open_and_wait(&breaker).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        let half_open = Word(breaker.core.word.load(Acquire));
+        assert_eq!(half_open.state(), HALF_OPEN);
+        let earlier = Word::new(
+            HALF_OPEN,
+            half_open.mode(),
+            half_open.gen().wrapping_sub(1),
+            0,
+        );
+        breaker.core.give_probe_back(earlier).await;
+        assert_eq!(breaker.snapshot().state, State::HalfOpen, "not its own");
+        breaker.core.give_probe_back(half_open).await;
+        assert_eq!(breaker.snapshot().state, State::Open, "given back");
     }
 }
