@@ -1547,6 +1547,10 @@ mod tests {
         election_delay: StdMutex<Duration>,
         /// Lease renewals asked for.
         renewals: AtomicUsize,
+        /// Says it renews leases (it fails every renewal).
+        renews: std::sync::atomic::AtomicBool,
+        /// Takes a probe given back (else answers that it did not).
+        takes_back: std::sync::atomic::AtomicBool,
     }
 
     impl std::fmt::Debug for Scripted {
@@ -1584,6 +1588,16 @@ mod tests {
         ) -> StoreFuture<'a, Option<ProbeToken>> {
             self.renewals.fetch_add(1, SeqCst);
             Box::pin(async { Err(StoreError::new("no renewals here")) })
+        }
+        fn renews_leases(&self) -> bool {
+            self.renews.load(SeqCst)
+        }
+        fn release_probe<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
+            if self.takes_back.load(SeqCst) {
+                self.inner.release_probe(name, token)
+            } else {
+                Box::pin(async { Ok(false) })
+            }
         }
         fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
             self.inner.close(name, token)
@@ -2505,5 +2519,59 @@ mod tests {
         assert_eq!(breaker.snapshot().state, State::HalfOpen, "not its own");
         breaker.core.give_probe_back(half_open).await;
         assert_eq!(breaker.snapshot().state, State::Open, "given back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_in_flight_is_not_given_back_and_a_probe_given_back_is_due_at_once() {
+        // A store that takes the probe back and pushes nothing: only the
+        // breaker's own move makes the probe due.
+        let store = Arc::new(Scripted::default());
+        store.renews.store(true, SeqCst);
+        store.takes_back.store(true, SeqCst);
+        let breaker = one_call(Arc::clone(&store) as Arc<dyn Store>);
+        open_and_wait(&breaker).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        let half_open = Word(breaker.core.word.load(Acquire));
+        let probe = breaker.try_acquire().expect("the probe");
+        breaker.core.give_probe_back(half_open).await;
+        assert_eq!(
+            breaker.snapshot().state,
+            State::HalfOpen,
+            "a probe in flight"
+        );
+        drop(probe);
+        tokio::time::advance(Duration::from_millis(250)).await;
+        breaker.core.give_probe_back(half_open).await;
+        assert_eq!(breaker.snapshot().state, State::Open);
+        // The store took it back: the fleet's probe is due now.
+        assert_eq!(deadline_ms(&breaker), 5_250);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_the_store_does_not_take_back_is_due_when_its_lease_has_lapsed() {
+        let store = Arc::new(Scripted::default());
+        store.renews.store(true, SeqCst);
+        let breaker = Breaker::with_config(
+            "lapse",
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(5))
+                .jitter(0.0)
+                .fleet(
+                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
+                        .probe_lease(Duration::from_secs(3)),
+                ),
+        );
+        open_and_wait(&breaker).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        let half_open = Word(breaker.core.word.load(Acquire));
+        assert_eq!(half_open.state(), HALF_OPEN);
+        tokio::time::advance(Duration::from_millis(250)).await;
+        breaker.core.give_probe_back(half_open).await;
+        assert_eq!(breaker.snapshot().state, State::Open);
+        assert_eq!(deadline_ms(&breaker), 5_250 + 3_000);
     }
 }
