@@ -2574,4 +2574,27 @@ mod tests {
         assert_eq!(breaker.snapshot().state, State::Open);
         assert_eq!(deadline_ms(&breaker), 5_250 + 3_000);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_half_open_period_that_won_the_probe_renews_its_lease() {
+        let store = Arc::new(Scripted::default());
+        store.renews.store(true, SeqCst);
+        let breaker = one_call(Arc::clone(&store) as Arc<dyn Store>);
+        open_and_wait(&breaker).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        let half_open = Word(breaker.core.word.load(Acquire));
+        assert_eq!(half_open.state(), HALF_OPEN);
+        let earlier = Word::new(
+            HALF_OPEN,
+            half_open.mode(),
+            half_open.gen().wrapping_sub(1),
+            0,
+        );
+        let lease = Duration::from_secs(3);
+        assert!(!breaker.core.heartbeat(earlier, lease).await);
+        assert_eq!(store.renewals.load(SeqCst), 0, "not its lease");
+        let _ = breaker.core.heartbeat(half_open, lease).await;
+        assert_eq!(store.renewals.load(SeqCst), 1);
+    }
 }
