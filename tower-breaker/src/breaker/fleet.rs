@@ -1551,6 +1551,8 @@ mod tests {
         renews: std::sync::atomic::AtomicBool,
         /// Takes a probe given back (else answers that it did not).
         takes_back: std::sync::atomic::AtomicBool,
+        /// Renewals answer that the lease was taken over (else they fail).
+        fences: std::sync::atomic::AtomicBool,
     }
 
     impl std::fmt::Debug for Scripted {
@@ -1587,6 +1589,9 @@ mod tests {
             _lease: Duration,
         ) -> StoreFuture<'a, Option<ProbeToken>> {
             self.renewals.fetch_add(1, SeqCst);
+            if self.fences.load(SeqCst) {
+                return Box::pin(async { Ok(None) });
+            }
             Box::pin(async { Err(StoreError::new("no renewals here")) })
         }
         fn renews_leases(&self) -> bool {
@@ -2596,5 +2601,104 @@ mod tests {
         assert_eq!(store.renewals.load(SeqCst), 0, "not its lease");
         let _ = breaker.core.heartbeat(half_open, lease).await;
         assert_eq!(store.renewals.load(SeqCst), 1);
+    }
+
+    /// A [`one_call`] breaker on `store` that won the fleet's election at
+    /// 5 s: half-open, and its half-open word.
+    async fn won(store: Arc<dyn Store>) -> (Breaker, Word) {
+        let breaker = one_call(store);
+        open_and_wait(&breaker).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        settle().await;
+        let half_open = Word(breaker.core.word.load(Acquire));
+        assert_eq!(half_open.state(), HALF_OPEN, "won");
+        (breaker, half_open)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_follows_what_the_store_says() {
+        let secs = Duration::from_secs;
+        // Closed: closed here too.
+        let (breaker, half_open) = won(Arc::new(Scripted::default())).await;
+        breaker
+            .core
+            .leave_lost_lease(half_open, &Ok(Decision::Closed));
+        assert_eq!(breaker.snapshot().state, State::Closed);
+
+        // Open: until the fleet's end, shared.
+        let (breaker, half_open) = won(Arc::new(Scripted::default())).await;
+        let link = breaker.core.store.as_ref().unwrap();
+        link.shared_open.store(false, Relaxed);
+        let open = Decision::Open { remaining: secs(8) };
+        breaker.core.leave_lost_lease(half_open, &Ok(open));
+        assert_eq!(breaker.snapshot().state, State::Open);
+        assert_eq!(deadline_ms(&breaker), 13_000);
+        assert!(link.shared_open.load(Relaxed));
+
+        // Another process probes: until its lease or T, whichever is later,
+        // and callers are told to wait for its lease.
+        let (breaker, half_open) = won(Arc::new(Scripted::default())).await;
+        let probing = Decision::Probing {
+            remaining: secs(4),
+            lease: secs(6),
+        };
+        breaker.core.leave_lost_lease(half_open, &Ok(probing));
+        assert_eq!(deadline_ms(&breaker), 11_000);
+        let link = breaker.core.store.as_ref().unwrap();
+        assert_eq!(link.open_retry_after(20_000 * MS, 5_000 * MS), secs(6));
+
+        // A failed read: open with the period over, not shared; the next
+        // call asks the fleet.
+        let (breaker, half_open) = won(Arc::new(Scripted::default())).await;
+        breaker
+            .core
+            .leave_lost_lease(half_open, &Err(StoreError::new("read failed")));
+        assert_eq!(breaker.snapshot().state, State::Open);
+        assert_eq!(deadline_ms(&breaker), 5_000);
+        assert!(!breaker
+            .core
+            .store
+            .as_ref()
+            .unwrap()
+            .shared_open
+            .load(Relaxed));
+
+        // Told of a half-open period of its own that has ended: nothing.
+        let (breaker, half_open) = won(Arc::new(Scripted::default())).await;
+        let earlier = Word::new(
+            HALF_OPEN,
+            half_open.mode(),
+            half_open.gen().wrapping_sub(1),
+            0,
+        );
+        breaker
+            .core
+            .leave_lost_lease(earlier, &Ok(Decision::Closed));
+        assert_eq!(breaker.snapshot().state, State::HalfOpen);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_fenced_by_the_store_drops_the_token_and_follows_the_fleet() {
+        let store = Arc::new(Scripted::default());
+        store.renews.store(true, SeqCst);
+        store.fences.store(true, SeqCst);
+        let (breaker, half_open) = won(Arc::clone(&store) as Arc<dyn Store>).await;
+        let link = breaker.core.store.as_ref().unwrap();
+        assert!(link.token.lock().unwrap().is_some());
+        assert!(
+            !breaker
+                .core
+                .heartbeat(half_open, Duration::from_secs(3))
+                .await
+        );
+        assert!(
+            link.token.lock().unwrap().is_none(),
+            "not its lease any more"
+        );
+        assert_ne!(
+            breaker.snapshot().state,
+            State::HalfOpen,
+            "it stopped probing"
+        );
     }
 }
