@@ -2701,4 +2701,38 @@ mod tests {
             "it stopped probing"
         );
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_election_probes_locally_once_the_store_has_been_down_two_refreshes() {
+        let store = Arc::new(Scripted::default());
+        *store.election_delay.lock().unwrap() = Duration::from_secs(60);
+        let refresh = 100 * MS;
+        let breaker = Breaker::with_config(
+            "down",
+            BreakerConfig::new()
+                .count_window(1)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(5))
+                .jitter(0.0)
+                .fleet(
+                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
+                        .refresh_interval(Duration::from_nanos(refresh)),
+                ),
+        );
+        open_and_wait(&breaker).await;
+        assert!(breaker.try_acquire().is_err(), "electing");
+        let (core, link) = (&breaker.core, breaker.core.store.as_ref().unwrap());
+        let electing = Word(core.word.load(Acquire));
+        assert_eq!(electing.state(), ELECTING);
+        // The store failing since 1 s (stored plus one).
+        let since = 1_000 * MS;
+        link.down_since.store(since + 1, Relaxed);
+        let short_of = since + 2 * refresh - 1;
+        core.election_failed(electing, short_of);
+        assert_eq!(breaker.snapshot().state, State::Open, "not long enough");
+        assert_eq!(deadline_ms(&breaker), (short_of + refresh) / MS);
+        core.word.store(electing.0, Release);
+        core.election_failed(electing, since + 2 * refresh);
+        assert_eq!(breaker.snapshot().state, State::HalfOpen, "two refreshes");
+    }
 }
