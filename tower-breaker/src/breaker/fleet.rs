@@ -1479,8 +1479,11 @@ where
     })
 }
 
-/// The fleet's rule from a breaker's configuration: its thresholds, over
-/// its time window (or the default fleet window).
+/// The shape of the fleet's window from a breaker's configuration: its
+/// time window (or the default fleet window, placed by a count window's
+/// size). The thresholds are left empty: each report fills them in from
+/// the breaker's settings at the time (see [`Core::sync`]), so that a
+/// reconfigured breaker reports its new ones.
 fn fleet_rule(config: &BreakerConfig) -> FleetRule {
     let (buckets, bucket, count_window) = match config.window {
         WindowKind::Time { buckets, bucket } => (buckets, bucket, 0),
@@ -1490,18 +1493,13 @@ fn fleet_rule(config: &BreakerConfig) -> FleetRule {
             size as u64,
         ),
     };
-    let ppm = |rate: f64| (rate * 1_000_000.0).round() as u64;
     FleetRule {
         buckets: u32::try_from(buckets).unwrap_or(u32::MAX).max(1),
         bucket: bucket.max(Duration::from_millis(1)),
-        minimum_calls: u64::from(config.minimum_calls).max(1),
-        failure_rate_ppm: ppm(config.failure_rate),
-        slow_rate_ppm: if config.slow_call_duration.is_some() {
-            ppm(config.slow_call_rate)
-        } else {
-            0
-        },
-        open_for: config.open_period,
+        minimum_calls: 0,
+        failure_rate_ppm: 0,
+        slow_rate_ppm: 0,
+        open_for: Duration::ZERO,
         count_window,
         budget: None,
     }
