@@ -1527,8 +1527,8 @@ mod tests {
     const MS: u64 = NANOS_PER_MS;
 
     /// A [`MemoryStore`] that pushes nothing (it keeps the watcher for the
-    /// test to call), counts its reads, and fails the next
-    /// `failing_reads`.
+    /// test to call), counts and records what it is asked, and fails,
+    /// delays or fences what the test says.
     #[derive(Default)]
     struct Scripted {
         inner: MemoryStore,
@@ -1551,6 +1551,16 @@ mod tests {
         takes_back: std::sync::atomic::AtomicBool,
         /// Renewals answer that the lease was taken over (else they fail).
         fences: std::sync::atomic::AtomicBool,
+        /// Every report, with the rule it came with.
+        reports: StdMutex<Vec<(Report, FleetRule)>>,
+        /// The period of each opening written.
+        periods: StdMutex<Vec<Duration>>,
+    }
+
+    impl Scripted {
+        fn last(&self) -> (Report, FleetRule) {
+            *self.reports.lock().unwrap().last().expect("a report")
+        }
     }
 
     impl std::fmt::Debug for Scripted {
@@ -1562,6 +1572,7 @@ mod tests {
     impl Store for Scripted {
         fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
             self.opens.fetch_add(1, SeqCst);
+            self.periods.lock().unwrap().push(open_for);
             if self.hang_opens.load(SeqCst) {
                 return Box::pin(std::future::pending());
             }
@@ -1626,45 +1637,6 @@ mod tests {
         }
         fn watch(&self, _name: &str, watcher: Weak<dyn Watcher>) {
             *self.watcher.lock().unwrap() = Some(watcher);
-        }
-    }
-
-    /// A [`MemoryStore`] that keeps every report and the rule it came
-    /// with.
-    #[derive(Debug, Default)]
-    struct Recording {
-        inner: MemoryStore,
-        reports: StdMutex<Vec<(Report, FleetRule)>>,
-        opens: AtomicUsize,
-        /// The period of each opening written.
-        periods: StdMutex<Vec<Duration>>,
-    }
-
-    impl Recording {
-        fn last(&self) -> (Report, FleetRule) {
-            *self.reports.lock().unwrap().last().expect("a report")
-        }
-    }
-
-    impl Store for Recording {
-        fn try_open<'a>(&'a self, name: &'a str, open_for: Duration) -> StoreFuture<'a, Duration> {
-            self.opens.fetch_add(1, SeqCst);
-            self.periods.lock().unwrap().push(open_for);
-            self.inner.try_open(name, open_for)
-        }
-        fn try_acquire_probe<'a>(
-            &'a self,
-            name: &'a str,
-            open_for: Duration,
-            lease: Duration,
-        ) -> StoreFuture<'a, Election> {
-            self.inner.try_acquire_probe(name, open_for, lease)
-        }
-        fn close<'a>(&'a self, name: &'a str, token: ProbeToken) -> StoreFuture<'a, bool> {
-            self.inner.close(name, token)
-        }
-        fn read<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Decision> {
-            self.inner.read(name)
         }
         fn report<'a>(
             &'a self,
@@ -1912,8 +1884,8 @@ mod tests {
     fn recorded(
         config: BreakerConfig,
         fleet: impl Fn(FleetConfig) -> FleetConfig,
-    ) -> (Breaker, Arc<Recording>) {
-        let store = Arc::new(Recording::default());
+    ) -> (Breaker, Arc<Scripted>) {
+        let store = Arc::new(Scripted::default());
         let fleet =
             fleet(FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>).fleet_window(true));
         (
@@ -2410,11 +2382,10 @@ mod tests {
         assert!((8_000..=15_000).contains(&until), "{until}");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_lost_election_answered_after_its_timeout_still_sets_the_end() {
-        let store = Arc::new(Scripted::default());
-        *store.election_delay.lock().unwrap() = Duration::from_secs(2);
-        let breaker = Breaker::with_config(
+    /// A [`one_call`]-like breaker named "late" whose elections time out
+    /// after 500 ms, reading every second.
+    fn late(store: &Arc<Scripted>) -> Breaker {
+        Breaker::with_config(
             "late",
             BreakerConfig::new()
                 .count_window(1)
@@ -2422,11 +2393,18 @@ mod tests {
                 .open_period(Duration::from_secs(5))
                 .jitter(0.0)
                 .fleet(
-                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
+                    FleetConfig::new(Arc::clone(store) as Arc<dyn Store>)
                         .election_timeout(Duration::from_millis(500))
                         .refresh_interval(Duration::from_secs(1)),
                 ),
-        );
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_election_answered_after_its_timeout_still_sets_the_end() {
+        let store = Arc::new(Scripted::default());
+        *store.election_delay.lock().unwrap() = Duration::from_secs(2);
+        let breaker = late(&store);
         open_and_wait(&breaker).await;
         another_wins(&store.inner, "late").await;
         // Reads fail: only the election's answer tells the fleet's time.
@@ -2449,19 +2427,7 @@ mod tests {
     async fn a_close_answered_after_the_elections_timeout_closes() {
         let store = Arc::new(Scripted::default());
         *store.election_delay.lock().unwrap() = Duration::from_secs(2);
-        let breaker = Breaker::with_config(
-            "late",
-            BreakerConfig::new()
-                .count_window(1)
-                .minimum_calls(1)
-                .open_period(Duration::from_secs(5))
-                .jitter(0.0)
-                .fleet(
-                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
-                        .election_timeout(Duration::from_millis(500))
-                        .refresh_interval(Duration::from_secs(1)),
-                ),
-        );
+        let breaker = late(&store);
         open_and_wait(&breaker).await;
         // Reads fail: only the election's answer tells of the close.
         store.failing_reads.store(usize::MAX, SeqCst);
