@@ -2472,18 +2472,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_probe_is_given_back_only_by_the_half_open_period_that_won_it() {
-        let breaker = one_call(Arc::new(MemoryStore::new()));
-        open_and_wait(&breaker).await;
-        assert!(breaker.try_acquire().is_err(), "electing");
-        settle().await;
-        let half_open = Word(breaker.core.word.load(Acquire));
-        assert_eq!(half_open.state(), HALF_OPEN);
-        let earlier = Word::new(
-            HALF_OPEN,
-            half_open.mode(),
-            half_open.gen().wrapping_sub(1),
-            0,
-        );
+        let (breaker, half_open) = won(Arc::new(MemoryStore::new())).await;
+        let earlier = earlier(half_open);
         breaker.core.give_probe_back(earlier).await;
         assert_eq!(breaker.snapshot().state, State::HalfOpen, "not its own");
         breaker.core.give_probe_back(half_open).await;
@@ -2548,18 +2538,8 @@ mod tests {
     async fn only_the_half_open_period_that_won_the_probe_renews_its_lease() {
         let store = Arc::new(Scripted::default());
         store.renews.store(true, SeqCst);
-        let breaker = one_call(Arc::clone(&store) as Arc<dyn Store>);
-        open_and_wait(&breaker).await;
-        assert!(breaker.try_acquire().is_err(), "electing");
-        settle().await;
-        let half_open = Word(breaker.core.word.load(Acquire));
-        assert_eq!(half_open.state(), HALF_OPEN);
-        let earlier = Word::new(
-            HALF_OPEN,
-            half_open.mode(),
-            half_open.gen().wrapping_sub(1),
-            0,
-        );
+        let (breaker, half_open) = won(Arc::clone(&store) as Arc<dyn Store>).await;
+        let earlier = earlier(half_open);
         let lease = Duration::from_secs(3);
         assert!(!breaker.core.heartbeat(earlier, lease).await);
         assert_eq!(store.renewals.load(SeqCst), 0, "not its lease");
@@ -2577,6 +2557,16 @@ mod tests {
         let half_open = Word(breaker.core.word.load(Acquire));
         assert_eq!(half_open.state(), HALF_OPEN, "won");
         (breaker, half_open)
+    }
+
+    /// A half-open word of the generation before `half_open`'s.
+    fn earlier(half_open: Word) -> Word {
+        Word::new(
+            HALF_OPEN,
+            half_open.mode(),
+            half_open.gen().wrapping_sub(1),
+            0,
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -2629,12 +2619,7 @@ mod tests {
 
         // Told of a half-open period of its own that has ended: nothing.
         let (breaker, half_open) = won(Arc::new(Scripted::default())).await;
-        let earlier = Word::new(
-            HALF_OPEN,
-            half_open.mode(),
-            half_open.gen().wrapping_sub(1),
-            0,
-        );
+        let earlier = earlier(half_open);
         breaker
             .core
             .leave_lost_lease(earlier, &Ok(Decision::Closed));
