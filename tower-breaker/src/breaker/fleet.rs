@@ -2149,8 +2149,17 @@ mod tests {
         assert_eq!(Word(breaker.core.word.load(Acquire)).state(), CLOSED);
     }
 
-    /// A breaker of a one-call window (open 5 s, no jitter) on `store`.
+    /// A breaker named "adopt" of a one-call window (open 5 s, no jitter)
+    /// on `store`.
     fn one_call(store: Arc<dyn Store>) -> Breaker {
+        one_call_with(store, |f| f)
+    }
+
+    /// [`one_call`] with `fleet` applied to its fleet configuration.
+    fn one_call_with(
+        store: Arc<dyn Store>,
+        fleet: impl FnOnce(FleetConfig) -> FleetConfig,
+    ) -> Breaker {
         Breaker::with_config(
             "adopt",
             BreakerConfig::new()
@@ -2158,7 +2167,7 @@ mod tests {
                 .minimum_calls(1)
                 .open_period(Duration::from_secs(5))
                 .jitter(0.0)
-                .fleet(FleetConfig::new(store)),
+                .fleet(fleet(FleetConfig::new(store))),
         )
     }
 
@@ -2382,22 +2391,13 @@ mod tests {
         assert!((8_000..=15_000).contains(&until), "{until}");
     }
 
-    /// A [`one_call`]-like breaker named "late" whose elections time out
-    /// after 500 ms, reading every second.
+    /// A [`one_call`] breaker whose elections time out after 500 ms,
+    /// reading every second.
     fn late(store: &Arc<Scripted>) -> Breaker {
-        Breaker::with_config(
-            "late",
-            BreakerConfig::new()
-                .count_window(1)
-                .minimum_calls(1)
-                .open_period(Duration::from_secs(5))
-                .jitter(0.0)
-                .fleet(
-                    FleetConfig::new(Arc::clone(store) as Arc<dyn Store>)
-                        .election_timeout(Duration::from_millis(500))
-                        .refresh_interval(Duration::from_secs(1)),
-                ),
-        )
+        one_call_with(Arc::clone(store) as Arc<dyn Store>, |f| {
+            f.election_timeout(Duration::from_millis(500))
+                .refresh_interval(Duration::from_secs(1))
+        })
     }
 
     #[tokio::test(start_paused = true)]
@@ -2406,7 +2406,7 @@ mod tests {
         *store.election_delay.lock().unwrap() = Duration::from_secs(2);
         let breaker = late(&store);
         open_and_wait(&breaker).await;
-        another_wins(&store.inner, "late").await;
+        another_wins(&store.inner, "adopt").await;
         // Reads fail: only the election's answer tells the fleet's time.
         store.failing_reads.store(usize::MAX, SeqCst);
         assert!(breaker.try_acquire().is_err(), "electing");
@@ -2437,8 +2437,8 @@ mod tests {
         assert!(breaker.try_acquire().is_err());
         assert_eq!(breaker.snapshot().state, State::Open, "timed out");
         // Meanwhile another process probed and closed the circuit.
-        let token = another_wins(&store.inner, "late").await;
-        assert!(store.inner.close("late", token).await.unwrap());
+        let token = another_wins(&store.inner, "adopt").await;
+        assert!(store.inner.close("adopt", token).await.unwrap());
         tokio::time::advance(Duration::from_millis(1_400)).await;
         settle().await;
         assert_eq!(breaker.snapshot().state, State::Closed);
@@ -2511,18 +2511,9 @@ mod tests {
     async fn a_probe_the_store_does_not_take_back_is_due_when_its_lease_has_lapsed() {
         let store = Arc::new(Scripted::default());
         store.renews.store(true, SeqCst);
-        let breaker = Breaker::with_config(
-            "lapse",
-            BreakerConfig::new()
-                .count_window(1)
-                .minimum_calls(1)
-                .open_period(Duration::from_secs(5))
-                .jitter(0.0)
-                .fleet(
-                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
-                        .probe_lease(Duration::from_secs(3)),
-                ),
-        );
+        let breaker = one_call_with(Arc::clone(&store) as Arc<dyn Store>, |f| {
+            f.probe_lease(Duration::from_secs(3))
+        });
         open_and_wait(&breaker).await;
         assert!(breaker.try_acquire().is_err(), "electing");
         settle().await;
@@ -2656,18 +2647,9 @@ mod tests {
         let store = Arc::new(Scripted::default());
         *store.election_delay.lock().unwrap() = Duration::from_secs(60);
         let refresh = 100 * MS;
-        let breaker = Breaker::with_config(
-            "down",
-            BreakerConfig::new()
-                .count_window(1)
-                .minimum_calls(1)
-                .open_period(Duration::from_secs(5))
-                .jitter(0.0)
-                .fleet(
-                    FleetConfig::new(Arc::clone(&store) as Arc<dyn Store>)
-                        .refresh_interval(Duration::from_nanos(refresh)),
-                ),
-        );
+        let breaker = one_call_with(Arc::clone(&store) as Arc<dyn Store>, |f| {
+            f.refresh_interval(Duration::from_nanos(refresh))
+        });
         open_and_wait(&breaker).await;
         assert!(breaker.try_acquire().is_err(), "electing");
         let (core, link) = (&breaker.core, breaker.core.store.as_ref().unwrap());
