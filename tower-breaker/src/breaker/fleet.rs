@@ -1912,12 +1912,16 @@ mod tests {
         );
         breaker.try_acquire().unwrap().record(Outcome::Failure);
         settle().await;
-        let (report, rule) = store.last();
-        assert_eq!((report.calls, report.failures), (1, 1));
-        assert_eq!(rule.open_for, Duration::from_secs(5));
-        assert_eq!(rule.minimum_calls, 50);
-        assert_eq!(rule.failure_rate_ppm, 500_000);
-        assert_eq!(rule.slow_rate_ppm, 500_000);
+        let thresholds = |(report, rule): (Report, FleetRule)| {
+            assert_eq!((report.calls, report.failures), (1, 1));
+            (
+                rule.open_for.as_secs(),
+                rule.minimum_calls,
+                rule.failure_rate_ppm,
+                rule.slow_rate_ppm,
+            )
+        };
+        assert_eq!(thresholds(store.last()), (5, 50, 500_000, 500_000));
         let _ = breaker.reconfigure(
             breaker
                 .config()
@@ -1930,12 +1934,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         breaker.try_acquire().unwrap().record(Outcome::Failure);
         settle().await;
-        let (report, rule) = store.last();
-        assert_eq!((report.calls, report.failures), (1, 1));
-        assert_eq!(rule.open_for, Duration::from_secs(7));
-        assert_eq!(rule.minimum_calls, 60);
-        assert_eq!(rule.failure_rate_ppm, 300_000);
-        assert_eq!(rule.slow_rate_ppm, 400_000);
+        assert_eq!(thresholds(store.last()), (7, 60, 300_000, 400_000));
     }
 
     #[tokio::test(start_paused = true)]
