@@ -2015,6 +2015,19 @@ mod tests {
         let (third, _) = store.last();
         assert_eq!((third.calls, third.failures, third.tail), (1, 1, 1));
         assert_eq!(third.tail_span, ms(1_100));
+
+        // Held back by the flush interval, then flushed by hand 300 ms
+        // after the last report: two failures in a row of three calls
+        // began two thirds of that ago.
+        tokio::time::advance(ms(100)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Success);
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        tokio::time::advance(ms(200)).await;
+        breaker.try_acquire().unwrap().record(Outcome::Failure);
+        breaker.flush().await.unwrap();
+        let (fourth, _) = store.last();
+        assert_eq!((fourth.calls, fourth.failures, fourth.tail), (3, 2, 2));
+        assert_eq!(fourth.tail_span, ms(200));
     }
 
     #[tokio::test(start_paused = true)]
