@@ -1512,7 +1512,8 @@ fn no_runtime() -> StoreError {
 #[cfg(all(test, tower_resilience_loom))]
 mod loom_models;
 
-#[cfg(test)]
+// Not under loom: these use the atomics outside a model.
+#[cfg(all(test, not(tower_resilience_loom)))]
 mod tests {
     use std::sync::{Arc, Mutex as StdMutex, Weak};
     use std::time::Duration;
