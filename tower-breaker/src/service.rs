@@ -209,6 +209,11 @@ pub struct PlainCircuitBreaker<S, C = ErrorsOnly> {
 /// its cause as its `source`, so a layer above that boxes it still turns a
 /// refusal into a 503 or UNAVAILABLE, and never retries it.
 ///
+/// The inner error must implement `std::error::Error` (the classifier
+/// judges it as one). A service whose error is already a [`BoxError`]
+/// (which does not) keeps [`PlainCircuitBreaker`]: its errors are boxed
+/// anyway, and the refusal's box is one more of them.
+///
 /// # Clone
 ///
 /// Clones share the breaker (one `Arc`) and clone the inner service and
