@@ -1513,7 +1513,8 @@ fn no_runtime() -> StoreError {
 mod loom_models;
 
 // Not under loom: these use the atomics outside a model.
-#[cfg(all(test, not(tower_resilience_loom)))]
+#[cfg(test)]
+#[cfg(not(tower_resilience_loom))]
 mod tests {
     use std::sync::{Arc, Mutex as StdMutex, Weak};
     use std::time::Duration;

@@ -269,7 +269,8 @@ fn age(v: u64, gen: u32, bucket: u64) -> Age {
     }
 }
 
-#[cfg(all(test, not(tower_resilience_loom)))]
+#[cfg(test)]
+#[cfg(not(tower_resilience_loom))]
 mod tests {
     use super::*;
 
