@@ -30,7 +30,7 @@ const PROBER: &str = "TOWER_BREAKER_DYNAMODB_PROBER";
 /// lease, a 2-call window and a 300 ms open period.
 fn breaker(url: &str, name: &str) -> Breaker {
     let store = Arc::new(DynamoDbStore::new(client_for(url), options(0).table(TABLE)).unwrap());
-    Breaker::with_config(name, default_lease_config(store))
+    Breaker::with_config(name.to_owned(), default_lease_config(store))
 }
 
 fn default_lease_config(store: Arc<DynamoDbStore>) -> BreakerConfig {

@@ -38,7 +38,7 @@ async fn store(server: &RedisServer) -> Arc<RedisStore> {
 /// A breaker as one process of a fleet would have: its own window (2 calls,
 /// opens at 50%) and, unless `shared` is given, its own connection.
 fn breaker_on(name: &str, store: Arc<RedisStore>) -> Breaker {
-    Breaker::with_config(name, fleet_config(store))
+    Breaker::with_config(name.to_owned(), fleet_config(store))
 }
 
 fn fleet_config(store: Arc<RedisStore>) -> BreakerConfig {
@@ -778,7 +778,7 @@ async fn names_and_prefixes_are_checked_at_construction() {
     // A name past the limit (a keyed breaker's long route) is kept in a
     // bounded form, the same for every process, never refused.
     let long = format!("/search?q={}", "x".repeat(300));
-    assert!(Breaker::try_with_config(&*long, config().store(store.clone())).is_ok());
+    assert!(Breaker::try_with_config(long.clone(), config().store(store.clone())).is_ok());
     let key = store.key(&long).unwrap();
     assert_eq!(key, store.key(&long).unwrap());
     assert_ne!(key, store.key(&format!("{long}y")).unwrap());

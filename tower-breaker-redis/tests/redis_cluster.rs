@@ -130,8 +130,8 @@ async fn breakers_on_every_node_share_their_circuits_through_slot_moves_and_scri
     let mut a_side = Vec::new();
     let mut b_side = Vec::new();
     for name in &names {
-        let a = Breaker::with_config(name.as_str(), fleet_config(a_store.clone()));
-        let b = Breaker::with_config(name.as_str(), fleet_config(b_store.clone()));
+        let a = Breaker::with_config(name.clone(), fleet_config(a_store.clone()));
+        let b = Breaker::with_config(name.clone(), fleet_config(b_store.clone()));
         a.refresh().await.expect("first read (a)");
         b.refresh().await.expect("first read (b)");
         a_side.push(a);
@@ -187,7 +187,7 @@ async fn breakers_on_every_node_share_their_circuits_through_slot_moves_and_scri
     let moved_before = errorstat(&cluster, from, "MOVED");
     cluster.move_slot(slot, to);
     assert!(keys_on(&cluster, to).contains(&a_store.key(moved).unwrap()));
-    let fresh = Breaker::with_config(moved.as_str(), fleet_config(b_store.clone()));
+    let fresh = Breaker::with_config(moved.clone(), fleet_config(b_store.clone()));
     fresh.refresh().await.expect("a read after the move");
     assert_eq!(state(&fresh), State::Open, "the record moved with its slot");
     a_store

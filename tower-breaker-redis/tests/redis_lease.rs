@@ -33,7 +33,7 @@ async fn fleet(url: &str, name: &str, n: usize, open: Duration, lease: Duration)
                 .await
                 .expect("connect"),
         );
-        let b = Breaker::with_config(name, fleet_config(store, open, lease));
+        let b = Breaker::with_config(name.to_owned(), fleet_config(store, open, lease));
         b.refresh().await.expect("first read");
         fleet.push(b);
     }

@@ -92,7 +92,7 @@ async fn until_all_reject(breakers: &[Breaker], limit: Duration) -> Duration {
 /// the circuit open; returns how long it took.
 async fn until_a_newcomer_sees_it_open(set: &SentinelSet, name: &str, limit: Duration) -> Duration {
     let start = Instant::now();
-    let newcomer = Breaker::with_config(name, fleet_config(store(set).await));
+    let newcomer = Breaker::with_config(name.to_owned(), fleet_config(store(set).await));
     loop {
         let _ = newcomer.refresh().await;
         if state(&newcomer) == State::Open {

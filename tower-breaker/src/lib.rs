@@ -592,6 +592,10 @@ pub mod random {
     pub use tower_resilience_base::random::{ProcessRandom, RandomSource, SeededRandom};
 }
 pub use tower_resilience_base::Answer;
+/// A breaker's name: a `&'static str` that refusals copy for free, or a
+/// shared string (the toolkit's one definition, from
+/// `tower-resilience-base`).
+pub use tower_resilience_base::Name;
 
 /// The boxed error type of [`CircuitBreaker`] and [`PlainCircuitBreaker`], as
 /// in tower (the toolkit's one definition, from `tower-resilience-base`).

@@ -39,7 +39,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::BoxError;
+use crate::{BoxError, Name};
 
 /// The circuit is open (or half-open with every probe slot taken, or
 /// ramping up): the call was rejected without calling the inner service.
@@ -65,7 +65,7 @@ use crate::BoxError;
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct CircuitOpen {
-    breaker: Arc<str>,
+    breaker: Name,
     retry_after: Duration,
     forced: bool,
 }
@@ -253,7 +253,10 @@ impl CircuitOpen {
     /// The rejection of breaker `breaker`, whose next probe is
     /// `retry_after` away; `forced` when the circuit was forced open by
     /// hand.
-    pub fn new(breaker: impl Into<Arc<str>>, retry_after: Duration, forced: bool) -> Self {
+    ///
+    /// A `breaker` name written in the source (a `&'static str`) is copied
+    /// without a reference count (see [`Name`]).
+    pub fn new(breaker: impl Into<Name>, retry_after: Duration, forced: bool) -> Self {
         Self {
             breaker: breaker.into(),
             retry_after,
@@ -286,7 +289,7 @@ impl CircuitOpen {
 impl fmt::Debug for CircuitOpen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitOpen")
-            .field("breaker", &&*self.breaker)
+            .field("breaker", &self.breaker.as_str())
             .field("retry_after", &self.retry_after)
             .field("forced", &self.forced)
             .finish()

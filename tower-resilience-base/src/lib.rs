@@ -18,6 +18,7 @@
 //! | the do-not-retry mark, `Retry-After`, gRPC trailers-only answers | [`answer`] |
 //! | gRPC status codes | [`grpc`] |
 //! | the random source of jitter | [`random`] |
+//! | a breaker's name, free to copy when written in the source | [`Name`] |
 //! | a per-thread stripe for counters many threads update | [`stripe`] |
 //!
 //! Applications rarely use this crate directly: each layer crate re-exports
@@ -78,6 +79,7 @@ pub mod hook;
 #[cfg(tower_resilience_loom)]
 #[doc(hidden)]
 pub mod loom_sync;
+pub mod name;
 pub mod outcome;
 pub mod random;
 pub mod seq;
@@ -90,6 +92,7 @@ pub mod wake;
 pub use answer::{Answer, NO_RETRY_HEADER};
 pub use context::CallContext;
 pub use deadline::Deadline;
+pub use name::Name;
 
 /// The error type of every layer that adds a failure of its own: the inner
 /// service's error, or one of the errors in [`error`], boxed.

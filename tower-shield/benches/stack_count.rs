@@ -12,7 +12,8 @@
 //!
 //! A fourth argument, `clone`, clones the service for every call (as a
 //! client that hands each request a copy of the stack does). With no
-//! arguments it lists the variants.
+//! arguments it lists the variants, each with the size of its response
+//! future.
 
 #![allow(missing_docs)]
 
@@ -29,8 +30,8 @@ macro_rules! one {
             let args: Vec<String> = std::env::args().skip(1).collect();
             let (Some(variant), Some(shape), Some(calls)) = (args.first(), args.get(1), args.get(2))
             else {
-                eprintln!("usage: stack_count VARIANT bare|real CALLS [clone]; variants:");
-                $(eprintln!("  {}", $name);)*
+                eprintln!("usage: stack_count VARIANT bare|real CALLS [clone]; variants, with their response future's size:");
+                $(eprintln!("  {} ({} bytes)", $name, future_size(&$make));)*
                 return;
             };
             let shape = if shape == "real" { Shape::Real } else { Shape::Bare };
@@ -54,6 +55,11 @@ macro_rules! one {
             std::process::exit(2);
         }
     };
+}
+
+/// The size of `S`'s response future: what every caller's `await` moves.
+fn future_size<S: tower::Service<http::Request<()>>>(_: &S) -> usize {
+    std::mem::size_of::<S::Future>()
 }
 
 for_each_variant!(one);

@@ -347,8 +347,8 @@ impl ServerStackSettings {
     /// A [`SettingsError`] from [`validate`](Self::validate).
     pub fn build(&self, name: &str) -> Result<(ServerStack, ServerStackHandle), SettingsError> {
         self.validate()?;
-        let mut stack = server_stack(name)
-            .breaker(Breaker::with_config(name, self.breaker.clone()))
+        let mut stack = server_stack(name.to_owned())
+            .breaker(Breaker::with_config(name.to_owned(), self.breaker.clone()))
             .bulkhead(HttpBulkheadLayer::new(name, self.concurrency).hold_until_body_end());
         if let Some(t) = self.timeout {
             stack = stack.timeout(t.0);

@@ -133,6 +133,7 @@ use tower_deadline::{
 };
 use tower_layer::Layer;
 use tower_resilience_base::random::RandomSource;
+use tower_resilience_base::Name;
 use tower_retry_budget::{Buffered, Counters, DefaultPolicy, Retry, RetryBudget, RetryLayer};
 
 use tower_breaker::throttle::{Throttle, ThrottleHandle, ThrottleLayer};
@@ -200,7 +201,7 @@ pub type ServerStackService<S, R = BodyEnd> =
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
-    name: Arc<str>,
+    name: Name,
     call: ClientDeadlineLayer<Head>,
     /// The call's timeout, changeable while the stack runs.
     timeout: TimeoutHandle,
@@ -242,7 +243,7 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ServerStack<R = BodyEnd> {
-    name: Arc<str>,
+    name: Name,
     criticality: AcceptCriticalityLayer,
     deadline: ServerDeadlineLayer,
     bulkhead: HttpBulkheadLayer<Single, R>,
@@ -267,7 +268,7 @@ pub struct ServerStack<R = BodyEnd> {
 ///     .concurrency(16);
 /// assert_eq!(stack.breaker_handle().name(), "catalog");
 /// ```
-pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
+pub fn client_stack(name: impl Into<Name>) -> ClientStack {
     let name = name.into();
     let timeout = TimeoutHandle::new(None);
     ClientStack {
@@ -276,15 +277,15 @@ pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
         call: ClientDeadlineLayer::new()
             .enforce_only()
             .head_only()
-            .name(Arc::clone(&name))
+            .name(Arc::from(&name))
             .timeout_handle(timeout.clone()),
         timeout,
-        breaker: BreakerLayer::new(Breaker::new(Arc::clone(&name))),
-        retry: RetryLayer::new().name(Arc::clone(&name)),
+        breaker: BreakerLayer::new(Breaker::new(name.clone())),
+        retry: RetryLayer::new().name(Arc::from(&name)),
         throttle: None,
-        bulkhead: BulkheadLayer::new(Arc::clone(&name), DEFAULT_CLIENT_CONCURRENCY)
+        bulkhead: BulkheadLayer::new(Arc::from(&name), DEFAULT_CLIENT_CONCURRENCY)
             .hold_until_body_end(),
-        attempt: ClientDeadlineLayer::new().name(Arc::clone(&name)),
+        attempt: ClientDeadlineLayer::new().name(Arc::from(&name)),
         random: None,
         own_breaker: true,
         name,
@@ -302,14 +303,14 @@ pub fn client_stack(name: impl Into<Arc<str>>) -> ClientStack {
 /// let stack = server_stack("shop").timeout(Duration::from_secs(2)).concurrency(128);
 /// assert_eq!(stack.breaker_handle().name(), "shop");
 /// ```
-pub fn server_stack(name: impl Into<Arc<str>>) -> ServerStack {
+pub fn server_stack(name: impl Into<Name>) -> ServerStack {
     let name = name.into();
     ServerStack {
         criticality: AcceptCriticalityLayer::new(),
-        deadline: ServerDeadlineLayer::new().name(Arc::clone(&name)),
-        bulkhead: HttpBulkheadLayer::new(Arc::clone(&name), DEFAULT_SERVER_CONCURRENCY)
+        deadline: ServerDeadlineLayer::new().name(Arc::from(&name)),
+        bulkhead: HttpBulkheadLayer::new(Arc::from(&name), DEFAULT_SERVER_CONCURRENCY)
             .hold_until_body_end(),
-        breaker: HttpBreakerLayer::new(Breaker::new(Arc::clone(&name))),
+        breaker: HttpBreakerLayer::new(Breaker::new(name.clone())),
         own_breaker: true,
         name,
     }
@@ -398,7 +399,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
             Some(random) => config.random(Arc::clone(random)),
             None => config,
         };
-        self.breaker = BreakerLayer::new(Breaker::with_config(Arc::clone(&self.name), config));
+        self.breaker = BreakerLayer::new(Breaker::with_config(self.name.clone(), config));
         self.own_breaker = true;
         self
     }
@@ -449,7 +450,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
         self.retry = self.retry.random(Arc::clone(&random));
         if self.own_breaker {
             let config = self.breaker.breaker().config().random(Arc::clone(&random));
-            self.breaker = BreakerLayer::new(Breaker::with_config(Arc::clone(&self.name), config));
+            self.breaker = BreakerLayer::new(Breaker::with_config(self.name.clone(), config));
         }
         self.random = Some(random);
         self
@@ -518,7 +519,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     /// The bulkhead size: attempts in flight to the dependency at once
     /// (default [`DEFAULT_CLIENT_CONCURRENCY`]).
     pub fn concurrency(mut self, limit: usize) -> Self {
-        self.bulkhead = BulkheadLayer::new(Arc::clone(&self.name), limit).with_release::<R>();
+        self.bulkhead = BulkheadLayer::new(Arc::from(&self.name), limit).with_release::<R>();
         self
     }
 
@@ -709,7 +710,7 @@ impl<R: Release> ServerStack<R> {
     /// The bulkhead size: requests served at once (default
     /// [`DEFAULT_SERVER_CONCURRENCY`]).
     pub fn concurrency(mut self, limit: usize) -> Self {
-        self.bulkhead = HttpBulkheadLayer::new(Arc::clone(&self.name), limit).with_release::<R>();
+        self.bulkhead = HttpBulkheadLayer::new(Arc::from(&self.name), limit).with_release::<R>();
         self
     }
 
@@ -758,8 +759,7 @@ impl<R: Release> ServerStack<R> {
     pub fn random(mut self, random: impl RandomSource) -> Self {
         if self.own_breaker {
             let config = self.breaker.breaker().config().random(random);
-            self.breaker =
-                HttpBreakerLayer::new(Breaker::with_config(Arc::clone(&self.name), config));
+            self.breaker = HttpBreakerLayer::new(Breaker::with_config(self.name.clone(), config));
         }
         self
     }

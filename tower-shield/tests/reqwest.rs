@@ -164,7 +164,7 @@ async fn start() -> (Server, String) {
 
 /// A stack whose breaker never opens on its own during a test (a window
 /// of 100 attempts, judged after 100).
-fn patient(name: &str) -> ClientStack {
+fn patient(name: &'static str) -> ClientStack {
     client_stack(name)
         .breaker_config(BreakerConfig::new().count_window(100).minimum_calls(100))
         .timeout(Duration::from_secs(10))

@@ -260,7 +260,7 @@ type Client = tonic::client::Grpc<ServiceConfigTonic<Recorder>>;
 
 /// A client stack whose breaker never opens in these tests, so that what
 /// they see is the service config's doing.
-fn stack(name: &str) -> ClientStack {
+fn stack(name: &'static str) -> ClientStack {
     client_stack(name).breaker_config(BreakerConfig::new().count_window(1000).minimum_calls(1000))
 }
 

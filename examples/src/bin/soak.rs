@@ -454,7 +454,7 @@ fn breaker(name: &str, store: Option<Arc<RedisStore>>, start: Instant, seen: &Se
     if let Some(store) = store {
         config = config.fleet(FleetConfig::new(store).refresh_interval(REFRESH_INTERVAL));
     }
-    Breaker::with_config(name, config)
+    Breaker::with_config(name.to_owned(), config)
 }
 
 async fn redis_store(url: &str, prefix: &str) -> Result<Arc<RedisStore>, String> {

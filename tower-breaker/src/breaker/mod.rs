@@ -28,6 +28,7 @@ use crate::state::{Word, CLOSED, HALF_OPEN, OPEN};
 use crate::store::StoreError;
 use crate::window::Counts;
 use crate::Mode;
+use tower_resilience_base::Name;
 
 pub(super) const NANOS_PER_MS: u64 = 1_000_000;
 pub(super) const NANOS_PER_SEC: u64 = 1_000_000_000;
@@ -87,8 +88,10 @@ pub struct Breaker {
 #[repr(align(128))]
 struct Shard {
     core: Arc<Core>,
-    /// This stripe's own copy of the name (its own reference count).
-    name: Arc<str>,
+    /// This stripe's own copy of the name, for its refusals: the same
+    /// `&'static str` (no reference count at all), or a shared string of
+    /// its own (its own reference count).
+    name: Name,
 }
 
 /// Permission to make one call, from [`Breaker::try_acquire`]: record the
@@ -162,9 +165,11 @@ impl Breaker {
     /// A breaker with every default of [`BreakerConfig::new`].
     ///
     /// `name` appears in errors, events, snapshots and, with a store, in
-    /// the store's key. Times are measured from now, with
-    /// [`tokio::time::Instant`] (so paused test time applies).
-    pub fn new(name: impl Into<Arc<str>>) -> Self {
+    /// the store's key. A name written in the source (a `&'static str`)
+    /// goes into every refusal without a reference count; one built at run
+    /// time (a `String`) is shared (see [`Name`]). Times are measured from
+    /// now, with [`tokio::time::Instant`] (so paused test time applies).
+    pub fn new(name: impl Into<Name>) -> Self {
         Self::with_config(name, BreakerConfig::new())
     }
 
@@ -201,7 +206,7 @@ impl Breaker {
     /// # let _ = breaker;
     /// ```
     pub fn try_with_config(
-        name: impl Into<Arc<str>>,
+        name: impl Into<Name>,
         config: BreakerConfig,
     ) -> Result<Self, StoreError> {
         let name = name.into();
@@ -218,8 +223,9 @@ impl Breaker {
     }
 
     /// A breaker with the given configuration.
-    pub fn with_config(name: impl Into<Arc<str>>, config: BreakerConfig) -> Self {
-        let core = Arc::new(Core::new(name.into(), config));
+    pub fn with_config(name: impl Into<Name>, config: BreakerConfig) -> Self {
+        let name: Name = name.into();
+        let core = Arc::new(Core::new(Arc::from(&name), config));
         core.watch();
         if let Some(fleet) = &core.config.fleet {
             fleet.members.register(&core);
@@ -228,7 +234,7 @@ impl Breaker {
             .map(|_| {
                 Arc::new(Shard {
                     core: Arc::clone(&core),
-                    name: Arc::from(&*core.name),
+                    name: name.unshared(),
                 })
             })
             .collect();
@@ -527,7 +533,7 @@ impl Breaker {
         // Each stripe has its own copy of the name, so that rejections on
         // different threads do not contend on one reference count.
         let name = &self.shards[thread_index() % STRIPES].name;
-        CircuitOpen::new(Arc::clone(name), rejection.retry_after, rejection.forced)
+        CircuitOpen::new(name.clone(), rejection.retry_after, rejection.forced)
     }
 
     pub(crate) fn complete(
