@@ -14,6 +14,7 @@ use crate::adaptive::controller::{Controller, Ending, LimitSpec, NOT_TIMED};
 use crate::error::BulkheadFull;
 use crate::metrics::CompartmentMetrics;
 use crate::sync::{AtomicU64, AtomicUsize, Notify, Ordering};
+use tower_resilience_base::Name;
 
 /// The least time between two rejection events of one compartment.
 const LOG_INTERVAL_MS: u64 = 1_000;
@@ -42,7 +43,7 @@ pub struct Compartment {
     /// The adaptive state; `None` for a fixed compartment, whose hot path
     /// then does nothing more than before limits could adapt.
     adaptive: Option<Box<Controller>>,
-    name: Arc<str>,
+    name: Name,
     rejected: AtomicU64,
     /// Of the rejections, those refused for their criticality.
     shed: AtomicU64,
@@ -219,7 +220,7 @@ pub struct CompartmentHandle {
 impl Compartment {
     /// A fixed compartment of `limit` slots.
     #[cfg(test)]
-    pub(crate) fn new(name: Arc<str>, limit: usize) -> Self {
+    pub(crate) fn new(name: Name, limit: usize) -> Self {
         let metrics = CompartmentMetrics::new(&name);
         Self::with_epoch(name, &LimitSpec::Fixed(limit), Instant::now(), metrics)
     }
@@ -227,7 +228,7 @@ impl Compartment {
     /// A compartment recording into `metrics` (for a keyed bulkhead, the
     /// handles of the layer's name, shared by every key).
     pub(crate) fn with_epoch(
-        name: Arc<str>,
+        name: Name,
         spec: &LimitSpec,
         epoch: Instant,
         metrics: CompartmentMetrics,
@@ -257,7 +258,7 @@ impl Compartment {
         }
     }
 
-    pub(crate) fn name(&self) -> &Arc<str> {
+    pub(crate) fn name(&self) -> &Name {
         &self.name
     }
 

@@ -1,7 +1,6 @@
 use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -13,6 +12,7 @@ use crate::partition::{KeyedConfig, KeyedHandle, PerKey, Single};
 use crate::release::{BodyEnd, Head, Release};
 use crate::service::{Bulkhead, HttpBulkhead};
 use crate::{DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
+use tower_resilience_base::Name;
 
 /// The default `Retry-After` of the HTTP answer: one second.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -107,7 +107,7 @@ impl BulkheadLayer<Single, Head> {
     /// The name identifies the compartment in errors, answers' logs and
     /// handles; use the dependency's name. A `limit` of zero refuses every
     /// call (a kill switch).
-    pub fn new(name: impl Into<Arc<str>>, limit: usize) -> Self {
+    pub fn new(name: impl Into<Name>, limit: usize) -> Self {
         Self::with_spec(name.into(), LimitSpec::Fixed(limit))
     }
 
@@ -147,14 +147,14 @@ impl BulkheadLayer<Single, Head> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn adaptive<A>(name: impl Into<Arc<str>>, algorithm: A) -> Self
+    pub fn adaptive<A>(name: impl Into<Name>, algorithm: A) -> Self
     where
         A: LimitAlgorithm + Clone,
     {
         Self::with_spec(name.into(), LimitSpec::adaptive(algorithm))
     }
 
-    fn with_spec(name: Arc<str>, spec: LimitSpec) -> Self {
+    fn with_spec(name: Name, spec: LimitSpec) -> Self {
         Self {
             partition: Single::new(name, spec),
             wait: WaitPolicy::default(),
@@ -496,7 +496,7 @@ impl HttpBulkheadLayer<Single, Head> {
     /// An HTTP layer with one compartment named `name` that lets at most
     /// `limit` requests through at once; the same as
     /// `BulkheadLayer::new(name, limit).http()`.
-    pub fn new(name: impl Into<Arc<str>>, limit: usize) -> Self {
+    pub fn new(name: impl Into<Name>, limit: usize) -> Self {
         BulkheadLayer::new(name, limit).http()
     }
 
@@ -515,7 +515,7 @@ impl HttpBulkheadLayer<Single, Head> {
     /// let layer = HttpBulkheadLayer::adaptive("api", Gradient::new());
     /// assert_eq!(layer.handle().limit(), 20);
     /// ```
-    pub fn adaptive<A>(name: impl Into<Arc<str>>, algorithm: A) -> Self
+    pub fn adaptive<A>(name: impl Into<Name>, algorithm: A) -> Self
     where
         A: LimitAlgorithm + Clone,
     {

@@ -352,6 +352,11 @@ pub use service::{Bulkhead, HttpBulkhead};
 /// The boxed error type of [`Bulkhead`], as in tower.
 pub use tower_resilience_base::BoxError;
 
+/// A compartment's name: a `&'static str` that rejections copy for free,
+/// or a shared string (the toolkit's one definition, from
+/// `tower-resilience-base`).
+pub use tower_resilience_base::Name;
+
 /// The header that tells an upstream retry layer not to retry this answer:
 /// `x-tower-no-retry`, with the value `1` (the toolkit's one definition,
 /// from `tower-resilience-base`). [`HttpBulkhead`] puts it on its 503 and

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::adaptive::controller::LimitSpec;
 use crate::compartment::{millis_since, Compartment, CompartmentHandle, Stats};
 use crate::metrics::CompartmentMetrics;
+use tower_resilience_base::Name;
 
 /// The default bound on live keyed compartments: 1024.
 pub const DEFAULT_MAX_KEYS: usize = 1024;
@@ -76,7 +77,7 @@ pub(crate) struct Registry<Q> {
 
 #[derive(Debug, Clone)]
 pub(crate) struct KeyedConfig {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: Name,
     pub(crate) limit: LimitSpec,
     pub(crate) max_keys: usize,
     pub(crate) idle_timeout: Duration,
@@ -116,7 +117,7 @@ pub struct KeyedHandle<Q> {
 // === impl Single ===
 
 impl Single {
-    pub(crate) fn new(name: Arc<str>, spec: LimitSpec) -> Self {
+    pub(crate) fn new(name: Name, spec: LimitSpec) -> Self {
         let metrics = CompartmentMetrics::new(&name);
         Self {
             compartment: Arc::new(Compartment::with_epoch(
@@ -129,7 +130,7 @@ impl Single {
         }
     }
 
-    pub(crate) fn name(&self) -> Arc<str> {
+    pub(crate) fn name(&self) -> Name {
         self.compartment.name().clone()
     }
 
@@ -224,7 +225,7 @@ where
 impl<Q: Hash + Eq> Registry<Q> {
     fn new(config: KeyedConfig) -> Self {
         let epoch = Instant::now();
-        let fallback_name: Arc<str> = format!("{}/fallback", config.name).into();
+        let fallback_name: Name = format!("{}/fallback", config.name).into();
         let fallback = Arc::new(Compartment::with_epoch(
             fallback_name.clone(),
             &config.fallback_limit,
@@ -274,7 +275,7 @@ impl<Q: Hash + Eq> Registry<Q> {
         if state.map.len() >= self.config.max_keys {
             return self.fallback.clone();
         }
-        let name: Arc<str> = format!("{}[{key:?}]", self.config.name).into();
+        let name: Name = format!("{}[{key:?}]", self.config.name).into();
         let compartment = Arc::new(Compartment::with_epoch(
             name,
             &self.config.limit,

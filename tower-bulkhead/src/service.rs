@@ -1,7 +1,6 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::mem;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -16,6 +15,7 @@ use crate::release::{BodyEnd, Head, Release};
 use crate::BoxError;
 use tower_resilience_base::criticality::Criticality;
 use tower_resilience_base::grpc::is_grpc;
+use tower_resilience_base::Name;
 
 /// Middleware that caps the calls in flight to the inner service and
 /// refuses the rest at once with [`BulkheadFull`](crate::error::BulkheadFull).
@@ -74,13 +74,13 @@ pub struct HttpBulkhead<S, K = Single, M = Head> {
 impl<S> Bulkhead<S, Single> {
     /// Wraps `inner` in a new compartment named `name` with room for
     /// `limit` calls; the same as `BulkheadLayer::new(name, limit).layer(inner)`.
-    pub fn new(inner: S, name: impl Into<Arc<str>>, limit: usize) -> Self {
+    pub fn new(inner: S, name: impl Into<Name>, limit: usize) -> Self {
         tower_layer::Layer::layer(&BulkheadLayer::new(name, limit), inner)
     }
 
     /// A layer that wraps services in [`Bulkhead`]; the same as
     /// [`BulkheadLayer::new`].
-    pub fn layer(name: impl Into<Arc<str>>, limit: usize) -> BulkheadLayer {
+    pub fn layer(name: impl Into<Name>, limit: usize) -> BulkheadLayer {
         BulkheadLayer::new(name, limit)
     }
 }
@@ -217,13 +217,13 @@ impl<S> HttpBulkhead<S, Single, Head> {
     /// Wraps `inner` in a new compartment named `name` with room for
     /// `limit` requests; the same as
     /// `HttpBulkheadLayer::new(name, limit).layer(inner)`.
-    pub fn new(inner: S, name: impl Into<Arc<str>>, limit: usize) -> Self {
+    pub fn new(inner: S, name: impl Into<Name>, limit: usize) -> Self {
         tower_layer::Layer::layer(&HttpBulkheadLayer::new(name, limit), inner)
     }
 
     /// A layer that wraps services in [`HttpBulkhead`]; the same as
     /// [`HttpBulkheadLayer::new`].
-    pub fn layer(name: impl Into<Arc<str>>, limit: usize) -> HttpBulkheadLayer {
+    pub fn layer(name: impl Into<Name>, limit: usize) -> HttpBulkheadLayer {
         HttpBulkheadLayer::new(name, limit)
     }
 }

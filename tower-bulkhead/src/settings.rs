@@ -24,7 +24,6 @@
 //! # Ok::<(), serde_json::Error>(())
 //! ```
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -33,6 +32,7 @@ use tower_resilience_base::settings::HumanDuration;
 use crate::adaptive::{Aimd, Gradient};
 use crate::layer::BulkheadLayer;
 use crate::{CompartmentHandle, SetLimitError};
+use tower_resilience_base::Name;
 
 /// A compartment's settings; see the [module docs](self).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -184,7 +184,7 @@ impl BulkheadSettings {
     /// # Errors
     ///
     /// An [`InvalidSetting`] from [`validate`](Self::validate).
-    pub fn layer(&self, name: impl Into<Arc<str>>) -> Result<BulkheadLayer, InvalidSetting> {
+    pub fn layer(&self, name: impl Into<Name>) -> Result<BulkheadLayer, InvalidSetting> {
         self.validate()?;
         let name = name.into();
         let layer = match &self.adaptive {

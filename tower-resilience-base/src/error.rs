@@ -36,7 +36,6 @@
 
 use std::error::Error;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{BoxError, Name};
@@ -95,7 +94,7 @@ pub struct CircuitOpen {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BulkheadFull {
-    compartment: Arc<str>,
+    compartment: Name,
     limit: usize,
     waited: Option<Duration>,
 }
@@ -243,7 +242,7 @@ pub struct LocalRejection {
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Throttled {
-    throttle: Arc<str>,
+    throttle: Name,
     probability: f64,
 }
 
@@ -318,7 +317,7 @@ impl Error for CircuitOpen {}
 impl BulkheadFull {
     /// The rejection of compartment `compartment` holding `limit` calls;
     /// `waited` is `Some(max_wait)` when the call waited in vain first.
-    pub fn new(compartment: impl Into<Arc<str>>, limit: usize, waited: Option<Duration>) -> Self {
+    pub fn new(compartment: impl Into<Name>, limit: usize, waited: Option<Duration>) -> Self {
         Self {
             compartment: compartment.into(),
             limit,
@@ -495,7 +494,7 @@ spent!(
 impl Throttled {
     /// The refusal of throttle `throttle`, which rejected the call with
     /// `probability` (clamped to `0.0..=1.0`; NaN reads as 1).
-    pub fn new(throttle: impl Into<Arc<str>>, probability: f64) -> Self {
+    pub fn new(throttle: impl Into<Name>, probability: f64) -> Self {
         let probability = if probability.is_nan() {
             1.0
         } else {

@@ -349,7 +349,9 @@ impl ServerStackSettings {
         self.validate()?;
         let mut stack = server_stack(name.to_owned())
             .breaker(Breaker::with_config(name.to_owned(), self.breaker.clone()))
-            .bulkhead(HttpBulkheadLayer::new(name, self.concurrency).hold_until_body_end());
+            .bulkhead(
+                HttpBulkheadLayer::new(name.to_owned(), self.concurrency).hold_until_body_end(),
+            );
         if let Some(t) = self.timeout {
             stack = stack.timeout(t.0);
         }

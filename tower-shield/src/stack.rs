@@ -283,7 +283,7 @@ pub fn client_stack(name: impl Into<Name>) -> ClientStack {
         breaker: BreakerLayer::new(Breaker::new(name.clone())),
         retry: RetryLayer::new().name(Arc::from(&name)),
         throttle: None,
-        bulkhead: BulkheadLayer::new(Arc::from(&name), DEFAULT_CLIENT_CONCURRENCY)
+        bulkhead: BulkheadLayer::new(name.clone(), DEFAULT_CLIENT_CONCURRENCY)
             .hold_until_body_end(),
         attempt: ClientDeadlineLayer::new().name(Arc::from(&name)),
         random: None,
@@ -308,7 +308,7 @@ pub fn server_stack(name: impl Into<Name>) -> ServerStack {
     ServerStack {
         criticality: AcceptCriticalityLayer::new(),
         deadline: ServerDeadlineLayer::new().name(Arc::from(&name)),
-        bulkhead: HttpBulkheadLayer::new(Arc::from(&name), DEFAULT_SERVER_CONCURRENCY)
+        bulkhead: HttpBulkheadLayer::new(name.clone(), DEFAULT_SERVER_CONCURRENCY)
             .hold_until_body_end(),
         breaker: HttpBreakerLayer::new(Breaker::new(name.clone())),
         own_breaker: true,
@@ -519,7 +519,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     /// The bulkhead size: attempts in flight to the dependency at once
     /// (default [`DEFAULT_CLIENT_CONCURRENCY`]).
     pub fn concurrency(mut self, limit: usize) -> Self {
-        self.bulkhead = BulkheadLayer::new(Arc::from(&self.name), limit).with_release::<R>();
+        self.bulkhead = BulkheadLayer::new(self.name.clone(), limit).with_release::<R>();
         self
     }
 
@@ -710,7 +710,7 @@ impl<R: Release> ServerStack<R> {
     /// The bulkhead size: requests served at once (default
     /// [`DEFAULT_SERVER_CONCURRENCY`]).
     pub fn concurrency(mut self, limit: usize) -> Self {
-        self.bulkhead = HttpBulkheadLayer::new(Arc::from(&self.name), limit).with_release::<R>();
+        self.bulkhead = HttpBulkheadLayer::new(self.name.clone(), limit).with_release::<R>();
         self
     }
 

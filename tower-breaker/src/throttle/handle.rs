@@ -15,6 +15,7 @@ use tower_resilience_base::stripe::thread_index;
 use super::config::{ThrottleConfig, ThrottleConfigError, BUCKETS, STRIPES};
 use super::metrics::ThrottleMetrics;
 use super::window::{Sums, Window};
+use tower_resilience_base::Name;
 
 /// The bit of a permit's tag that says it was recorded.
 const RECORDED: u64 = 1 << 5;
@@ -68,9 +69,10 @@ pub struct ThrottleHandle {
 #[repr(align(128))]
 struct Shard {
     core: Arc<Core>,
-    /// This stripe's own copy of the name (its own reference count), for
-    /// the errors of the calls it rejects.
-    name: Arc<str>,
+    /// This stripe's own copy of the name, for the errors of the calls it
+    /// rejects: the same `&'static str` (no reference count), or a shared
+    /// string of its own (its own reference count).
+    name: Name,
 }
 
 /// The right to make one call, given by
@@ -128,7 +130,7 @@ pub struct ThrottleSnapshot {
 }
 
 struct Core {
-    name: Arc<str>,
+    name: Name,
     /// The settings as last set ([`ThrottleHandle::reconfigure`]).
     config: std::sync::Mutex<ThrottleConfig>,
     /// The rule's settings, changeable while the throttle runs.
@@ -153,7 +155,10 @@ impl ThrottleHandle {
     /// A throttle named `name` with the default settings
     /// ([`ThrottleConfig::new`]: the SRE book's rule, K = 2 over two
     /// minutes, at most 90% rejected).
-    pub fn new(name: impl Into<Arc<str>>) -> Self {
+    ///
+    /// A name written in the source (a `&'static str`) goes into every
+    /// rejection without a reference count (see [`Name`]).
+    pub fn new(name: impl Into<Name>) -> Self {
         Self::build(name.into(), ThrottleConfig::new())
     }
 
@@ -164,7 +169,7 @@ impl ThrottleHandle {
     /// A [`ThrottleConfigError`] when a setting is out of range
     /// ([`ThrottleConfig::validate`]).
     pub fn try_with_config(
-        name: impl Into<Arc<str>>,
+        name: impl Into<Name>,
         config: ThrottleConfig,
     ) -> Result<Self, ThrottleConfigError> {
         config.validate()?;
@@ -172,11 +177,11 @@ impl ThrottleHandle {
     }
 
     /// A throttle with `config` brought into range.
-    pub(crate) fn clamped(name: Arc<str>, config: ThrottleConfig) -> Self {
+    pub(crate) fn clamped(name: Name, config: ThrottleConfig) -> Self {
         Self::build(name, config.clamped())
     }
 
-    fn build(name: Arc<str>, config: ThrottleConfig) -> Self {
+    fn build(name: Name, config: ThrottleConfig) -> Self {
         let width_ns = (config.window.as_nanos() / BUCKETS as u128).max(1) as u64;
         let random = config
             .random
@@ -184,7 +189,7 @@ impl ThrottleHandle {
             .unwrap_or_else(|| Arc::new(ProcessRandom::new()));
         let core = Core {
             metrics: ThrottleMetrics::new(&name),
-            name,
+            name: name.clone(),
             rules: LiveRules::new(&Rules::of(&config)),
             per_bucket: u64::MAX / width_ns,
             base: Instant::now(),
@@ -200,7 +205,7 @@ impl ThrottleHandle {
             .map(|_| {
                 Arc::new(Shard {
                     core: Arc::clone(&core),
-                    name: Arc::from(&*core.name),
+                    name: name.unshared(),
                 })
             })
             .collect();
@@ -210,6 +215,11 @@ impl ThrottleHandle {
     /// The throttle's name (in its errors, events and metrics).
     #[must_use]
     pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The name as given (static or shared), for a rebuilt throttle.
+    pub(crate) fn name_handle(&self) -> &Name {
         &self.core.name
     }
 
@@ -423,7 +433,7 @@ impl Core {
         &self,
         criticality: Criticality,
         stripe: usize,
-        name: &Arc<str>,
+        name: &Name,
     ) -> Result<u64, Throttled> {
         let c = criticality.index();
         let now = self.now_ns();
@@ -447,7 +457,7 @@ impl Core {
         counted: super::window::Counted,
         stripe: usize,
         now: u64,
-        name: &Arc<str>,
+        name: &Name,
     ) -> Result<u64, Throttled> {
         let c = criticality.index();
         let (epoch, moved) = (counted.epoch, counted.moved);
@@ -476,7 +486,7 @@ impl Core {
             if !self.announced.load(Relaxed) {
                 self.announce(true, now, &sums);
             }
-            return Err(Throttled::new(Arc::clone(name), p));
+            return Err(Throttled::new(name.clone(), p));
         }
         Ok(epoch)
     }

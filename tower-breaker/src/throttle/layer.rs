@@ -1,6 +1,5 @@
 //! The layers: [`ThrottleLayer`] and [`PlainThrottleLayer`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -12,6 +11,7 @@ use super::classify::ThrottleClassifier;
 use super::config::{ThrottleConfig, ThrottleConfigError};
 use super::handle::ThrottleHandle;
 use super::service::{PlainThrottle, Throttle};
+use tower_resilience_base::Name;
 
 /// Wraps HTTP client services in a [`Throttle`] that shares one
 /// [`ThrottleHandle`]; a [`Layer`].
@@ -102,7 +102,7 @@ pub struct PlainThrottleLayer<C = ErrorsOnly> {
 impl ThrottleLayer {
     /// A layer with a new throttle named `name`, with the default settings
     /// ([`ThrottleConfig::new`]) and the [`ThrottleClassifier`].
-    pub fn new(name: impl Into<Arc<str>>) -> Self {
+    pub fn new(name: impl Into<Name>) -> Self {
         Self::with_handle(ThrottleHandle::new(name))
     }
 
@@ -112,7 +112,7 @@ impl ThrottleLayer {
     ///
     /// A [`ThrottleConfigError`] when a setting is out of range.
     pub fn try_with_config(
-        name: impl Into<Arc<str>>,
+        name: impl Into<Name>,
         config: ThrottleConfig,
     ) -> Result<Self, ThrottleConfigError> {
         ThrottleHandle::try_with_config(name, config).map(Self::with_handle)
@@ -130,7 +130,7 @@ impl ThrottleLayer {
 
 impl<C> ThrottleLayer<C> {
     fn reconfigure(mut self, change: impl FnOnce(ThrottleConfig) -> ThrottleConfig) -> Self {
-        let name: Arc<str> = Arc::from(self.handle.name());
+        let name = self.handle.name_handle().clone();
         let config = change(self.handle.config());
         self.handle = ThrottleHandle::clamped(name, config);
         self
