@@ -301,6 +301,7 @@ pub(crate) fn is_congestion(error: &(dyn std::error::Error + 'static)) -> bool {
 /// "overloaded" answer (503, 504, gRPC RESOURCE_EXHAUSTED or
 /// DEADLINE_EXCEEDED in a trailers-only head) is congestion, any other a
 /// completion.
+#[inline]
 fn judge_response<B>(response: &Response<B>, mut permit: Option<Permit>) -> Option<Permit> {
     if let Some(permit) = &mut permit {
         if permit.is_adaptive() && is_overloaded(response) {
