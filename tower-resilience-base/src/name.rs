@@ -253,7 +253,10 @@ mod tests {
         let set: HashSet<Name> = kinds.iter().cloned().collect();
         assert_eq!(set.len(), 1);
         assert!(set.contains("users"));
-        assert!(Name::from("a") < Name::from(String::from("b")));
+        assert_eq!(
+            Name::from("a").cmp(&Name::from(String::from("b"))),
+            Ordering::Less
+        );
     }
 
     #[test]
