@@ -1,6 +1,8 @@
 //! Per-call overhead of the bulkhead (fixed and adaptive) over a bare
 //! `service_fn`, against tower's `ConcurrencyLimit` (alone and under
-//! `LoadShed`), the rejection path, and allocations per call.
+//! `LoadShed`), the rejection path (also from two threads at once, with a
+//! compartment named in the source and one named at run time), and
+//! allocations per call.
 //!
 //! Run with `cargo bench -p tower-bulkhead`. Every loop runs inside one
 //! `block_on` of a current-thread runtime, so the figures are the layers'
@@ -54,6 +56,35 @@ where
         }
         start.elapsed()
     })
+}
+
+/// `iters` calls split between two threads, each with its own
+/// current-thread runtime and clone of `svc`, started together; the time
+/// until both are done (so the figure per call is the aggregate).
+fn run_two_threads<S>(svc: S, iters: u64) -> Duration
+where
+    S: Service<Request<()>> + Clone + Send + 'static,
+{
+    let start = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let svc = svc.clone();
+            let start = std::sync::Arc::clone(&start);
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                start.wait();
+                run(&rt, svc, iters / 2)
+            })
+        })
+        .collect();
+    start.wait();
+    let began = std::time::Instant::now();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    began.elapsed()
 }
 
 fn allocations_per_call<S>(rt: &tokio::runtime::Runtime, svc: S) -> f64
@@ -127,6 +158,24 @@ fn benches(c: &mut Criterion) {
     });
     group.bench_function("reject: tower LoadShed+ConcurrencyLimit(0)", |b| {
         b.iter_custom(|iters| run(&rt, shed_full().service(bare()), iters))
+    });
+    group.finish();
+
+    // Two threads rejecting from one compartment: a name written in the
+    // source is copied into each `BulkheadFull` without a reference count;
+    // one built at run time is a shared string, whose one count both
+    // threads' rejections clone and drop.
+    let mut group = c.benchmark_group("bulkhead, two threads");
+    let shared_full = BulkheadLayer::new(String::from("full"), 0);
+    group.bench_function(
+        "reject: Bulkhead (client), name written in the source",
+        |b| b.iter_custom(|iters| run_two_threads(client_full.layer(bare()), iters)),
+    );
+    group.bench_function("reject: Bulkhead (client), name built at run time", |b| {
+        b.iter_custom(|iters| run_two_threads(shared_full.layer(bare()), iters))
+    });
+    group.bench_function("reject: tower LoadShed+ConcurrencyLimit(0)", |b| {
+        b.iter_custom(|iters| run_two_threads(shed_full().service(bare()), iters))
     });
     group.finish();
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_resilience_base::criticality::Criticality;
+use tower_resilience_base::stripe::thread_index;
 
 use crate::adaptive::controller::{Controller, Ending, LimitSpec, NOT_TIMED};
 use crate::error::BulkheadFull;
@@ -44,7 +45,8 @@ pub struct Compartment {
     /// then does nothing more than before limits could adapt.
     adaptive: Option<Box<Controller>>,
     name: Name,
-    rejected: AtomicU64,
+    /// Rejections, on the rejecting thread's stripe (see [`Striped`]).
+    rejected: Striped,
     /// Of the rejections, those refused for their criticality.
     shed: AtomicU64,
     notify: Notify,
@@ -52,7 +54,8 @@ pub struct Compartment {
     /// only; used for idle eviction).
     last_used_ms: AtomicU64,
     last_log_ms: AtomicU64,
-    suppressed: AtomicU64,
+    /// Rejections not logged since the last event, striped as `rejected`.
+    suppressed: Striped,
     epoch: Instant,
     /// The `metrics` handles (nothing without the feature).
     metrics: CompartmentMetrics,
@@ -247,12 +250,12 @@ impl Compartment {
             limit: AtomicUsize::new(limit),
             adaptive,
             name,
-            rejected: AtomicU64::new(0),
+            rejected: Striped::default(),
             shed: AtomicU64::new(0),
             notify: Notify::new(),
             last_used_ms: AtomicU64::new(0),
             last_log_ms: AtomicU64::new(NEVER),
-            suppressed: AtomicU64::new(0),
+            suppressed: Striped::default(),
             epoch,
             metrics,
         }
@@ -268,7 +271,7 @@ impl Compartment {
             in_flight: self.in_flight.load(Ordering::Relaxed),
             limit: self.limit(),
             waiting: self.waiters.load(Ordering::Relaxed),
-            rejected: self.rejected.load(Ordering::Relaxed),
+            rejected: self.rejected.total(),
             shed: self.shed.load(Ordering::Relaxed),
             bounds: adaptive.map(Controller::bounds),
             recent_latency: adaptive.and_then(Controller::recent_latency),
@@ -412,7 +415,7 @@ impl Compartment {
     }
 
     pub(crate) fn reject(&self, waited: Option<Duration>) -> BulkheadFull {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.rejected.add();
         self.metrics.rejected();
         self.log_rejection(waited, None);
         BulkheadFull::new(self.name.clone(), self.limit(), waited)
@@ -422,7 +425,7 @@ impl Compartment {
     /// limited with the other rejections) and builds the error.
     #[cold]
     fn shed(&self, criticality: Criticality) -> BulkheadFull {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.rejected.add();
         self.shed.fetch_add(1, Ordering::Relaxed);
         self.metrics.rejected();
         self.log_rejection(None, Some(criticality));
@@ -445,7 +448,7 @@ impl Compartment {
                 .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+            let suppressed = self.suppressed.take();
             match shed {
                 None => tracing::warn!(
                     compartment = %self.name,
@@ -463,8 +466,48 @@ impl Compartment {
                 ),
             }
         } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            self.suppressed.add();
         }
+    }
+}
+
+/// Stripes of a [`Striped`] counter.
+const STRIPES: usize = 8;
+
+/// A counter that every thread adds to under overload (the rejections): one
+/// cache line per thread stripe, summed when read. With one shared word,
+/// two threads rejecting at once each waited for the other's increment,
+/// which doubled the cost of a rejection (`--bench overhead`, "two
+/// threads").
+#[derive(Default)]
+struct Striped([StripedSlot; STRIPES]);
+
+#[derive(Default)]
+#[repr(align(128))]
+struct StripedSlot(AtomicU64);
+
+impl Striped {
+    #[inline]
+    fn add(&self) {
+        self.0[thread_index() % STRIPES]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn total(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|slot| slot.0.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The total, leaving zero behind (an add racing with it counts
+    /// either now or in the next total, never in neither).
+    fn take(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|slot| slot.0.swap(0, Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -771,7 +814,7 @@ impl CompartmentHandle {
     /// Calls refused so far.
     #[must_use]
     pub fn rejected(&self) -> u64 {
-        self.compartment.rejected.load(Ordering::Relaxed)
+        self.compartment.rejected.total()
     }
 
     /// The most calls the compartment lets through at once.
@@ -1043,6 +1086,26 @@ mod tests {
         assert_eq!(s.allowed(0, 100), 0);
         assert_eq!(s.allowed(1024, 7), 7);
         assert_eq!(Shedding::from_shares([-1.0; 4]).as_fractions(), [0.0; 4]);
+    }
+
+    #[test]
+    fn rejections_from_many_threads_are_each_counted_once() {
+        let c = compartment(0);
+        std::thread::scope(|scope| {
+            for _ in 0..12 {
+                scope.spawn(|| {
+                    for _ in 0..1_000 {
+                        let _ = c.reject(None);
+                        c.suppressed.add();
+                    }
+                });
+            }
+        });
+        // 12 threads over 8 stripes: some share one, and none is lost.
+        assert_eq!(c.stats().rejected(), 12_000);
+        assert_eq!(c.suppressed.take(), 12_000);
+        assert_eq!(c.suppressed.take(), 0, "taken, the count starts over");
+        assert_eq!(c.stats().rejected(), 12_000, "a total does not reset");
     }
 
     #[test]
