@@ -80,7 +80,7 @@ where
         })
         .collect();
     start.wait();
-    let began = std::time::Instant::now();
+    let began = Instant::now();
     for thread in threads {
         thread.join().unwrap();
     }
