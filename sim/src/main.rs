@@ -9,12 +9,57 @@
 //!
 //! Exits with 1 when a seed broke a promise; each such seed is printed
 //! with the command that replays it. `SIM_DEBUG=1` prints each failed
-//! call's error as it ends.
+//! call's error as it ends. Seeds run on one thread per core
+//! (`SIM_THREADS=N` to choose), and are reported in seed order.
 
+use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use resilience_sim::scenario::Scenario;
+use resilience_sim::Report;
+
+/// Threads to run seeds on: `SIM_THREADS`, else one per core. Each seed's
+/// run is a world of its own (its network, clock and randomness come from
+/// the seed), so the thread that runs it changes nothing in its report.
+fn workers() -> usize {
+    std::env::var("SIM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, NonZeroUsize::get))
+}
+
+/// Runs every seed of `seeds` on `threads` threads, each taking the next
+/// seed not yet taken; the reports come back in seed order, `None` for a
+/// seed whose run panicked (its message is on stderr).
+fn run_all(seeds: Range<u64>, threads: usize) -> Vec<(u64, Option<Report>)> {
+    let next = AtomicU64::new(seeds.start);
+    let mut all: Vec<(u64, Option<Report>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let seed = next.fetch_add(1, Ordering::Relaxed);
+                        if seed >= seeds.end {
+                            return done;
+                        }
+                        let report = std::panic::catch_unwind(|| resilience_sim::run(seed)).ok();
+                        done.push((seed, report));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a worker catches its seeds' panics"))
+            .collect()
+    });
+    all.sort_unstable_by_key(|(seed, _)| *seed);
+    all
+}
 
 fn parse_seeds(arg: &str) -> Result<Range<u64>, String> {
     let bad = || format!("--seeds takes N or A..B, not {arg:?}");
@@ -70,8 +115,8 @@ fn main() -> ExitCode {
     let (mut failed, mut calls, mut openings, mut simulated) = (Vec::new(), 0u64, 0u64, 0.0);
     let (mut retries, mut past_deadline) = (0u64, 0u64);
     let count = seeds.end - seeds.start;
-    for seed in seeds.clone() {
-        let Ok(report) = std::panic::catch_unwind(|| resilience_sim::run(seed)) else {
+    for (seed, outcome) in run_all(seeds.clone(), workers()) {
+        let Some(report) = outcome else {
             println!("seed {seed}: PANICKED (above)");
             println!("  replay: cargo run -p resilience-sim --release -- --seed {seed}");
             failed.push(seed);
