@@ -120,8 +120,30 @@ use tower_retry_budget::settings::RetrySettings;
 use tower_retry_budget::{MaxAttempts, RetryBudget, RetryLayer};
 
 use crate::stack::{
-    client_stack, server_stack, ClientStack, ServerStack, DEFAULT_SERVER_CONCURRENCY,
+    client_stack, server_stack, ClientStack, OptionalThrottle, ServerStack, ThrottleSlot,
+    DEFAULT_SERVER_CONCURRENCY,
 };
+
+/// The client stack that settings build: the settings say whether it
+/// throttles, so its throttle is an [`OptionalThrottle`] (a pass-through
+/// when the settings have none) and its type is the same either way.
+pub type SettingsClientStack = ClientStack<
+    tower_retry_budget::DefaultPolicy,
+    tower_retry_budget::Buffered,
+    tower_bulkhead::release::BodyEnd,
+    OptionalThrottle,
+>;
+
+/// The service a [`SettingsClientStack`] builds around a transport `S`
+/// (a [`ClientStackService`](crate::stack::ClientStackService) whose
+/// throttle the settings chose).
+pub type SettingsClientService<S> = crate::stack::ClientStackService<
+    S,
+    tower_retry_budget::DefaultPolicy,
+    tower_retry_budget::Buffered,
+    tower_bulkhead::release::BodyEnd,
+    OptionalThrottle,
+>;
 
 #[cfg(feature = "chaos")]
 use tower_chaos::{FaultHandle, FaultPlan};
@@ -286,7 +308,10 @@ impl ClientStackSettings {
     /// # Errors
     ///
     /// A [`SettingsError`] from [`validate`](Self::validate).
-    pub fn build(&self, name: &str) -> Result<(ClientStack, ClientStackHandle), SettingsError> {
+    pub fn build(
+        &self,
+        name: &str,
+    ) -> Result<(SettingsClientStack, ClientStackHandle), SettingsError> {
         self.validate()?;
         let name: Arc<str> = Arc::from(name);
         let retry = self
@@ -304,11 +329,14 @@ impl ClientStackSettings {
         if let Some(timeout) = self.timeout {
             stack = stack.timeout(timeout.0);
         }
-        if let Some(config) = &self.throttle {
-            let layer = ThrottleLayer::try_with_config(Arc::clone(&name), config.clone())
-                .map_err(|e| SettingsError::new("throttle", e.to_string()))?;
-            stack = stack.throttle(layer);
-        }
+        let throttle = match &self.throttle {
+            Some(config) => Some(
+                ThrottleLayer::try_with_config(Arc::clone(&name), config.clone())
+                    .map_err(|e| SettingsError::new("throttle", e.to_string()))?,
+            ),
+            None => None,
+        };
+        let stack = stack.optional_throttle(throttle);
         let handle = ClientStackHandle::new(&stack, self.clone());
         Ok((stack, handle))
     }
@@ -574,7 +602,7 @@ impl ServiceSettings {
     /// clone it (clones share everything): each call here builds a new
     /// stack, with a breaker and a compartment of its own, and remembers
     /// it.
-    pub fn client_stack(&self, name: &str) -> (ClientStack, ClientStackHandle) {
+    pub fn client_stack(&self, name: &str) -> (SettingsClientStack, ClientStackHandle) {
         let (stack, handle) = self
             .client(name)
             .build(name)
@@ -731,8 +759,8 @@ struct ClientHandleInner {
 impl ClientStackHandle {
     /// A handle on `stack`, whose settings are `current` (those it was
     /// built with: the next [`apply`](Self::apply) compares with them).
-    pub fn new<P, M, R: tower_bulkhead::release::Release>(
-        stack: &ClientStack<P, M, R>,
+    pub fn new<P, M, R: tower_bulkhead::release::Release, T: ThrottleSlot>(
+        stack: &ClientStack<P, M, R, T>,
         current: ClientStackSettings,
     ) -> Self {
         Self {

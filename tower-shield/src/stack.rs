@@ -88,7 +88,6 @@
 //! ```
 //! use std::time::Duration;
 //! use tower::ServiceBuilder;
-//! use tower_breaker::throttle::Throttle;
 //! use tower_breaker::{Breaker, BreakerLayer};
 //! use tower_bulkhead::BulkheadLayer;
 //! use tower_deadline::ClientDeadlineLayer;
@@ -105,8 +104,7 @@
 //!     )
 //!     .layer(BreakerLayer::new(Breaker::new("inventory")))
 //!     .layer(RetryLayer::new())
-//!     // No throttle: `.throttle(..)` puts a `ThrottleLayer` here instead.
-//!     .layer_fn(Throttle::pass_through)
+//!     // `.throttle(..)` puts a `ThrottleLayer` here.
 //!     .layer(BulkheadLayer::new("inventory", 32).hold_until_body_end())
 //!     .layer(ClientDeadlineLayer::new());
 //! # let _ = by_hand.service(()); // any transport
@@ -117,6 +115,7 @@
 //! with `Retry-After` and the do-not-retry mark for an open circuit or a
 //! full bulkhead, 504 for a passed deadline, and so on.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,13 +148,147 @@ pub const DEFAULT_CLIENT_CONCURRENCY: usize = 64;
 /// The bulkhead size of a [`server_stack`]: requests served at once.
 pub const DEFAULT_SERVER_CONCURRENCY: usize = 512;
 
-/// The service a [`ClientStack`] builds around a transport `S`.
-pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd> = PropagateCriticality<
-    ClientDeadline<
-        CircuitBreaker<Retry<Throttle<Bulkhead<ClientDeadline<S>, Single, R>>, P, M>>,
-        Head,
-    >,
->;
+/// The service a [`ClientStack`] builds around a transport `S`. `T` is the
+/// stack's [`ThrottleSlot`]: with the default [`NoThrottle`] there is no
+/// throttle layer between the retry layer and the bulkhead; with a
+/// [`ThrottleLayer`] or an [`OptionalThrottle`] there is a
+/// [`Throttle`].
+pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd, T = NoThrottle> =
+    PropagateCriticality<
+        ClientDeadline<
+            CircuitBreaker<
+                Retry<<T as Layer<Bulkhead<ClientDeadline<S>, Single, R>>>::Service, P, M>,
+            >,
+            Head,
+        >,
+    >;
+
+/// The throttle of a [`ClientStack`], the type parameter `T` of the stack
+/// and of its [`ClientStackService`]:
+///
+/// - [`NoThrottle`], the default: no throttle layer at all, so a stack
+///   that does not throttle pays nothing for the possibility;
+/// - a [`ThrottleLayer`], from [`ClientStack::throttle`];
+/// - an [`OptionalThrottle`], from [`ClientStack::optional_throttle`]: a
+///   throttle chosen at run time (a settings file's, say), whose absence
+///   is a pass-through [`Throttle`] that costs a layer, so that the
+///   stack's type is the same either way.
+///
+/// Sealed: these three are the only ones.
+pub trait ThrottleSlot: Clone + fmt::Debug + sealed::Sealed {
+    /// The throttle's handle, if there is a throttle.
+    fn handle(&self) -> Option<&ThrottleHandle>;
+
+    /// The same throttle, as an [`OptionalThrottle`] (for the layers
+    /// that hold a stack of one type whatever its throttle: a service
+    /// config's routes, the reqwest middleware).
+    fn into_optional(self) -> OptionalThrottle;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::NoThrottle {}
+    impl Sealed for super::ThrottleLayer {}
+    impl Sealed for super::OptionalThrottle {}
+}
+
+/// No throttle: the default [`ThrottleSlot`] of a [`ClientStack`]. As a
+/// layer it returns the service it is given.
+///
+/// # Example
+///
+/// ```
+/// use tower_layer::Layer;
+/// use tower_shield::stack::NoThrottle;
+///
+/// assert_eq!(NoThrottle.layer(7), 7);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoThrottle;
+
+impl<S> Layer<S> for NoThrottle {
+    type Service = S;
+
+    #[inline]
+    fn layer(&self, inner: S) -> S {
+        inner
+    }
+}
+
+impl ThrottleSlot for NoThrottle {
+    fn handle(&self) -> Option<&ThrottleHandle> {
+        None
+    }
+
+    fn into_optional(self) -> OptionalThrottle {
+        OptionalThrottle(None)
+    }
+}
+
+impl ThrottleSlot for ThrottleLayer {
+    fn handle(&self) -> Option<&ThrottleHandle> {
+        Some(ThrottleLayer::handle(self))
+    }
+
+    fn into_optional(self) -> OptionalThrottle {
+        OptionalThrottle(Some(self))
+    }
+}
+
+/// A throttle chosen at run time, the [`ThrottleSlot`] that
+/// [`ClientStack::optional_throttle`] sets: a [`ThrottleLayer`], or none.
+/// Either way its services are [`Throttle`]s (a
+/// [pass-through](Throttle::pass_through) without one), so the stack has
+/// one type whatever the choice.
+///
+/// # Example
+///
+/// ```
+/// use tower_breaker::throttle::ThrottleLayer;
+/// use tower_shield::stack::OptionalThrottle;
+///
+/// let off = OptionalThrottle::new(None);
+/// assert!(off.layer().is_none());
+/// let on = OptionalThrottle::new(Some(ThrottleLayer::new("catalog")));
+/// assert!(on.layer().is_some());
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct OptionalThrottle(Option<ThrottleLayer>);
+
+impl OptionalThrottle {
+    /// `layer`, or no throttle.
+    #[must_use]
+    pub fn new(layer: Option<ThrottleLayer>) -> Self {
+        Self(layer)
+    }
+
+    /// The throttle layer, if there is one.
+    #[must_use]
+    pub fn layer(&self) -> Option<&ThrottleLayer> {
+        self.0.as_ref()
+    }
+}
+
+impl<S> Layer<S> for OptionalThrottle {
+    type Service = Throttle<S>;
+
+    fn layer(&self, inner: S) -> Throttle<S> {
+        match &self.0 {
+            Some(layer) => layer.layer(inner),
+            None => Throttle::pass_through(inner),
+        }
+    }
+}
+
+impl ThrottleSlot for OptionalThrottle {
+    fn handle(&self) -> Option<&ThrottleHandle> {
+        self.0.as_ref().map(ThrottleLayer::handle)
+    }
+
+    fn into_optional(self) -> OptionalThrottle {
+        self
+    }
+}
 
 /// The service a [`ServerStack`] builds around a handler or router `S`.
 pub type ServerStackService<S, R = BodyEnd> =
@@ -200,14 +333,14 @@ pub type ServerStackService<S, R = BodyEnd> =
 /// compartment: one dependency, one stack, however many clones.
 #[derive(Debug, Clone)]
 #[must_use]
-pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd> {
+pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd, T = NoThrottle> {
     name: Name,
     call: ClientDeadlineLayer<Head>,
     /// The call's timeout, changeable while the stack runs.
     timeout: TimeoutHandle,
     breaker: BreakerLayer,
     retry: RetryLayer<P, M>,
-    throttle: Option<ThrottleLayer>,
+    throttle: T,
     bulkhead: BulkheadLayer<Single, R>,
     attempt: ClientDeadlineLayer,
     /// The source set by [`ClientStack::random`], for the layers the stack
@@ -282,7 +415,7 @@ pub fn client_stack(name: impl Into<Name>) -> ClientStack {
         timeout,
         breaker: BreakerLayer::new(Breaker::new(name.clone())),
         retry: RetryLayer::new().name(Arc::from(&name)),
-        throttle: None,
+        throttle: NoThrottle,
         bulkhead: BulkheadLayer::new(name.clone(), DEFAULT_CLIENT_CONCURRENCY)
             .hold_until_body_end(),
         attempt: ClientDeadlineLayer::new().name(Arc::from(&name)),
@@ -318,7 +451,7 @@ pub fn server_stack(name: impl Into<Name>) -> ServerStack {
 
 // === impl ClientStack ===
 
-impl<P, M, R: Release> ClientStack<P, M, R> {
+impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
     /// The budget of the whole logical call, retries and backoffs included
     /// (an upper bound: a shorter deadline of the caller still wins).
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -463,7 +596,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     }
 
     /// Replace the retry layer (its policy, budget, backoff, body mode).
-    pub fn retry<Q, N>(self, retry: RetryLayer<Q, N>) -> ClientStack<Q, N, R> {
+    pub fn retry<Q, N>(self, retry: RetryLayer<Q, N>) -> ClientStack<Q, N, R, T> {
         ClientStack {
             name: self.name,
             call: self.call,
@@ -494,6 +627,11 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     /// rejecting when fewer than half of the attempts are accepted, and
     /// rejects more the fewer are.
     ///
+    /// The stack's type says whether it throttles (its [`ThrottleSlot`]),
+    /// so a stack without one has no throttle layer to pass through. To
+    /// choose at run time with one type either way, use
+    /// [`optional_throttle`](Self::optional_throttle).
+    ///
     /// # Example
     ///
     /// ```
@@ -505,15 +643,72 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     ///     .throttle(ThrottleLayer::new("catalog").window(Duration::from_secs(60)));
     /// assert_eq!(stack.throttle_handle().unwrap().snapshot().requests, 0);
     /// ```
-    pub fn throttle(mut self, layer: ThrottleLayer) -> Self {
-        self.throttle = Some(layer);
-        self
+    pub fn throttle(self, layer: ThrottleLayer) -> ClientStack<P, M, R, ThrottleLayer> {
+        self.with_throttle(layer)
+    }
+
+    /// Throttle the stack's attempts with `layer` if there is one, as
+    /// [`throttle`](Self::throttle) does; with `None`, calls pass through
+    /// a [`Throttle`] that counts nothing. The stack has the same type
+    /// either way (its [`ThrottleSlot`] is an [`OptionalThrottle`]), for a
+    /// throttle that a settings file turns on or off; a pass-through costs
+    /// one more layer on every call, which a stack built without a
+    /// throttle does not pay.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::throttle::ThrottleLayer;
+    /// use tower_shield::stack::client_stack;
+    ///
+    /// let wanted = std::env::var_os("THROTTLE_CATALOG").is_some();
+    /// let stack = client_stack("catalog")
+    ///     .optional_throttle(wanted.then(|| ThrottleLayer::new("catalog")));
+    /// assert_eq!(stack.throttle_handle().is_some(), wanted);
+    /// ```
+    pub fn optional_throttle(
+        self,
+        layer: Option<ThrottleLayer>,
+    ) -> ClientStack<P, M, R, OptionalThrottle> {
+        self.with_throttle(OptionalThrottle(layer))
+    }
+
+    fn with_throttle<U>(self, throttle: U) -> ClientStack<P, M, R, U> {
+        self.map_throttle(|_| throttle)
+    }
+
+    fn map_throttle<U>(self, f: impl FnOnce(T) -> U) -> ClientStack<P, M, R, U> {
+        ClientStack {
+            name: self.name,
+            call: self.call,
+            timeout: self.timeout,
+            breaker: self.breaker,
+            retry: self.retry,
+            throttle: f(self.throttle),
+            bulkhead: self.bulkhead,
+            attempt: self.attempt,
+            random: self.random,
+            own_breaker: self.own_breaker,
+        }
     }
 
     /// The stack's throttle, if it has one ([`throttle`](Self::throttle)).
     #[must_use]
-    pub fn throttle_handle(&self) -> Option<&ThrottleHandle> {
-        self.throttle.as_ref().map(ThrottleLayer::handle)
+    pub fn throttle_handle(&self) -> Option<&ThrottleHandle>
+    where
+        T: ThrottleSlot,
+    {
+        self.throttle.handle()
+    }
+
+    /// This stack with its throttle, if any, as an [`OptionalThrottle`]:
+    /// the stack type of the layers that hold a stack of one type whatever
+    /// its throttle.
+    pub(crate) fn into_optional_throttle(self) -> ClientStack<P, M, R, OptionalThrottle>
+    where
+        T: ThrottleSlot,
+    {
+        self.map_throttle(ThrottleSlot::into_optional)
     }
 
     /// The bulkhead size: attempts in flight to the dependency at once
@@ -545,7 +740,7 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     /// );
     /// # let _ = stack;
     /// ```
-    pub fn bulkhead<N>(self, layer: BulkheadLayer<Single, N>) -> ClientStack<P, M, N> {
+    pub fn bulkhead<N>(self, layer: BulkheadLayer<Single, N>) -> ClientStack<P, M, N, T> {
         ClientStack {
             name: self.name,
             call: self.call,
@@ -638,26 +833,27 @@ impl<P, M, R: Release> ClientStack<P, M, R> {
     pub fn reqwest(
         &self,
         client: ::reqwest::Client,
-    ) -> crate::reqwest::Client<ClientStackService<crate::reqwest::ReqwestService, P, M, R>>
+    ) -> crate::reqwest::Client<ClientStackService<crate::reqwest::ReqwestService, P, M, R, T>>
     where
         P: Clone,
+        T: Layer<Bulkhead<ClientDeadline<crate::reqwest::ReqwestService>, Single, R>>,
     {
         let transport = crate::reqwest::ReqwestService::new(client.clone());
         crate::reqwest::Client::from_parts(client, self.layer(transport))
     }
 }
 
-impl<S, P: Clone, M, R> Layer<S> for ClientStack<P, M, R> {
-    type Service = ClientStackService<S, P, M, R>;
+impl<S, P: Clone, M, R, T> Layer<S> for ClientStack<P, M, R, T>
+where
+    T: Layer<Bulkhead<ClientDeadline<S>, Single, R>>,
+{
+    type Service = ClientStackService<S, P, M, R, T>;
 
     fn layer(&self, inner: S) -> Self::Service {
         share_budget(self.breaker.breaker(), self.retry.shared_budget());
         let attempt = self.attempt.layer(inner);
         let bulkhead = self.bulkhead.layer(attempt);
-        let throttle = match &self.throttle {
-            Some(layer) => layer.layer(bulkhead),
-            None => Throttle::pass_through(bulkhead),
-        };
+        let throttle = self.throttle.layer(bulkhead);
         let retry = self.retry.layer(throttle);
         let breaker = self.breaker.layer(retry);
         PropagateCriticalityLayer::new().layer(self.call.layer(breaker))

@@ -127,6 +127,10 @@ use ::tonic::{Code, Status};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use pin_project_lite::pin_project;
+use tower_bulkhead::partition::Single;
+use tower_bulkhead::release::BodyEnd;
+use tower_bulkhead::Bulkhead;
+use tower_deadline::ClientDeadline;
 use tower_layer::Layer;
 use tower_resilience_base::classify::is_transient_error;
 use tower_resilience_base::error::{
@@ -138,7 +142,7 @@ use tower_resilience_base::{Answer, NO_RETRY_HEADER};
 use tower_retry_budget::{Buffered, DefaultPolicy};
 use tower_service::Service;
 
-use crate::stack::{ClientStack, ClientStackService};
+use crate::stack::{ClientStack, ClientStackService, NoThrottle};
 use crate::BoxError;
 
 /// The client stack over a tonic transport `S` (a
@@ -148,12 +152,12 @@ use crate::BoxError;
 /// body to the transport.
 ///
 /// Name it where a client is stored: `StockClient<TonicStack<Channel>>`.
-pub type TonicStack<S, P = DefaultPolicy, M = Buffered> =
-    StatusService<ClientStackService<TonicBody<S>, P, M>>;
+pub type TonicStack<S, P = DefaultPolicy, M = Buffered, R = BodyEnd, T = NoThrottle> =
+    StatusService<ClientStackService<TonicBody<S>, P, M, R, T>>;
 
 // === impl ClientStack ===
 
-impl<P: Clone, M, R> ClientStack<P, M, R> {
+impl<P: Clone, M, R, T> ClientStack<P, M, R, T> {
     /// This stack around a tonic transport (a `tonic::transport::Channel`,
     /// usually), ready for a generated client: `StockClient::new(stack)`.
     ///
@@ -183,7 +187,10 @@ impl<P: Clone, M, R> ClientStack<P, M, R> {
     /// # }
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-    pub fn tonic<S>(&self, channel: S) -> StatusService<ClientStackService<TonicBody<S>, P, M, R>> {
+    pub fn tonic<S>(&self, channel: S) -> TonicStack<S, P, M, R, T>
+    where
+        T: Layer<Bulkhead<ClientDeadline<TonicBody<S>>, Single, R>>,
+    {
         StatusService::new(self.layer(TonicBody::new(channel)))
     }
 }

@@ -50,7 +50,8 @@ use tower_bulkhead::CompartmentHandle;
 use tower_retry_budget::Counters;
 use tower_service::Service;
 
-use crate::stack::ClientStack;
+use crate::stack::{ClientStack, ThrottleSlot};
+use tower_bulkhead::release::Release;
 
 /// The registry of what the view shows: named dependencies, each with the
 /// parts it has. Cheap to clone (one `Arc`); every clone, and every
@@ -167,7 +168,12 @@ impl LiveView {
 
     /// Registers a one-line client stack under its breaker's name: its
     /// breaker, bulkhead, retry counters and throttle (if it has one).
-    pub fn add_client_stack(&self, stack: &ClientStack) {
+    pub fn add_client_stack<P, M, R, T>(&self, stack: &ClientStack<P, M, R, T>)
+    where
+        ClientStack<P, M, R, T>: Clone + Send + Sync + 'static,
+        R: Release,
+        T: ThrottleSlot,
+    {
         let breaker = stack.breaker_handle().clone();
         let name = breaker.name().to_owned();
         let retry = stack.clone();

@@ -18,7 +18,6 @@ use tokio_test::{assert_pending, assert_ready_ok};
 use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::error::CircuitOpen;
 use tower_breaker::snapshot::{Totals, WindowCounts};
-use tower_breaker::throttle::Throttle;
 use tower_breaker::{Breaker, BreakerConfig, BreakerLayer, HttpBreakerLayer, Mode, Outcome, State};
 use tower_bulkhead::error::BulkheadFull;
 use tower_bulkhead::{BulkheadLayer, HttpBulkheadLayer, DEFAULT_RETRY_AFTER};
@@ -125,7 +124,6 @@ fn client<S>(build: Build, knobs: &Knobs, transport: S) -> Client<S> {
                 .layer(call.enforce_only().head_only())
                 .layer(BreakerLayer::new(breaker.clone()))
                 .layer(retry.clone())
-                .layer_fn(Throttle::pass_through)
                 .layer(BulkheadLayer::new(NAME, knobs.concurrency).hold_until_body_end())
                 .layer(knobs.attempt.clone())
                 .service(transport);
@@ -612,6 +610,67 @@ async fn a_throttled_attempt_is_local_not_counted_by_the_breaker_nor_retried() {
         snapshot.rejected, throttled as u64,
         "a throttled attempt is not retried"
     );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_optional_throttle_is_one_stack_type_that_throttles_only_when_given_one() {
+    use tower_breaker::throttle::ThrottleLayer;
+    use tower_resilience_base::error::Throttled;
+    use tower_shield::stack::OptionalThrottle;
+
+    let breaker = || config().count_window(10_000).minimum_calls(10_000);
+    let on = client_stack(NAME)
+        .breaker_config(breaker())
+        .optional_throttle(Some(
+            ThrottleLayer::new(NAME).random(Arc::new(tower_breaker::SeededRandom::new(5))),
+        ));
+    let off = client_stack(NAME)
+        .breaker_config(breaker())
+        .optional_throttle(None);
+    // One type either way: a settings file may choose at run time.
+    let stacks: [ClientStack<_, _, _, OptionalThrottle>; 2] = [on, off];
+    let mut throttled = [0u32; 2];
+    let mut reached = [0usize; 2];
+    for (i, stack) in stacks.iter().enumerate() {
+        let dependency = Dependency::default();
+        let service = stack.layer(dependency.serve(answers(503)));
+        for _ in 0..300 {
+            match send(&service).await {
+                Err(e) if tower_resilience_base::error::find::<Throttled>(&*e).is_some() => {
+                    throttled[i] += 1;
+                }
+                Ok(r) => assert_eq!(r.status(), 503),
+                Err(e) => panic!("unexpected error: {e}"),
+            }
+        }
+        reached[i] = dependency.calls();
+    }
+    let [on, off] = &stacks;
+    let snapshot = on.throttle_handle().expect("a throttle").snapshot();
+    assert!(throttled[0] > 150, "given one, it throttles: {throttled:?}");
+    assert_eq!(snapshot.rejected, u64::from(throttled[0]));
+    assert_eq!(snapshot.requests, reached[0] as u64 + snapshot.rejected);
+    assert!(off.throttle_handle().is_none());
+    assert_eq!(throttled[1], 0, "without one, every attempt goes through");
+    // 300 calls of up to 3 attempts each; the budget pays for few retries.
+    assert!(reached[1] >= 300, "{reached:?}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_stack_without_a_throttle_has_no_throttle_layer() {
+    // The stack's service names no `Throttle` unless one was asked for: a
+    // stack that never throttles pays for no layer.
+    let plain = client_stack(NAME).layer(Dependency::default().serve(answers(200)));
+    let name = std::any::type_name_of_val(&plain);
+    assert!(!name.contains("Throttle"), "{name}");
+    assert!(client_stack(NAME).throttle_handle().is_none());
+    let throttled = client_stack(NAME)
+        .throttle(tower_breaker::throttle::ThrottleLayer::new(NAME))
+        .layer(Dependency::default().serve(answers(200)));
+    let name = std::any::type_name_of_val(&throttled);
+    assert!(name.contains("::Throttle<"), "{name}");
+    assert_eq!(send(&plain).await.unwrap().status(), 200);
+    assert_eq!(send(&throttled).await.unwrap().status(), 200);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -60,8 +60,10 @@ use tower_breaker::BoxError;
 use tower_bulkhead::CompartmentHandle;
 use tower_deadline::{ClientDeadlineLayer, Deadline, ServerDeadlineLayer};
 use tower_shield::reqwest::{Client, ReqwestService};
-use tower_shield::settings::{Applied, ServiceSettings};
-use tower_shield::stack::{ClientStack, ServerStack};
+use tower_shield::settings::{
+    Applied, ServiceSettings, SettingsClientService, SettingsClientStack,
+};
+use tower_shield::stack::ServerStack;
 use tower_shield::view::LiveView;
 
 // ---------------------------------------------------------------- inventory
@@ -124,7 +126,7 @@ async fn start_inventory(inv: Inventory) -> SocketAddr {
 #[derive(Clone)]
 struct Shop {
     inventory: SocketAddr,
-    client: Client,
+    client: Client<SettingsClientService<ReqwestService>>,
 }
 
 async fn order(State(shop): State<Shop>, Path(sku): Path<String>) -> Response {
@@ -160,7 +162,7 @@ fn downstream_error(e: &BoxError, took: u128) -> Response {
 /// bulkhead, per-attempt deadline, built from the settings file (a 2 s
 /// budget for the whole call, at most 16 attempts in flight, a breaker
 /// that judges the last 10 calls).
-fn inventory_client(stack: ClientStack) -> Client {
+fn inventory_client(stack: SettingsClientStack) -> Client<SettingsClientService<ReqwestService>> {
     // Per attempt: a fresh x-request-timeout-ms header, 1 ms for the network.
     let stack = stack.attempt_deadline(ClientDeadlineLayer::new().margin(Duration::from_millis(1)));
     // reqwest's own retries off: every attempt is one the breaker counts.

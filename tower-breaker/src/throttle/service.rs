@@ -117,10 +117,12 @@ macro_rules! accessors {
             }
 
             /// Wraps `inner` in no throttle: every call goes through and
-            /// nothing is counted. It is what
-            /// `tower_shield::stack::client_stack` builds unless it is
-            /// given a throttle, so that the stack's type is the same
-            /// either way; it costs a branch.
+            /// nothing is counted. It is what a stack whose throttle is
+            /// chosen at run time builds when none is chosen
+            /// (`tower_shield::stack::ClientStack::optional_throttle`), so
+            /// that its type is the same either way. It costs a layer (one
+            /// more future around the inner one, moved with it); a stack
+            /// that never throttles should leave the layer out.
             ///
             /// # Example
             ///

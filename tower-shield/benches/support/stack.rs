@@ -14,9 +14,11 @@ use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_breaker::throttle::{ThrottleHandle, ThrottleLayer};
 use tower_breaker::{Breaker, BreakerLayer, Mode};
+use tower_bulkhead::release::BodyEnd;
 use tower_bulkhead::BulkheadLayer;
 use tower_deadline::{ClientDeadlineLayer, Deadline};
-use tower_retry_budget::RetryLayer;
+use tower_retry_budget::body::CloneBody;
+use tower_retry_budget::{Buffered, DefaultPolicy, RetryLayer};
 use tower_shield::stack::{client_stack, ClientStack};
 
 pub type Bare = tower::util::ServiceFn<fn(Request<()>) -> Ready<Result<Response<()>, Infallible>>>;
@@ -170,10 +172,15 @@ pub fn full_by_hand(inner: Bare, breaker: Breaker) -> impl Service<Request<()>> 
 }
 
 /// The same stack in one line, as `configure` leaves `client_stack`.
-fn one_line_with(
+fn one_line_with<T>(
     inner: Bare,
-    configure: impl FnOnce(ClientStack) -> ClientStack,
-) -> impl Service<Request<()>> + Clone {
+    configure: impl FnOnce(ClientStack) -> ClientStack<DefaultPolicy, Buffered, BodyEnd, T>,
+) -> impl Service<Request<()>> + Clone
+where
+    ClientStack<DefaultPolicy, CloneBody, BodyEnd, T>: Layer<Bare>,
+    <ClientStack<DefaultPolicy, CloneBody, BodyEnd, T> as Layer<Bare>>::Service:
+        Service<Request<()>> + Clone,
+{
     configure(client_stack("bench").timeout(Duration::from_secs(60)))
         .retry(RetryLayer::new().clone_bodies())
         .concurrency(1024)

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use http::Extensions;
 use reqwest_middleware::{Middleware, Next};
+use tower_bulkhead::release::BodyEnd;
 use tower_layer::Layer;
 use tower_retry_budget::body::{Buffered, ReplayBody};
 use tower_retry_budget::policy::Policy;
@@ -15,7 +16,7 @@ use tower_retry_budget::DefaultPolicy;
 use tower_service::Service;
 
 use super::service::{split, to_http, to_reqwest, to_reqwest_response, HttpResponse};
-use crate::stack::ClientStack;
+use crate::stack::{ClientStack, OptionalThrottle, ThrottleSlot};
 use crate::BoxError;
 
 /// A [`ClientStack`] as one `reqwest_middleware::Middleware`: deadline,
@@ -87,7 +88,7 @@ use crate::BoxError;
 /// Clones share the stack's breaker, budget and compartment.
 #[derive(Clone)]
 pub struct StackMiddleware<P = DefaultPolicy> {
-    stack: ClientStack<P, Buffered>,
+    stack: ClientStack<P, Buffered, BodyEnd, OptionalThrottle>,
 }
 
 impl<P> StackMiddleware<P> {
@@ -105,12 +106,15 @@ impl<P> StackMiddleware<P> {
     /// let middleware = StackMiddleware::new(stack);
     /// # let _ = (breaker, middleware);
     /// ```
-    pub fn new(stack: ClientStack<P, Buffered>) -> Self {
-        Self { stack }
+    pub fn new<T: ThrottleSlot>(stack: ClientStack<P, Buffered, BodyEnd, T>) -> Self {
+        Self {
+            stack: stack.into_optional_throttle(),
+        }
     }
 
-    /// The stack, for its breaker and retry counters.
-    pub fn stack(&self) -> &ClientStack<P, Buffered> {
+    /// The stack, for its breaker and retry counters (its throttle, if any,
+    /// as an [`OptionalThrottle`]).
+    pub fn stack(&self) -> &ClientStack<P, Buffered, BodyEnd, OptionalThrottle> {
         &self.stack
     }
 }

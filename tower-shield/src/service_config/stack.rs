@@ -13,14 +13,14 @@ use super::config::{ServiceConfig, Table};
 use super::policy::A6Policy;
 use super::router::MethodRouter;
 use super::throttle::RetryThrottle;
-use crate::stack::{ClientStack, ClientStackService};
+use crate::stack::{ClientStack, ClientStackService, OptionalThrottle, ThrottleSlot};
 use crate::tonic::{StatusService, TonicBody};
 
 /// The service of one method config: the client stack with the method's
 /// retry layer, under its hedge layer (which passes every call through
 /// unless the method has a `hedgingPolicy`).
 pub type MethodService<S, R = BodyEnd> =
-    Hedge<ClientStackService<S, A6Policy, Buffered, R>, A6Policy, Buffered>;
+    Hedge<ClientStackService<S, A6Policy, Buffered, R, OptionalThrottle>, A6Policy, Buffered>;
 
 /// The service a [`ServiceConfigStack`] builds around a transport `S`:
 /// the [`MethodRouter`] over one [`MethodService`] per method config.
@@ -124,14 +124,18 @@ pub struct ServiceConfigStack<R = BodyEnd> {
 /// The layers of one route.
 #[derive(Debug, Clone)]
 struct Route<R> {
-    stack: ClientStack<A6Policy, Buffered, R>,
+    stack: ClientStack<A6Policy, Buffered, R, OptionalThrottle>,
     hedge: HedgeLayer<A6Policy>,
 }
 
 // === impl ServiceConfigStack ===
 
 impl<R: Release + Clone> ServiceConfigStack<R> {
-    pub(crate) fn new<P, M>(config: &ServiceConfig, stack: ClientStack<P, M, R>) -> Self {
+    pub(crate) fn new<P, M, T: ThrottleSlot>(
+        config: &ServiceConfig,
+        stack: ClientStack<P, M, R, T>,
+    ) -> Self {
+        let stack = stack.into_optional_throttle();
         let name: Arc<str> = Arc::from(stack.breaker_handle().name());
         let throttle = config
             .retry_throttling()
@@ -297,7 +301,7 @@ impl<S: Clone, R> Layer<S> for ServiceConfigStack<R> {
 
 // === impl ClientStack ===
 
-impl<P, M, R: Release + Clone> ClientStack<P, M, R> {
+impl<P, M, R: Release + Clone, T: ThrottleSlot> ClientStack<P, M, R, T> {
     /// This stack with the retries, hedges and throttling of a gRPC
     /// service config (gRFC A6), per method; see
     /// [`crate::service_config`]. Its [`tonic`](ServiceConfigStack::tonic)
@@ -360,9 +364,9 @@ impl ServiceConfig {
     /// assert_eq!(stack.breaker_handle().name(), "stock");
     /// # Ok::<(), tower_shield::service_config::ServiceConfigError>(())
     /// ```
-    pub fn apply<P, M, R: Release + Clone>(
+    pub fn apply<P, M, R: Release + Clone, T: ThrottleSlot>(
         &self,
-        stack: ClientStack<P, M, R>,
+        stack: ClientStack<P, M, R, T>,
     ) -> ServiceConfigStack<R> {
         ServiceConfigStack::new(self, stack)
     }
