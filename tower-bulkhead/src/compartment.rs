@@ -15,7 +15,7 @@ use crate::adaptive::controller::{Controller, Ending, LimitSpec, NOT_TIMED};
 use crate::error::BulkheadFull;
 use crate::metrics::CompartmentMetrics;
 use crate::sync::{AtomicU64, AtomicUsize, Notify, Ordering};
-use tower_resilience_base::Name;
+use tower_resilience_base::{CallContext, Name};
 
 /// The least time between two rejection events of one compartment.
 const LOG_INTERVAL_MS: u64 = 1_000;
@@ -435,11 +435,17 @@ impl Compartment {
     /// At most one `WARN` event per compartment per [`LOG_INTERVAL_MS`];
     /// the rejections in between are counted and reported with the next
     /// event as `suppressed`.
+    ///
+    /// The time is the call's clock reading when a layer above made one
+    /// (the [`CallContext`]'s, as in a client stack), so that rejections
+    /// under overload do not each read the clock: that reading is at most
+    /// as old as the call, which delays a warning by as much at worst.
     fn log_rejection(&self, waited: Option<Duration>, shed: Option<Criticality>) {
         if !tracing::enabled!(tracing::Level::WARN) {
             return;
         }
-        let now_ms = millis_since(self.epoch, Instant::now());
+        let now = CallContext::current(CallContext::now).unwrap_or_else(Instant::now);
+        let now_ms = millis_since(self.epoch, now);
         let last = self.last_log_ms.load(Ordering::Relaxed);
         let due = last == NEVER || now_ms >= last.saturating_add(LOG_INTERVAL_MS);
         if due

@@ -46,6 +46,33 @@ async fn a_flood_of_rejections_logs_once_per_second_with_the_suppressed_count() 
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_rejection_tells_time_by_the_clock_reading_of_its_call() {
+    use tower_resilience_base::CallContext;
+
+    let events = warnings();
+    let _guard = resilience_testkit::set_default(events.clone());
+    let gate = Gate::new();
+    let mut service = BulkheadLayer::new("reading", 1).layer(gate.service());
+    let mut held = tokio_test::task::spawn(service.ready().await.unwrap().call(request()));
+    assert!(held.poll().is_pending());
+
+    let _ = service.ready().await.unwrap().call(request()).await;
+    assert_eq!(events.seen().len(), 1, "the first rejection warns");
+    // tokio's clock has not moved, but a layer above read it 2 s later
+    // (a reading handed down in the call's context): by that reading, the
+    // next warning is due.
+    let later = tokio::time::Instant::now() + Duration::from_secs(2);
+    let ready = service.ready().await.unwrap();
+    let rejected = CallContext::scoped(|cx| cx.set_now(later), || ready.call(request()));
+    assert!(rejected.await.is_err());
+    assert_eq!(events.seen().len(), 2, "due by the call's reading");
+    // Without a reading, the clock's time: within the second of the last
+    // warning.
+    let _ = service.ready().await.unwrap().call(request()).await;
+    assert_eq!(events.seen().len(), 2);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn each_compartment_has_its_own_log_budget() {
     let events = warnings();
     let _guard = resilience_testkit::set_default(events.clone());
