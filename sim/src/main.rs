@@ -9,7 +9,8 @@
 //!
 //! Exits with 1 when a seed broke a promise; each such seed is printed
 //! with the command that replays it. `SIM_DEBUG=1` prints each failed
-//! call's error as it ends. Seeds run on one thread per core
+//! call's error as it ends, `SIM_EACH=1` each seed's report (to compare
+//! two runs). Seeds run on one thread per core
 //! (`SIM_THREADS=N` to choose), and are reported in seed order.
 
 use std::num::NonZeroUsize;
@@ -115,7 +116,11 @@ fn main() -> ExitCode {
     let (mut failed, mut calls, mut openings, mut simulated) = (Vec::new(), 0u64, 0u64, 0.0);
     let (mut retries, mut past_deadline) = (0u64, 0u64);
     let count = seeds.end - seeds.start;
+    let each = std::env::var_os("SIM_EACH").is_some();
     for (seed, outcome) in run_all(seeds.clone(), workers()) {
+        if let (true, Some(report)) = (each, &outcome) {
+            println!("{report}");
+        }
         let Some(report) = outcome else {
             println!("seed {seed}: PANICKED (above)");
             println!("  replay: cargo run -p resilience-sim --release -- --seed {seed}");

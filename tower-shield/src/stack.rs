@@ -704,6 +704,7 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
     /// This stack with its throttle, if any, as an [`OptionalThrottle`]:
     /// the stack type of the layers that hold a stack of one type whatever
     /// its throttle.
+    #[cfg(any(feature = "service-config", feature = "reqwest-middleware"))]
     pub(crate) fn into_optional_throttle(self) -> ClientStack<P, M, R, OptionalThrottle>
     where
         T: ThrottleSlot,
