@@ -1,8 +1,9 @@
 //! Per-call overhead of the breaker over a bare `service_fn`, against
 //! `tower::limit::ConcurrencyLimit`: the closed path (count window, time
 //! window with slow-call timing, with and without the attempt hook) and the
-//! open path's rejection, with one thread and with two threads hammering
-//! clones of one stack. After criterion's figures, the same variants in
+//! open path's rejection, and the client-side throttle admitting (its
+//! dependency accepts everything) and shedding (it refused everything),
+//! with one thread and with two threads hammering clones of one stack. After criterion's figures, the same variants in
 //! interleaved rounds (min and median per call; for two threads, the
 //! aggregate: wall time over the calls of both). Allocations per call are
 //! counted by the `overhead_allocs` bench, whose counting allocator would

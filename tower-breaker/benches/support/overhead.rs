@@ -2,7 +2,8 @@
 //! `overhead_allocs` counts their allocations): a bare `service_fn`,
 //! tower's `ConcurrencyLimit` as the control, and the breaker's closed
 //! paths (count window, time window with slow-call timing, with and without
-//! the attempt hook) and open paths; and the peer circuit breakers of
+//! the attempt hook) and open paths, the throttle admitting and shedding;
+//! and the peer circuit breakers of
 //! `peers.rs`, closed and open (a bench that expands `variants!` declares
 //! that module too).
 
@@ -15,7 +16,9 @@ use std::time::Duration;
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceExt};
+use tower_breaker::throttle::ThrottleHandle;
 use tower_breaker::{Breaker, BreakerConfig, Outcome};
+use tower_resilience_base::criticality::Criticality;
 
 pub type Bare = tower::util::ServiceFn<fn(Request<()>) -> Ready<Result<Response<()>, Infallible>>>;
 
@@ -130,6 +133,31 @@ fn closed_timed_with(config: BreakerConfig) -> Breaker {
     )
 }
 
+/// One throttle for every round, whose dependency accepts every call: a
+/// throttle admits its calls without computing the rule once its window
+/// has a past (two buckets, 4 s with the default window), which a throttle
+/// built per round of milliseconds never reaches.
+pub fn admitting_throttle() -> ThrottleHandle {
+    static THROTTLE: std::sync::OnceLock<ThrottleHandle> = std::sync::OnceLock::new();
+    THROTTLE
+        .get_or_init(|| ThrottleHandle::new("bench-admits"))
+        .clone()
+}
+
+/// A throttle whose dependency has refused 10,000 calls: it sheds most
+/// calls (the rule's share; the calls it lets through are accepted by the
+/// bare service, so the share settles near 80% with the default K of 2).
+pub fn shedding_throttle() -> ThrottleHandle {
+    let throttle = ThrottleHandle::new("bench-sheds");
+    for _ in 0..10_000 {
+        if let Ok(permit) = throttle.try_acquire(Criticality::Critical) {
+            permit.record(Outcome::Failure);
+        }
+    }
+    assert!(throttle.snapshot().throttling, "the throttle sheds");
+    throttle
+}
+
 /// Calls `$f!(name, service)` with every variant.
 macro_rules! variants {
     ($f:ident) => {{
@@ -193,6 +221,14 @@ macro_rules! variants {
         $f!(
             "breaker_open_http_answer",
             HttpBreakerLayer::new(open_breaker()).layer(bare())
+        );
+        $f!(
+            "throttle_admits",
+            tower_breaker::throttle::Throttle::new(bare(), admitting_throttle())
+        );
+        $f!(
+            "throttle_sheds",
+            tower_breaker::throttle::Throttle::new(bare(), shedding_throttle())
         );
     }};
 }

@@ -73,6 +73,10 @@ struct Shard {
     /// rejects: the same `&'static str` (no reference count), or a shared
     /// string of its own (its own reference count).
     name: Name,
+    /// The rejections made on this stripe, by criticality (summed by
+    /// [`ThrottleHandle::snapshot`]): under overload every thread rejects,
+    /// and one shared counter would make each wait for the others.
+    rejected: [AtomicU64; 4],
 }
 
 /// The right to make one call, given by
@@ -141,7 +145,6 @@ struct Core {
     base: Instant,
     window: Window,
     random: Arc<dyn RandomSource>,
-    rejected: [AtomicU64; 4],
     /// Whether the last event said throttling started (true) or stopped.
     announced: AtomicBool,
     /// The earliest time (nanoseconds since `base`) of the next event.
@@ -195,7 +198,6 @@ impl ThrottleHandle {
             base: Instant::now(),
             window: Window::new(config.ks()[0]),
             random,
-            rejected: Default::default(),
             announced: AtomicBool::new(false),
             next_event_ns: AtomicU64::new(0),
             config: std::sync::Mutex::new(config),
@@ -206,6 +208,7 @@ impl ThrottleHandle {
                 Arc::new(Shard {
                     core: Arc::clone(&core),
                     name: name.unshared(),
+                    rejected: Default::default(),
                 })
             })
             .collect();
@@ -296,7 +299,7 @@ impl ThrottleHandle {
     pub fn try_acquire(&self, criticality: Criticality) -> Result<ThrottlePermit, Throttled> {
         let stripe = thread_index() % STRIPES;
         let shard = &self.shards[stripe];
-        let epoch = self.core.admit(criticality, stripe, &shard.name)?;
+        let epoch = self.core.admit(criticality, stripe, shard)?;
         Ok(ThrottlePermit {
             shard: Arc::clone(shard),
             tag: epoch << 8 | (stripe as u64) << 2 | criticality.index() as u64,
@@ -318,7 +321,12 @@ impl ThrottleHandle {
         let core = &self.core;
         let sums = core.window.sums(core.epoch_now());
         let probabilities = core.probabilities(&core.rules.get(), &sums);
-        let rejected_by_criticality = core.rejected.each_ref().map(|n| n.load(Relaxed));
+        let rejected_by_criticality: [u64; 4] = std::array::from_fn(|c| {
+            self.shards
+                .iter()
+                .map(|shard| shard.rejected[c].load(Relaxed))
+                .sum()
+        });
         ThrottleSnapshot {
             requests: sums.requests.iter().sum(),
             accepts: sums.accepts.iter().sum(),
@@ -426,14 +434,14 @@ impl Core {
     }
 
     /// Counts a request of `criticality` on `stripe` and draws its fate;
-    /// the epoch it was counted at. `name` is the stripe's copy of the
-    /// name, for the error.
+    /// the epoch it was counted at. `shard` is the stripe's: its copy of
+    /// the name for the error, and its count of rejections.
     #[inline]
     fn admit(
         &self,
         criticality: Criticality,
         stripe: usize,
-        name: &Name,
+        shard: &Shard,
     ) -> Result<u64, Throttled> {
         let c = criticality.index();
         let now = self.now_ns();
@@ -447,7 +455,7 @@ impl Core {
             }
             return Ok(epoch);
         }
-        self.judge(criticality, counted, stripe, now, name)
+        self.judge(criticality, counted, stripe, now, shard)
     }
 
     /// The rule, for a request that the margin does not admit.
@@ -457,7 +465,7 @@ impl Core {
         counted: super::window::Counted,
         stripe: usize,
         now: u64,
-        name: &Name,
+        shard: &Shard,
     ) -> Result<u64, Throttled> {
         let c = criticality.index();
         let (epoch, moved) = (counted.epoch, counted.moved);
@@ -481,12 +489,12 @@ impl Core {
         if p > 0.0 && unit(&*self.random) < p {
             // A request the dependency did not accept: it never got it.
             self.window.refuse(epoch, c, stripe);
-            self.rejected[c].fetch_add(1, Relaxed);
+            shard.rejected[c].fetch_add(1, Relaxed);
             self.metrics.rejected(criticality);
             if !self.announced.load(Relaxed) {
                 self.announce(true, now, &sums);
             }
-            return Err(Throttled::new(name.clone(), p));
+            return Err(Throttled::new(shard.name.clone(), p));
         }
         Ok(epoch)
     }
@@ -691,6 +699,45 @@ mod tests {
             "{shown}"
         );
         permit.record(Outcome::Success);
+    }
+
+    /// Each thread counts its rejections on its own stripe; the snapshot
+    /// adds them up, each once and under its criticality, from more
+    /// threads than stripes.
+    #[test]
+    fn rejections_from_many_threads_are_each_counted_once() {
+        let throttle = seeded(ThrottleConfig::new());
+        refuse_until_rejected(&throttle);
+        let before = throttle.snapshot().rejected_by_criticality;
+        let counted: Vec<[u64; 4]> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..12)
+                .map(|i| {
+                    let throttle = &throttle;
+                    scope.spawn(move || {
+                        let criticality = Criticality::ALL[i % 4];
+                        let mut rejected = [0; 4];
+                        for _ in 0..500 {
+                            match throttle.try_acquire(criticality) {
+                                Ok(permit) => permit.record(Outcome::Failure),
+                                Err(_) => rejected[criticality.index()] += 1,
+                            }
+                        }
+                        rejected
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let mut expected = before;
+        for rejected in &counted {
+            for (total, n) in expected.iter_mut().zip(rejected) {
+                *total += n;
+            }
+        }
+        let snapshot = throttle.snapshot();
+        assert!(expected.iter().all(|&n| n > 0), "{expected:?}");
+        assert_eq!(snapshot.rejected_by_criticality, expected);
+        assert_eq!(snapshot.rejected, expected.iter().sum::<u64>());
     }
 
     /// Every thread gets one of the handle's stripes, however many threads
