@@ -597,18 +597,7 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
 
     /// Replace the retry layer (its policy, budget, backoff, body mode).
     pub fn retry<Q, N>(self, retry: RetryLayer<Q, N>) -> ClientStack<Q, N, R, T> {
-        ClientStack {
-            name: self.name,
-            call: self.call,
-            timeout: self.timeout,
-            breaker: self.breaker,
-            retry,
-            throttle: self.throttle,
-            bulkhead: self.bulkhead,
-            attempt: self.attempt,
-            random: self.random,
-            own_breaker: self.own_breaker,
-        }
+        self.rebuild(|_| retry, |bulkhead| bulkhead, |throttle| throttle)
     }
 
     /// Throttle the stack's attempts with `layer`: client-side adaptive
@@ -678,14 +667,25 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
     }
 
     fn map_throttle<U>(self, f: impl FnOnce(T) -> U) -> ClientStack<P, M, R, U> {
+        self.rebuild(|retry| retry, |bulkhead| bulkhead, f)
+    }
+
+    /// The stack with its retry layer, bulkhead and throttle mapped (the
+    /// setters that change the stack's type).
+    fn rebuild<Q, N, S, U>(
+        self,
+        retry: impl FnOnce(RetryLayer<P, M>) -> RetryLayer<Q, N>,
+        bulkhead: impl FnOnce(BulkheadLayer<Single, R>) -> BulkheadLayer<Single, S>,
+        throttle: impl FnOnce(T) -> U,
+    ) -> ClientStack<Q, N, S, U> {
         ClientStack {
             name: self.name,
             call: self.call,
             timeout: self.timeout,
             breaker: self.breaker,
-            retry: self.retry,
-            throttle: f(self.throttle),
-            bulkhead: self.bulkhead,
+            retry: retry(self.retry),
+            throttle: throttle(self.throttle),
+            bulkhead: bulkhead(self.bulkhead),
             attempt: self.attempt,
             random: self.random,
             own_breaker: self.own_breaker,
@@ -742,18 +742,7 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
     /// # let _ = stack;
     /// ```
     pub fn bulkhead<N>(self, layer: BulkheadLayer<Single, N>) -> ClientStack<P, M, N, T> {
-        ClientStack {
-            name: self.name,
-            call: self.call,
-            timeout: self.timeout,
-            breaker: self.breaker,
-            retry: self.retry,
-            throttle: self.throttle,
-            bulkhead: layer,
-            attempt: self.attempt,
-            random: self.random,
-            own_breaker: self.own_breaker,
-        }
+        self.rebuild(|retry| retry, |_| layer, |throttle| throttle)
     }
 
     /// The stack's bulkhead compartment: attempts in flight, rejections.
