@@ -492,9 +492,13 @@ fn classify<S, ResB>(
     match result {
         Ok(response) => {
             let headers = response.headers();
-            let marked = !headers.is_empty() && headers.contains_key(NO_RETRY_HEADER);
             let class = shared.policy.classify_response(response.status(), headers);
-            (class, marked && class != Class::Success)
+            // The mark matters only on an answer that would be retried: a
+            // success (nearly every answer) pays no header lookup for it.
+            let marked = class != Class::Success
+                && !headers.is_empty()
+                && headers.contains_key(NO_RETRY_HEADER);
+            (class, marked)
         }
         Err(e) if is_attempt_timeout(&**e, deadline, shared.config.min_remaining) => (
             Class::Transient {
