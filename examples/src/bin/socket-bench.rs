@@ -51,6 +51,7 @@
 //! cargo run --release -p examples --bin socket-bench
 //! cargo run --release -p examples --bin socket-bench -- --rounds 5 --secs 10 --concurrency 128
 //! cargo run -p examples --bin socket-bench -- --quick     # 1 round of 1 s each, for CI
+//! cargo run --release -p examples --bin socket-bench -- --only same-jobs,ours
 //! ```
 //!
 //! Reading the tables: `req/s` is the median over the rounds of the
@@ -127,6 +128,7 @@ const SERVE: &str = "--serve";
 
 const USAGE: &str = "\
 usage: socket-bench [--rounds N] [--secs S] [--concurrency C] [--quick] [--coarse-clock]
+                    [--only CASES] [--pin]
 
   --rounds N        rounds; each variant runs once per round (default 3)
   --secs S          measured seconds per variant and round, decimals
@@ -139,7 +141,18 @@ usage: socket-bench [--rounds N] [--secs S] [--concurrency C] [--quick] [--coars
                     (`client_stack(..).coarse_clock(true)`): its thread
                     then runs in this process, which every other variant
                     (bare reqwest included) shares; compare with a run
-                    without it";
+                    without it
+  --only CASES      run only these cases, comma-separated, out of
+                    reqwest, tower, same-jobs, ours (the callers against
+                    the bare server), tower-http, ours-server (bare
+                    reqwest against those servers): to profile one case
+                    (`perf record`) or to compare two quickly
+  --pin             the bench on one CPU and the servers on another (the
+                    first two this process may use; Linux only): each
+                    process then runs one tokio worker and no longer
+                    competes with the other for a core, so the rounds
+                    vary far less; the figures are for a client and a
+                    server with a core each";
 
 /// What the command line sets.
 #[derive(Debug, Clone)]
@@ -149,6 +162,17 @@ struct Args {
     concurrency: usize,
     /// `--coarse-clock`: our client stack on the coarse clock.
     coarse_clock: bool,
+    /// `--only`: the cases run (their indices), every case when `None`.
+    only: Option<Vec<usize>>,
+    /// `--pin`: the bench's CPU and the servers', once chosen.
+    pin: Option<Pinned>,
+}
+
+/// Where `--pin` put the processes.
+#[derive(Debug, Clone, Copy)]
+struct Pinned {
+    bench: usize,
+    servers: usize,
 }
 
 impl Args {
@@ -164,8 +188,8 @@ impl Args {
 enum Role {
     /// The bench: starts the servers and drives them.
     Bench(Args),
-    /// A server process, started by the bench.
-    Serve(ServerKind),
+    /// A server process, started by the bench, on the CPU given (`--pin`).
+    Serve(ServerKind, Option<usize>),
 }
 
 fn parse() -> Result<Role, String> {
@@ -174,18 +198,26 @@ fn parse() -> Result<Role, String> {
         secs: Duration::from_secs(5),
         concurrency: 64,
         coarse_clock: false,
+        only: None,
+        pin: None,
     };
+    let mut pin = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             SERVE => {
                 let kind = value()?;
-                return ServerKind::ALL
+                let kind = ServerKind::ALL
                     .into_iter()
                     .find(|k| k.arg() == kind)
-                    .map(Role::Serve)
-                    .ok_or_else(|| format!("unknown server {kind}"));
+                    .ok_or_else(|| format!("unknown server {kind}"))?;
+                let cpu = match it.next().as_deref() {
+                    Some(CPU) => Some(number(&it.next().ok_or("--cpu needs a value")?)?),
+                    Some(other) => return Err(format!("unknown argument {other}")),
+                    None => None,
+                };
+                return Ok(Role::Serve(kind, cpu));
             }
             "--rounds" => args.rounds = number(&value()?)?.clamp(1, 1000),
             "--secs" => {
@@ -202,11 +234,66 @@ fn parse() -> Result<Role, String> {
                 args.secs = Duration::from_secs(1);
             }
             "--coarse-clock" => args.coarse_clock = true,
+            "--pin" => pin = true,
+            "--only" => {
+                let cases = value()?
+                    .split(',')
+                    .map(|name| {
+                        CASE_ARGS
+                            .iter()
+                            .position(|arg| *arg == name.trim())
+                            .ok_or_else(|| format!("unknown case {name}"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                args.only = Some(cases);
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
+    if pin {
+        let cpus = usable_cpus()?;
+        let [bench, servers, ..] = cpus[..] else {
+            return Err(format!(
+                "--pin needs two CPUs, this process may use {}",
+                cpus.len()
+            ));
+        };
+        args.pin = Some(Pinned { bench, servers });
+    }
     Ok(Role::Bench(args))
+}
+
+/// The hidden argument after `--serve KIND`: the CPU to run on.
+const CPU: &str = "--cpu";
+
+/// The CPUs this process may run on, in order.
+#[cfg(target_os = "linux")]
+fn usable_cpus() -> Result<Vec<usize>, String> {
+    let set = rustix::thread::sched_getaffinity(None)
+        .map_err(|e| format!("cannot read this process's CPUs: {e}"))?;
+    Ok((0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&cpu| set.is_set(cpu))
+        .collect())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn usable_cpus() -> Result<Vec<usize>, String> {
+    Err("--pin is for Linux only".into())
+}
+
+/// Runs this thread, and the threads it starts from now on, on `cpu` only.
+#[cfg(target_os = "linux")]
+fn pin_to(cpu: usize) -> Result<(), String> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)
+        .map_err(|e| format!("cannot run on CPU {cpu}: {e}"))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_to(_cpu: usize) -> Result<(), String> {
+    Err("--pin is for Linux only".into())
 }
 
 fn number(s: &str) -> Result<usize, String> {
@@ -296,10 +383,14 @@ struct Server {
 
 impl Server {
     /// Starts a server process and waits until it listens.
-    fn start(kind: ServerKind) -> Result<Self, String> {
+    fn start(kind: ServerKind, cpu: Option<usize>) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-        let child = Command::new(exe)
-            .args([SERVE, kind.arg()])
+        let mut command = Command::new(exe);
+        command.args([SERVE, kind.arg()]);
+        if let Some(cpu) = cpu {
+            command.args([CPU, &cpu.to_string()]);
+        }
+        let child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -725,11 +816,29 @@ const TOWER_HTTP_SERVER: usize = 3;
 const OURS_SERVER: usize = 4;
 const TOWER_SAME_JOBS: usize = 5;
 
+/// The cases' names for `--only`, by index.
+const CASE_ARGS: [&str; 6] = [
+    "reqwest",
+    "tower",
+    "ours",
+    "tower-http",
+    "ours-server",
+    "same-jobs",
+];
+
 async fn bench(args: &Args) -> Result<(), String> {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cores = match args.pin {
+        Some(Pinned { bench, servers }) => {
+            format!("the bench pinned to CPU {bench}, the server processes to CPU {servers}")
+        }
+        None => format!(
+            "{} cores shared by the bench and the server processes",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        ),
+    };
     println!(
         "socket-bench: {} round(s), {:.1} s per variant (after {:.1} s of warm-up), \
-         {} callers, {cores} cores shared by the bench and the server processes",
+         {} callers, {cores}",
         args.rounds,
         args.secs.as_secs_f64(),
         args.warmup().as_secs_f64(),
@@ -738,7 +847,7 @@ async fn bench(args: &Args) -> Result<(), String> {
 
     let servers = ServerKind::ALL
         .into_iter()
-        .map(Server::start)
+        .map(|kind| Server::start(kind, args.pin.map(|p| p.servers)))
         .collect::<Result<Vec<_>, _>>()?;
     let server = |kind| {
         servers
@@ -843,6 +952,13 @@ async fn bench(args: &Args) -> Result<(), String> {
     for round in 0..args.rounds {
         for turn in 0..cases.len() {
             let index = (turn + round) % cases.len();
+            if args
+                .only
+                .as_ref()
+                .is_some_and(|only| !only.contains(&index))
+            {
+                continue;
+            }
             let case = &cases[index];
             let sample = measure(case.caller, &case.server.url(), case.server.pid(), args)
                 .await
@@ -992,7 +1108,11 @@ fn tables(args: &Args, cases: &[Case<'_>], samples: &[Vec<Sample>]) -> String {
          | CPU vs tower | server µs/req | errors | spread |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for case in [REQWEST_BARE, TOWER_CLIENT, TOWER_SAME_JOBS, OURS_CLIENT] {
+    let ran = |case: &usize| !samples[*case].is_empty();
+    for case in [REQWEST_BARE, TOWER_CLIENT, TOWER_SAME_JOBS, OURS_CLIENT]
+        .into_iter()
+        .filter(ran)
+    {
         out.push_str(&row(
             samples,
             cases[case].caller_label,
@@ -1014,7 +1134,10 @@ fn tables(args: &Args, cases: &[Case<'_>], samples: &[Vec<Sample>]) -> String {
          | client µs/req | errors | spread |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for case in [REQWEST_BARE, TOWER_HTTP_SERVER, OURS_SERVER] {
+    for case in [REQWEST_BARE, TOWER_HTTP_SERVER, OURS_SERVER]
+        .into_iter()
+        .filter(ran)
+    {
         out.push_str(&row(
             samples,
             cases[case].server.kind.label(),
@@ -1071,24 +1194,48 @@ fn tables(args: &Args, cases: &[Case<'_>], samples: &[Vec<Sample>]) -> String {
 
 // ==================================================================== main
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    match parse() {
-        Ok(Role::Serve(kind)) => serve(kind).await,
-        Ok(Role::Bench(args)) => match bench(&args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("socket-bench: {e}");
-                ExitCode::FAILURE
-            }
-        },
+fn main() -> ExitCode {
+    let role = match parse() {
+        Ok(role) => role,
         Err(e) if e.is_empty() => {
             println!("{USAGE}");
-            ExitCode::SUCCESS
+            return ExitCode::SUCCESS;
         }
         Err(e) => {
             eprintln!("socket-bench: {e}\n\n{USAGE}");
-            ExitCode::from(2)
+            return ExitCode::from(2);
         }
+    };
+    // Pinned before the runtime starts, so that its workers (one per CPU
+    // this process may use) inherit the CPU.
+    let cpu = match &role {
+        Role::Bench(args) => args.pin.map(|p| p.bench),
+        Role::Serve(_, cpu) => *cpu,
+    };
+    if let Some(Err(e)) = cpu.map(pin_to) {
+        eprintln!("socket-bench: {e}");
+        return ExitCode::FAILURE;
     }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("socket-bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        match role {
+            Role::Serve(kind, _) => serve(kind).await,
+            Role::Bench(args) => match bench(&args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("socket-bench: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+        }
+    })
 }
