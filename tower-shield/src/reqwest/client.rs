@@ -342,8 +342,13 @@ fn prepare(mut request: ::reqwest::Request) -> Result<HttpRequest, BoxError> {
     // reqwest's own per-request timeout would bound each attempt on its
     // own, from the moment the transport starts it; the stack's deadline
     // bounds the whole call instead, retries included.
-    let deadline = request.timeout_mut().take().map(Deadline::after);
-    let mut request = split(request)?;
+    // Only when there is one: asking for it mutably writes an empty
+    // setting into reqwest's private extensions.
+    let deadline = match request.timeout() {
+        Some(_) => request.timeout_mut().take().map(Deadline::after),
+        None => None,
+    };
+    let mut request = split(request, deadline.is_some())?;
     if let Some(deadline) = deadline {
         request.extensions_mut().insert(deadline);
     }

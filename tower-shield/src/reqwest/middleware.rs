@@ -140,7 +140,7 @@ where
     ) -> reqwest_middleware::Result<::reqwest::Response> {
         // The URL, parsed, and reqwest's per-request settings (its timeout,
         // applied to each attempt) travel in the call's template.
-        let request = split(request).map_err(to_middleware_error)?;
+        let request = split(request, false).map_err(to_middleware_error)?;
         let transport = NextService {
             next,
             extensions: extensions.clone(),

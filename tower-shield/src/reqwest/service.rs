@@ -137,35 +137,62 @@ impl ReqwestService {
 }
 
 /// The parsed form of a request's URL, put in the request's extensions
-/// once per call so that no attempt parses it again. It holds the call's
-/// `reqwest::Request` without its body and headers (the URL, and
-/// reqwest's own per-request settings, which live in its private
-/// extensions) and the URI it was built for: an attempt whose URI a layer
-/// changed is parsed instead.
+/// once per call so that no attempt parses it again, and the URI it was
+/// built for: an attempt whose URI a layer changed is parsed instead.
+///
+/// A request that carries nothing of reqwest's own but its method, URL,
+/// version, headers and body (every request reqwest's builder makes, once
+/// [`Client`](super::Client) has taken its timeout) keeps only the URL:
+/// an attempt is a new `reqwest::Request` for a copy of it, one
+/// allocation. One that carries reqwest's per-request settings (in its
+/// private extensions: the timeout that [`StackMiddleware`](super) leaves
+/// to each attempt, or extensions of a request converted from an
+/// `http::Request`) keeps the whole request, without its body and
+/// headers, and an attempt is a clone of it (`reqwest::Request::try_clone`,
+/// seven allocations for a request with a timeout).
 #[derive(Clone)]
 pub(crate) struct Template(Arc<TemplateInner>);
 
-struct TemplateInner {
-    uri: http::Uri,
-    request: ::reqwest::Request,
+enum TemplateInner {
+    Plain {
+        uri: http::Uri,
+        url: ::reqwest::Url,
+    },
+    Extended {
+        uri: http::Uri,
+        request: ::reqwest::Request,
+    },
 }
 
 impl Template {
-    /// A template for `request` (its body is ignored) sent to `uri`.
-    fn new(uri: http::Uri, mut request: ::reqwest::Request) -> Self {
-        *request.body_mut() = None;
-        Self(Arc::new(TemplateInner { uri, request }))
+    fn uri(&self) -> &http::Uri {
+        match &*self.0 {
+            TemplateInner::Plain { uri, .. } | TemplateInner::Extended { uri, .. } => uri,
+        }
+    }
+
+    /// Whether each attempt is a clone of a whole `reqwest::Request`.
+    #[cfg(test)]
+    pub(super) fn is_extended(&self) -> bool {
+        matches!(&*self.0, TemplateInner::Extended { .. })
     }
 
     /// The `reqwest::Request` of one attempt, if this template fits it
     /// (its method and headers are then moved out of `parts`).
     pub(super) fn attempt(&self, parts: &mut http::request::Parts) -> Option<::reqwest::Request> {
-        if parts.uri != self.0.uri {
+        if parts.uri != *self.uri() {
             return None;
         }
-        // The template has no body, so the clone always succeeds.
-        let mut request = self.0.request.try_clone()?;
-        *request.method_mut() = std::mem::take(&mut parts.method);
+        let method = std::mem::take(&mut parts.method);
+        let mut request = match &*self.0 {
+            TemplateInner::Plain { url, .. } => ::reqwest::Request::new(method, url.clone()),
+            TemplateInner::Extended { request, .. } => {
+                // The template has no body, so the clone always succeeds.
+                let mut request = request.try_clone()?;
+                *request.method_mut() = method;
+                request
+            }
+        };
         *request.headers_mut() = std::mem::take(&mut parts.headers);
         *request.version_mut() = parts.version;
         Some(request)
@@ -175,7 +202,11 @@ impl Template {
 impl fmt::Debug for Template {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Template")
-            .field("uri", &self.0.uri)
+            .field("uri", self.uri())
+            .field(
+                "extended",
+                &matches!(&*self.0, TemplateInner::Extended { .. }),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -185,16 +216,40 @@ impl fmt::Debug for Template {
 /// parsed URL, reqwest's per-request settings) rides along as the call's
 /// [`Template`], so that [`to_reqwest`] rebuilds each attempt without
 /// parsing the URL again. A missing body becomes an empty one.
-pub(crate) fn split(mut request: ::reqwest::Request) -> Result<HttpRequest, BoxError> {
-    let uri = http::Uri::try_from(request.url().as_str())?;
-    let body = request.body_mut().take().unwrap_or_default();
-    let mut parts = HttpRequest::new(body);
-    *parts.method_mut() = request.method().clone();
-    *parts.uri_mut() = uri.clone();
-    *parts.version_mut() = request.version();
-    *parts.headers_mut() = std::mem::take(request.headers_mut());
-    parts.extensions_mut().insert(Template::new(uri, request));
-    Ok(parts)
+///
+/// `timeout_taken`: the caller took reqwest's timeout out of `request`
+/// (`timeout_mut().take()`), which leaves an empty setting behind in its
+/// private extensions, the one thing there that carries nothing.
+pub(crate) fn split(
+    request: ::reqwest::Request,
+    timeout_taken: bool,
+) -> Result<HttpRequest, BoxError> {
+    let url = request.url().clone();
+    // reqwest's own conversion: the URI parsed from the URL, a missing
+    // body as an empty one, and reqwest's private extensions out in the
+    // open, where they can be counted.
+    let (mut parts, body) = HttpRequest::try_from(request)?.into_parts();
+    let own = std::mem::take(&mut parts.extensions);
+    let template = if own.len() == usize::from(timeout_taken) {
+        TemplateInner::Plain {
+            uri: parts.uri.clone(),
+            url,
+        }
+    } else {
+        // Back into a `reqwest::Request`, settings and all (the URL parsed
+        // again: a request of this kind pays that once per call).
+        let mut bare = http::Request::new(::reqwest::Body::from(Bytes::new()));
+        *bare.uri_mut() = parts.uri.clone();
+        *bare.extensions_mut() = own;
+        let mut request = ::reqwest::Request::try_from(bare)?;
+        *request.body_mut() = None;
+        TemplateInner::Extended {
+            uri: parts.uri.clone(),
+            request,
+        }
+    };
+    parts.extensions.insert(Template(Arc::new(template)));
+    Ok(HttpRequest::from_parts(parts, body))
 }
 
 /// A stack's answer as a `reqwest::Response`, for any body the stack
@@ -330,5 +385,119 @@ impl Future for ResponseFuture {
 impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The template `split` put in `request`, and the request's parts.
+    fn template_of(mut request: HttpRequest) -> (Template, http::request::Parts) {
+        let template = request
+            .extensions_mut()
+            .remove::<Template>()
+            .expect("a template");
+        (template, request.map(|_| ()).into_parts().0)
+    }
+
+    fn builder(url: &str) -> ::reqwest::RequestBuilder {
+        ::reqwest::Client::new().post(url).header("x-tag", "a")
+    }
+
+    /// What reqwest's builder makes carries nothing of reqwest's own: an
+    /// attempt is a new request for the URL, with the call's method,
+    /// version and headers, and no timeout.
+    #[test]
+    fn a_plain_request_is_rebuilt_from_its_url() {
+        let request = builder("http://127.0.0.1:9/items?page=2")
+            .version(http::Version::HTTP_2)
+            .build()
+            .expect("a request");
+        let (template, mut parts) = template_of(split(request, false).expect("split"));
+        assert!(!template.is_extended());
+        assert_eq!(parts.uri, "http://127.0.0.1:9/items?page=2");
+        let attempt = template.attempt(&mut parts).expect("the URI fits");
+        assert_eq!(attempt.method(), http::Method::POST);
+        assert_eq!(attempt.url().as_str(), "http://127.0.0.1:9/items?page=2");
+        assert_eq!(attempt.version(), http::Version::HTTP_2);
+        assert_eq!(attempt.headers()["x-tag"], "a");
+        assert_eq!(attempt.timeout(), None);
+    }
+
+    /// A timeout the caller took out leaves an empty setting behind, which
+    /// carries nothing: still plain.
+    #[test]
+    fn a_request_whose_timeout_was_taken_is_plain() {
+        let mut request = builder("http://127.0.0.1:9/")
+            .timeout(Duration::from_millis(300))
+            .build()
+            .expect("a request");
+        assert!(request.timeout_mut().take().is_some());
+        let (template, mut parts) = template_of(split(request, true).expect("split"));
+        assert!(!template.is_extended());
+        let attempt = template.attempt(&mut parts).expect("the URI fits");
+        assert_eq!(attempt.timeout(), None);
+    }
+
+    /// A timeout left in the request (the middleware leaves reqwest's
+    /// timeout to each attempt) is kept: every attempt is a clone, timeout
+    /// and all.
+    #[test]
+    fn a_request_with_reqwests_settings_keeps_them_in_every_attempt() {
+        let request = builder("http://127.0.0.1:9/")
+            .timeout(Duration::from_millis(300))
+            .build()
+            .expect("a request");
+        let (template, parts) = template_of(split(request, false).expect("split"));
+        assert!(template.is_extended());
+        for _ in 0..2 {
+            let mut parts = clone_parts(&parts);
+            let attempt = template.attempt(&mut parts).expect("the URI fits");
+            assert_eq!(attempt.timeout(), Some(&Duration::from_millis(300)));
+            assert_eq!(attempt.method(), http::Method::POST);
+            assert_eq!(attempt.headers()["x-tag"], "a");
+        }
+    }
+
+    /// Extensions of a request converted from an `http::Request` ride
+    /// along with each attempt, and stay out of the stack's request.
+    #[test]
+    fn a_converted_requests_extensions_reach_every_attempt() {
+        #[derive(Clone, Debug, PartialEq)]
+        struct Marker(u32);
+        let mut http = http::Request::get("http://127.0.0.1:9/x")
+            .body(::reqwest::Body::from(""))
+            .expect("a request");
+        http.extensions_mut().insert(Marker(7));
+        let request = ::reqwest::Request::try_from(http).expect("converted");
+        let split = split(request, false).expect("split");
+        assert_eq!(split.extensions().get::<Marker>(), None);
+        let (template, mut parts) = template_of(split);
+        assert!(template.is_extended());
+        let attempt = template.attempt(&mut parts).expect("the URI fits");
+        let back = http::Request::try_from(attempt).expect("converted back");
+        assert_eq!(back.extensions().get::<Marker>(), Some(&Marker(7)));
+    }
+
+    /// A layer that changed the URI gets no template's request: the
+    /// attempt is parsed from its URI instead.
+    #[test]
+    fn a_changed_uri_does_not_fit_the_template() {
+        let request = builder("http://127.0.0.1:9/a").build().expect("a request");
+        let (template, mut parts) = template_of(split(request, false).expect("split"));
+        parts.uri = http::Uri::from_static("http://127.0.0.1:9/b");
+        assert!(template.attempt(&mut parts).is_none());
+    }
+
+    fn clone_parts(parts: &http::request::Parts) -> http::request::Parts {
+        let mut copy = http::Request::new(()).into_parts().0;
+        copy.method = parts.method.clone();
+        copy.uri = parts.uri.clone();
+        copy.version = parts.version;
+        copy.headers = parts.headers.clone();
+        copy
     }
 }
