@@ -184,7 +184,7 @@ fn pattern(len: usize) -> Vec<u8> {
 }
 
 #[tokio::test]
-async fn get_send_returns_the_answer_with_its_url() {
+async fn get_send_returns_the_answer_with_its_url_and_remote_address() {
     let (_server, base) = start().await;
     let client = patient("items").reqwest(reqwest_client());
 
@@ -192,6 +192,12 @@ async fn get_send_returns_the_answer_with_its_url() {
     let response = client.get(&url).send().await.expect("answered");
     assert_eq!(response.status(), 200);
     assert_eq!(response.url().as_str(), url);
+    // The connection's information comes through the stack too.
+    let server: std::net::SocketAddr = base
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the server's address");
+    assert_eq!(response.remote_addr(), Some(server));
     assert_eq!(response.text().await.expect("a body"), "attempt 1: 0 bytes");
 }
 

@@ -249,9 +249,10 @@
 //!   `builder()` keeps reqwest's own retries (see above).
 //! - A `POST` or `PATCH` is retried only with an `Idempotency-Key` header.
 //! - Responses of a [`Client`] come from reqwest's `From<http::Response>`;
-//!   their `url()` is the real one (the transport keeps it; a stack over
-//!   another transport sets it with `reqwest::ResponseBuilderExt::url`),
-//!   but `remote_addr()` is `None`.
+//!   their `url()` and `remote_addr()` are the real ones (the transport
+//!   keeps them in the response's extensions); a stack over another
+//!   transport sets the URL with `reqwest::ResponseBuilderExt::url`, and
+//!   its responses have no `remote_addr()`.
 
 mod client;
 mod error;

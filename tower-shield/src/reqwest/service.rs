@@ -313,11 +313,18 @@ pub(crate) fn to_http(response: ::reqwest::Response) -> HttpResponse {
     use ::reqwest::ResponseBuilderExt as _;
     let url = response.url().clone();
     let mut response = HttpResponse::from(response);
-    // A builder holding only an extension cannot fail.
-    if let Ok(tagged) = http::Response::builder().url(url).body(()) {
-        response
-            .extensions_mut()
-            .extend(tagged.into_parts().0.extensions);
+    // reqwest's tag for the URL can only be written by a response builder:
+    // the response's own extensions (the connection's information is
+    // there already) go into one for the tag and come back, so the tag
+    // costs its own box and no map of its own. A builder that sets no
+    // status, version or header is never in error, and gives them back.
+    let mut builder = http::Response::builder();
+    if let Some(extensions) = builder.extensions_mut() {
+        std::mem::swap(extensions, response.extensions_mut());
+    }
+    let mut builder = builder.url(url);
+    if let Some(extensions) = builder.extensions_mut() {
+        std::mem::swap(extensions, response.extensions_mut());
     }
     response
 }
