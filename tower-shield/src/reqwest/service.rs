@@ -180,7 +180,7 @@ impl Template {
     /// The `reqwest::Request` of one attempt, if this template fits it
     /// (its method and headers are then moved out of `parts`).
     pub(super) fn attempt(&self, parts: &mut http::request::Parts) -> Option<::reqwest::Request> {
-        if parts.uri != *self.uri() {
+        if !same_uri(&parts.uri, self.uri()) {
             return None;
         }
         let method = std::mem::take(&mut parts.method);
@@ -197,6 +197,30 @@ impl Template {
         *request.version_mut() = parts.version;
         Some(request)
     }
+}
+
+/// Whether `a` and `b` are the same URI: at once when one is a clone of
+/// the other (their authority and path are the same bytes, as when no
+/// layer changed the call's URI), by comparing them otherwise.
+fn same_uri(a: &http::Uri, b: &http::Uri) -> bool {
+    fn shared(a: Option<&str>, b: Option<&str>) -> bool {
+        match (a, b) {
+            // The same address and length: the same bytes.
+            (Some(a), Some(b)) => std::ptr::eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+    let clone = a.scheme() == b.scheme()
+        && shared(
+            a.authority().map(http::uri::Authority::as_str),
+            b.authority().map(http::uri::Authority::as_str),
+        )
+        && shared(
+            a.path_and_query().map(http::uri::PathAndQuery::as_str),
+            b.path_and_query().map(http::uri::PathAndQuery::as_str),
+        );
+    clone || a == b
 }
 
 impl fmt::Debug for Template {
@@ -487,6 +511,27 @@ mod tests {
         let attempt = template.attempt(&mut parts).expect("the URI fits");
         let back = http::Request::try_from(attempt).expect("converted back");
         assert_eq!(back.extensions().get::<Marker>(), Some(&Marker(7)));
+    }
+
+    /// A URI that is a clone of the template's fits at once; one parsed
+    /// again from the same text fits too; another does not.
+    #[test]
+    fn the_same_uri_is_told_by_its_bytes_or_its_text() {
+        let uri =
+            http::Uri::from_maybe_shared(Bytes::from("http://127.0.0.1:9/a?b=1")).expect("a URI");
+        assert!(same_uri(&uri.clone(), &uri));
+        let parsed: http::Uri = "http://127.0.0.1:9/a?b=1".parse().expect("a URI");
+        assert!(same_uri(&parsed, &uri));
+        for other in [
+            "https://127.0.0.1:9/a?b=1",
+            "http://127.0.0.1:8/a?b=1",
+            "http://127.0.0.1:9/a?b=2",
+            "/a?b=1",
+        ] {
+            let other: http::Uri = other.parse().expect("a URI");
+            assert!(!same_uri(&other, &uri), "{other}");
+            assert!(!same_uri(&uri, &other), "{other}");
+        }
     }
 
     /// A layer that changed the URI gets no template's request: the
