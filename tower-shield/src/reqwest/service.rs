@@ -260,12 +260,14 @@ pub(crate) fn split(
             url,
         }
     } else {
-        // Back into a `reqwest::Request`, settings and all (the URL parsed
-        // again: a request of this kind pays that once per call).
+        // Back into a `reqwest::Request`, settings and all (reqwest's
+        // conversion parses the URL again: a request of this kind pays that
+        // once per call), with the URL exactly as it was.
         let mut bare = http::Request::new(::reqwest::Body::from(Bytes::new()));
         *bare.uri_mut() = parts.uri.clone();
         *bare.extensions_mut() = own;
         let mut request = ::reqwest::Request::try_from(bare)?;
+        *request.url_mut() = url;
         *request.body_mut() = None;
         TemplateInner::Extended {
             uri: parts.uri.clone(),
