@@ -141,15 +141,15 @@ impl ReqwestService {
 /// built for: an attempt whose URI a layer changed is parsed instead.
 ///
 /// A request that carries nothing of reqwest's own but its method, URL,
-/// version, headers and body (every request reqwest's builder makes, once
-/// [`Client`](super::Client) has taken its timeout) keeps only the URL:
-/// an attempt is a new `reqwest::Request` for a copy of it, one
-/// allocation. One that carries reqwest's per-request settings (in its
-/// private extensions: the timeout that [`StackMiddleware`](super) leaves
-/// to each attempt, or extensions of a request converted from an
-/// `http::Request`) keeps the whole request, without its body and
-/// headers, and an attempt is a clone of it (`reqwest::Request::try_clone`,
-/// seven allocations for a request with a timeout).
+/// version, headers, body and timeout (every request reqwest's builder
+/// makes) keeps only the URL and the timeout: an attempt is a new
+/// `reqwest::Request` for a copy of the URL (one allocation), with the
+/// timeout when there is one ([`StackMiddleware`](super) leaves it to each
+/// attempt; [`Client`](super::Client) has taken it for the call's
+/// deadline). One that carries more of reqwest's private extensions (a
+/// request converted from an `http::Request` with extensions of its own)
+/// keeps the whole request, without its body and headers, and an attempt
+/// is a clone of it (`reqwest::Request::try_clone`).
 #[derive(Clone)]
 pub(crate) struct Template(Arc<TemplateInner>);
 
@@ -157,6 +157,7 @@ enum TemplateInner {
     Plain {
         uri: http::Uri,
         url: ::reqwest::Url,
+        timeout: Option<std::time::Duration>,
     },
     Extended {
         uri: http::Uri,
@@ -185,7 +186,13 @@ impl Template {
         }
         let method = std::mem::take(&mut parts.method);
         let mut request = match &*self.0 {
-            TemplateInner::Plain { url, .. } => ::reqwest::Request::new(method, url.clone()),
+            TemplateInner::Plain { url, timeout, .. } => {
+                let mut request = ::reqwest::Request::new(method, url.clone());
+                if timeout.is_some() {
+                    *request.timeout_mut() = *timeout;
+                }
+                request
+            }
             TemplateInner::Extended { request, .. } => {
                 // The template has no body, so the clone always succeeds.
                 let mut request = request.try_clone()?;
@@ -243,21 +250,26 @@ impl fmt::Debug for Template {
 ///
 /// `timeout_taken`: the caller took reqwest's timeout out of `request`
 /// (`timeout_mut().take()`), which leaves an empty setting behind in its
-/// private extensions, the one thing there that carries nothing.
+/// private extensions.
 pub(crate) fn split(
     request: ::reqwest::Request,
     timeout_taken: bool,
 ) -> Result<HttpRequest, BoxError> {
     let url = request.url().clone();
+    let timeout = request.timeout().copied();
+    // The timeout's setting, the one private extension this module can
+    // read, is there when there is a timeout or when it was taken.
+    let timeout_setting = timeout.is_some() || timeout_taken;
     // reqwest's own conversion: the URI parsed from the URL, a missing
     // body as an empty one, and reqwest's private extensions out in the
     // open, where they can be counted.
     let (mut parts, body) = HttpRequest::try_from(request)?.into_parts();
     let own = std::mem::take(&mut parts.extensions);
-    let template = if own.len() == usize::from(timeout_taken) {
+    let template = if own.len() == usize::from(timeout_setting) {
         TemplateInner::Plain {
             uri: parts.uri.clone(),
             url,
+            timeout,
         }
     } else {
         // Back into a `reqwest::Request`, settings and all (reqwest's
@@ -476,16 +488,16 @@ mod tests {
     }
 
     /// A timeout left in the request (the middleware leaves reqwest's
-    /// timeout to each attempt) is kept: every attempt is a clone, timeout
-    /// and all.
+    /// timeout to each attempt) is kept: every attempt has it, and is
+    /// still rebuilt from the URL.
     #[test]
-    fn a_request_with_reqwests_settings_keeps_them_in_every_attempt() {
+    fn a_timeout_left_in_the_request_reaches_every_attempt() {
         let request = builder("http://127.0.0.1:9/")
             .timeout(Duration::from_millis(300))
             .build()
             .expect("a request");
         let (template, parts) = template_of(split(request, false).expect("split"));
-        assert!(template.is_extended());
+        assert!(!template.is_extended());
         for _ in 0..2 {
             let mut parts = clone_parts(&parts);
             let attempt = template.attempt(&mut parts).expect("the URI fits");
@@ -505,12 +517,14 @@ mod tests {
             .body(::reqwest::Body::from(""))
             .expect("a request");
         http.extensions_mut().insert(Marker(7));
-        let request = ::reqwest::Request::try_from(http).expect("converted");
+        let mut request = ::reqwest::Request::try_from(http).expect("converted");
+        *request.timeout_mut() = Some(Duration::from_millis(300));
         let split = split(request, false).expect("split");
         assert_eq!(split.extensions().get::<Marker>(), None);
         let (template, mut parts) = template_of(split);
         assert!(template.is_extended());
         let attempt = template.attempt(&mut parts).expect("the URI fits");
+        assert_eq!(attempt.timeout(), Some(&Duration::from_millis(300)));
         let back = http::Request::try_from(attempt).expect("converted back");
         assert_eq!(back.extensions().get::<Marker>(), Some(&Marker(7)));
     }
