@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tower_resilience_base::Deadline;
 use tower_service::Service;
 
-use super::service::{split, to_reqwest_response, ReqwestService};
+use super::service::{split, to_reqwest_response, ReqwestService, ReqwestTimeout};
 use super::transport::ReqwestStack;
 use crate::stack::ClientStackService;
 use crate::BoxError;
@@ -338,19 +338,13 @@ where
 
 /// The stack's request for a finished `reqwest::Request`, its `timeout`
 /// turned into a [`Deadline`] from now.
-fn prepare(mut request: ::reqwest::Request) -> Result<HttpRequest, BoxError> {
+fn prepare(request: ::reqwest::Request) -> Result<HttpRequest, BoxError> {
     // reqwest's own per-request timeout would bound each attempt on its
     // own, from the moment the transport starts it; the stack's deadline
     // bounds the whole call instead, retries included.
-    // Only when there is one: asking for it mutably writes an empty
-    // setting into reqwest's private extensions.
-    let deadline = match request.timeout() {
-        Some(_) => request.timeout_mut().take().map(Deadline::after),
-        None => None,
-    };
-    let mut request = split(request, deadline.is_some())?;
-    if let Some(deadline) = deadline {
-        request.extensions_mut().insert(deadline);
+    let (mut request, timeout) = split(request, ReqwestTimeout::Take)?;
+    if let Some(timeout) = timeout {
+        request.extensions_mut().insert(Deadline::after(timeout));
     }
     Ok(request)
 }

@@ -15,7 +15,9 @@ use tower_retry_budget::policy::Policy;
 use tower_retry_budget::DefaultPolicy;
 use tower_service::Service;
 
-use super::service::{split, to_http, to_reqwest, to_reqwest_response, HttpResponse};
+use super::service::{
+    split, to_http, to_reqwest, to_reqwest_response, HttpResponse, ReqwestTimeout,
+};
 use crate::stack::{ClientStack, OptionalThrottle, ThrottleSlot};
 use crate::BoxError;
 
@@ -140,7 +142,8 @@ where
     ) -> reqwest_middleware::Result<::reqwest::Response> {
         // The URL, parsed, and reqwest's per-request settings (its timeout,
         // applied to each attempt) travel in the call's template.
-        let request = split(request, false).map_err(to_middleware_error)?;
+        let (request, _) =
+            split(request, ReqwestTimeout::PerAttempt).map_err(to_middleware_error)?;
         let transport = NextService {
             next,
             extensions: extensions.clone(),

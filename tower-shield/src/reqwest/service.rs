@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use pin_project_lite::pin_project;
@@ -157,7 +158,7 @@ enum TemplateInner {
     Plain {
         uri: http::Uri,
         url: ::reqwest::Url,
-        timeout: Option<std::time::Duration>,
+        timeout: Option<Duration>,
     },
     Extended {
         uri: http::Uri,
@@ -248,18 +249,24 @@ impl fmt::Debug for Template {
 /// [`Template`], so that [`to_reqwest`] rebuilds each attempt without
 /// parsing the URL again. A missing body becomes an empty one.
 ///
-/// `timeout_taken`: the caller took reqwest's timeout out of `request`
-/// (`timeout_mut().take()`), which leaves an empty setting behind in its
-/// private extensions.
+/// `timeout`: what becomes of reqwest's per-request timeout. With
+/// [`ReqwestTimeout::Take`] it leaves the request and is returned (for the
+/// call's deadline); with [`ReqwestTimeout::PerAttempt`] each attempt keeps
+/// it, and `None` is returned.
 pub(crate) fn split(
-    request: ::reqwest::Request,
-    timeout_taken: bool,
-) -> Result<HttpRequest, BoxError> {
+    mut request: ::reqwest::Request,
+    timeout: ReqwestTimeout,
+) -> Result<(HttpRequest, Option<Duration>), BoxError> {
     let url = request.url().clone();
-    let timeout = request.timeout().copied();
     // The timeout's setting, the one private extension this module can
-    // read, is there when there is a timeout or when it was taken.
-    let timeout_setting = timeout.is_some() || timeout_taken;
+    // read, is there when there is a timeout (asking for it mutably would
+    // write an empty one).
+    let timeout_setting = request.timeout().is_some();
+    let (taken, per_attempt) = match timeout {
+        ReqwestTimeout::Take if timeout_setting => (request.timeout_mut().take(), None),
+        ReqwestTimeout::Take => (None, None),
+        ReqwestTimeout::PerAttempt => (None, request.timeout().copied()),
+    };
     // reqwest's own conversion: the URI parsed from the URL, a missing
     // body as an empty one, and reqwest's private extensions out in the
     // open, where they can be counted.
@@ -269,7 +276,7 @@ pub(crate) fn split(
         TemplateInner::Plain {
             uri: parts.uri.clone(),
             url,
-            timeout,
+            timeout: per_attempt,
         }
     } else {
         // Back into a `reqwest::Request`, settings and all (reqwest's
@@ -287,7 +294,17 @@ pub(crate) fn split(
         }
     };
     parts.extensions.insert(Template(Arc::new(template)));
-    Ok(HttpRequest::from_parts(parts, body))
+    Ok((HttpRequest::from_parts(parts, body), taken))
+}
+
+/// What [`split`] does with a request's reqwest timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReqwestTimeout {
+    /// Taken out of the request and returned: [`Client`](super::Client)
+    /// makes it the call's deadline, over all attempts.
+    Take,
+    /// Left to each attempt, as reqwest applies it (the middleware's way).
+    PerAttempt,
 }
 
 /// A stack's answer as a `reqwest::Response`, for any body the stack
@@ -435,8 +452,6 @@ impl fmt::Debug for ResponseFuture {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     /// The template `split` put in `request`, and the request's parts.
@@ -461,7 +476,8 @@ mod tests {
             .version(http::Version::HTTP_2)
             .build()
             .expect("a request");
-        let (template, mut parts) = template_of(split(request, false).expect("split"));
+        let (template, mut parts) =
+            template_of(split(request, ReqwestTimeout::PerAttempt).expect("split").0);
         assert!(!template.is_extended());
         assert_eq!(parts.uri, "http://127.0.0.1:9/items?page=2");
         let attempt = template.attempt(&mut parts).expect("the URI fits");
@@ -476,12 +492,13 @@ mod tests {
     /// carries nothing: still plain.
     #[test]
     fn a_request_whose_timeout_was_taken_is_plain() {
-        let mut request = builder("http://127.0.0.1:9/")
+        let request = builder("http://127.0.0.1:9/")
             .timeout(Duration::from_millis(300))
             .build()
             .expect("a request");
-        assert!(request.timeout_mut().take().is_some());
-        let (template, mut parts) = template_of(split(request, true).expect("split"));
+        let (request, taken) = split(request, ReqwestTimeout::Take).expect("split");
+        assert_eq!(taken, Some(Duration::from_millis(300)));
+        let (template, mut parts) = template_of(request);
         assert!(!template.is_extended());
         let attempt = template.attempt(&mut parts).expect("the URI fits");
         assert_eq!(attempt.timeout(), None);
@@ -496,7 +513,8 @@ mod tests {
             .timeout(Duration::from_millis(300))
             .build()
             .expect("a request");
-        let (template, parts) = template_of(split(request, false).expect("split"));
+        let (template, parts) =
+            template_of(split(request, ReqwestTimeout::PerAttempt).expect("split").0);
         assert!(!template.is_extended());
         for _ in 0..2 {
             let mut parts = clone_parts(&parts);
@@ -519,7 +537,7 @@ mod tests {
         http.extensions_mut().insert(Marker(7));
         let mut request = ::reqwest::Request::try_from(http).expect("converted");
         *request.timeout_mut() = Some(Duration::from_millis(300));
-        let split = split(request, false).expect("split");
+        let (split, _) = split(request, ReqwestTimeout::PerAttempt).expect("split");
         assert_eq!(split.extensions().get::<Marker>(), None);
         let (template, mut parts) = template_of(split);
         assert!(template.is_extended());
@@ -555,7 +573,8 @@ mod tests {
     #[test]
     fn a_changed_uri_does_not_fit_the_template() {
         let request = builder("http://127.0.0.1:9/a").build().expect("a request");
-        let (template, mut parts) = template_of(split(request, false).expect("split"));
+        let (template, mut parts) =
+            template_of(split(request, ReqwestTimeout::PerAttempt).expect("split").0);
         parts.uri = http::Uri::from_static("http://127.0.0.1:9/b");
         assert!(template.attempt(&mut parts).is_none());
     }
