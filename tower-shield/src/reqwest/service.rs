@@ -304,6 +304,7 @@ pub(crate) enum ReqwestTimeout {
     /// makes it the call's deadline, over all attempts.
     Take,
     /// Left to each attempt, as reqwest applies it (the middleware's way).
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
     PerAttempt,
 }
 
