@@ -26,7 +26,10 @@
 //! // The handler calls it without saying anything about criticality...
 //! let handler = service_fn(move |_req: http::Request<()>| {
 //!     let client = client.clone();
-//!     async move { client.oneshot(http::Request::new(())).await }
+//!     async move {
+//!         let told = client.oneshot(http::Request::new(())).await?;
+//!         Ok::<_, tower::BoxError>(http::Response::new(told))
+//!     }
 //! });
 //! let server = AcceptCriticalityLayer::new().layer(handler);
 //!
@@ -34,14 +37,19 @@
 //! let request = http::Request::builder()
 //!     .header(CRITICALITY_HEADER, "sheddable")
 //!     .body(())?;
-//! assert_eq!(server.oneshot(request).await?, "sheddable");
+//! let response = server.oneshot(request).await?;
+//! assert_eq!(response.body().get_ref(), "sheddable");
 //! # Ok(())
 //! # }
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::Request;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tower_layer::Layer;
 use tower_resilience_base::criticality::{Criticality, CRITICALITY_HEADER};
@@ -54,10 +62,10 @@ use tower_service::Service;
 /// header clamped to [`max`](Self::max) (by default `Critical`: no caller
 /// can claim `CriticalPlus` unless the server grants it), else
 /// [`default`](Self::default_criticality); it stores it in the extensions
-/// and runs the inner service's `call` and future in its scope, so that the
-/// handler's outgoing calls inherit it ([`PropagateCriticalityLayer`]). A
-/// response body streamed after the handler's future ended is outside the
-/// scope.
+/// and runs the inner service's `call`, its future and its response body
+/// in its scope, so that the handler's outgoing calls inherit it
+/// ([`PropagateCriticalityLayer`]), those a streamed body makes while it is
+/// read included (as the server deadline's scope covers the body).
 ///
 /// # Example
 ///
@@ -168,13 +176,13 @@ impl<S> Layer<S> for AcceptCriticalityLayer {
 
 // === impl AcceptCriticality ===
 
-impl<S, B> Service<Request<B>> for AcceptCriticality<S>
+impl<S, B, ResB> Service<Request<B>> for AcceptCriticality<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<ResB>>,
 {
-    type Response = S::Response;
+    type Response = Response<CriticalityBody<ResB>>;
     type Error = S::Error;
-    type Future = TaskLocalFuture<Criticality, S::Future>;
+    type Future = AcceptFuture<S::Future>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -189,7 +197,147 @@ where
         request.extensions_mut().insert(criticality);
         let inner = &mut self.inner;
         let future = criticality.sync_scope(|| inner.call(request));
-        criticality.scope(future)
+        AcceptFuture {
+            inner: criticality.scope(future),
+            criticality,
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of [`AcceptCriticality`]: the inner future,
+    /// polled with the request's criticality in scope; its response's body
+    /// is polled in the same scope ([`CriticalityBody`]).
+    #[must_use = "futures do nothing unless polled"]
+    pub struct AcceptFuture<F> {
+        #[pin]
+        inner: TaskLocalFuture<Criticality, F>,
+        criticality: Criticality,
+    }
+}
+
+impl<F, ResB, E> Future for AcceptFuture<F>
+where
+    F: Future<Output = Result<Response<ResB>, E>>,
+{
+    type Output = Result<Response<CriticalityBody<ResB>>, E>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let criticality = *this.criticality;
+        this.inner
+            .poll(cx)
+            .map_ok(|response| response.map(|inner| CriticalityBody { inner, criticality }))
+    }
+}
+
+impl<F> std::fmt::Debug for AcceptFuture<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AcceptFuture")
+            .field("criticality", &self.criticality)
+            .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The response body of [`AcceptCriticality`]: each poll runs with the
+    /// request's criticality in scope, so that a body streamed after the
+    /// handler returned (a server stream, a body produced by a task of the
+    /// handler's own future) makes its outgoing calls with the caller's
+    /// criticality, as the handler does.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use futures_util::StreamExt;
+    /// use http_body_util::{BodyExt, StreamBody};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_resilience_base::criticality::{Criticality, CRITICALITY_HEADER};
+    /// use tower_shield::criticality::AcceptCriticalityLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower::BoxError> {
+    /// // A body whose one frame says which criticality was in scope when
+    /// // it was read, long after the handler returned.
+    /// let handler = service_fn(|_req: http::Request<()>| async {
+    ///     let frames = futures_util::stream::poll_fn(|_cx| {
+    ///         let seen = Criticality::current().map_or("none", Criticality::as_str);
+    ///         std::task::Poll::Ready(Some(Ok::<_, Infallible>(
+    ///             http_body::Frame::data(bytes::Bytes::from(seen)),
+    ///         )))
+    ///     })
+    ///     .take(1);
+    ///     Ok::<_, Infallible>(http::Response::new(StreamBody::new(frames)))
+    /// });
+    /// let server = AcceptCriticalityLayer::new().layer(handler);
+    /// let request = http::Request::builder()
+    ///     .header(CRITICALITY_HEADER, "sheddable")
+    ///     .body(())?;
+    /// let response = server.oneshot(request).await?;
+    /// let body = response.into_body().collect().await?.to_bytes();
+    /// assert_eq!(body, "sheddable");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub struct CriticalityBody<B> {
+        #[pin]
+        inner: B,
+        criticality: Criticality,
+    }
+}
+
+impl<B> CriticalityBody<B> {
+    /// The criticality its polls run with.
+    #[must_use]
+    pub fn criticality(&self) -> Criticality {
+        self.criticality
+    }
+
+    /// The inner body.
+    #[must_use]
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+
+    /// The inner body, unwrapped.
+    #[must_use]
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+impl<B: Body> Body for CriticalityBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let inner = this.inner;
+        this.criticality.sync_scope(|| inner.poll_frame(cx))
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B> std::fmt::Debug for CriticalityBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CriticalityBody")
+            .field("criticality", &self.criticality)
+            .finish_non_exhaustive()
     }
 }
 
@@ -271,7 +419,7 @@ mod tests {
         let svc = layer.layer(service_fn(|req: Request<()>| async move {
             let seen = Criticality::from_extensions(req.extensions());
             assert_eq!(seen, Criticality::current(), "extension and scope agree");
-            Ok::<_, Infallible>(seen.expect("set"))
+            Ok::<_, Infallible>(http::Response::new(seen.expect("set")))
         }));
         let mut request = Request::new(());
         if let Some(h) = header {
@@ -279,7 +427,46 @@ mod tests {
                 .headers_mut()
                 .insert(CRITICALITY_HEADER, h.parse().unwrap());
         }
-        svc.oneshot(request).await.unwrap()
+        svc.oneshot(request).await.unwrap().into_body().into_inner()
+    }
+
+    /// A body streamed after the handler returned makes its outgoing call
+    /// (through `PropagateCriticality`) with the caller's criticality: the
+    /// body is read in the request's scope, as the handler runs.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_streamed_body_calls_out_with_the_callers_criticality() {
+        use futures_util::StreamExt;
+        use http_body_util::{BodyExt, StreamBody};
+
+        let dependency =
+            PropagateCriticalityLayer::new().layer(service_fn(|req: Request<()>| async move {
+                let told = req.headers().get(CRITICALITY_HEADER).cloned();
+                Ok::<_, Infallible>(
+                    told.map_or_else(String::new, |v| v.to_str().unwrap_or_default().to_owned()),
+                )
+            }));
+        let handler = service_fn(move |_req: Request<()>| {
+            let dependency = dependency.clone();
+            async move {
+                // The call is made when the body is read, not before.
+                let frames = futures_util::stream::once(async move {
+                    let told = dependency.oneshot(Request::new(())).await?;
+                    Ok::<_, Infallible>(Frame::data(bytes::Bytes::from(told)))
+                })
+                .boxed();
+                Ok::<_, Infallible>(http::Response::new(StreamBody::new(frames)))
+            }
+        });
+        let server = AcceptCriticalityLayer::new().layer(handler);
+        let mut request = Request::new(());
+        request
+            .headers_mut()
+            .insert(CRITICALITY_HEADER, "sheddable".parse().unwrap());
+        let response = server.oneshot(request).await.unwrap();
+        assert_eq!(response.body().criticality(), Criticality::Sheddable);
+        assert_eq!(Criticality::current(), None, "nothing in scope out here");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "sheddable", "the dependency was told");
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -51,7 +51,8 @@
 //!
 //! A server stack for `axum::Router::layer`, outermost first: the caller's
 //! criticality (read from `x-criticality`, clamped, in scope for the
-//! handler), the caller's deadline (504 when it passes), a bulkhead (503 +
+//! handler and its response body), the caller's deadline (504 when it
+//! passes; it bounds the body too), a bulkhead (503 +
 //! `Retry-After` when full), a breaker (503 + `Retry-After` while open);
 //! every rejection is a response, so the error type stays the router's:
 //!

@@ -567,6 +567,67 @@ async fn a_server_stack_hands_the_callers_criticality_to_its_client_stacks() {
     }
 }
 
+/// A body streamed after the handler returned (a server stream, a body
+/// whose frames come from calls it makes as it is read) calls out with the
+/// caller's criticality too: the server stack reads the body in the
+/// request's scope, as its deadline does. Both ways of building the server
+/// stack.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_server_stacks_streamed_body_calls_out_with_the_callers_criticality() {
+    use futures_util::StreamExt;
+    use http_body_util::{BodyExt, StreamBody};
+
+    for build in [Build::OneLine, Build::ByHand] {
+        let dependency = Dependency::default();
+        let downstream = client(
+            Build::OneLine,
+            &Knobs::new(config()),
+            dependency.serve(answers(200)),
+        )
+        .service;
+        let handler = service_fn(move |_req: Request<String>| {
+            let downstream = downstream.clone();
+            async move {
+                // The call is made as the body is read, after the handler's
+                // future has ended.
+                let frames = futures_util::stream::once(async move {
+                    let status = send(&downstream).await?.status();
+                    Ok::<_, BoxError>(http_body::Frame::data(bytes::Bytes::from(
+                        status.to_string(),
+                    )))
+                })
+                .boxed();
+                // (A boxed body: the stack's own answers need a default one.)
+                Ok::<_, std::convert::Infallible>(Response::new(
+                    StreamBody::new(frames).boxed_unsync(),
+                ))
+            }
+        });
+        let (server, _) = server(build, 8, handler);
+        let response = server
+            .oneshot(
+                Request::get("/stock")
+                    .header(CRITICALITY_HEADER, "sheddable")
+                    .body(String::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{build:?}");
+        assert!(
+            dependency.values(CRITICALITY_HEADER.as_str()).is_empty(),
+            "{build:?}: nothing called before the body is read"
+        );
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "200 OK", "{build:?}");
+        assert_eq!(
+            dependency.values(CRITICALITY_HEADER.as_str()),
+            vec![vec!["sheddable".to_owned()]],
+            "{build:?}: the dependency was told the caller's criticality"
+        );
+    }
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_throttled_attempt_is_local_not_counted_by_the_breaker_nor_retried() {
     use tower_breaker::throttle::ThrottleLayer;
