@@ -429,7 +429,7 @@ impl Compartment {
         self.shed.fetch_add(1, Ordering::Relaxed);
         self.metrics.rejected();
         self.log_rejection(None, Some(criticality));
-        BulkheadFull::new(self.name.clone(), self.limit(), None)
+        BulkheadFull::shed_for(self.name.clone(), self.limit(), criticality)
     }
 
     /// At most one `WARN` event per compartment per [`LOG_INTERVAL_MS`];

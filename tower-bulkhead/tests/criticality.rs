@@ -50,6 +50,13 @@ async fn at_sixty_percent_sheddable_is_refused_and_critical_admitted_from_the_sc
         .unwrap_err();
     let full = err.downcast_ref::<BulkheadFull>().unwrap();
     assert_eq!((full.compartment(), full.limit()), ("dep", 10));
+    // The error says it was shed for its criticality, not that the
+    // compartment (6 of 10 in flight) was full.
+    assert_eq!(full.shed(), Some(Criticality::Sheddable));
+    assert_eq!(
+        full.to_string(),
+        "bulkhead compartment `dep` shed a `sheddable` call: over its share of the limit of 10"
+    );
     assert_eq!(handle.stats().shed(), 1);
     assert_eq!(handle.rejected(), 1);
 

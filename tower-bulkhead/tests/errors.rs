@@ -46,6 +46,7 @@ async fn bulkhead_full_downcasts_behind_a_second_layer() {
     let full = err.downcast::<BulkheadFull>().unwrap();
     assert_eq!(full.compartment(), "payments");
     assert_eq!(full.waited(), Duration::ZERO);
+    assert_eq!(full.shed(), None, "full, not shed for its criticality");
     assert_eq!(
         full.to_string(),
         "bulkhead compartment `payments` is full (1 in flight)"

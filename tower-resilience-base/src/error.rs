@@ -38,6 +38,7 @@ use std::error::Error;
 use std::fmt;
 use std::time::Duration;
 
+use crate::criticality::Criticality;
 use crate::{BoxError, Name};
 
 /// The circuit is open (or half-open with every probe slot taken, or
@@ -82,21 +83,34 @@ pub struct CircuitOpen {
 ///
 /// The rejection happened either at once ([`waited`](Self::waited) is zero)
 /// or after the configured `max_wait` passed without a slot freeing up
-/// ([`waited_and_timed_out`](Self::waited_and_timed_out)).
+/// ([`waited_and_timed_out`](Self::waited_and_timed_out)). A compartment
+/// that sheds by criticality refuses a request over its criticality's
+/// share of the limit before the compartment is full: that refusal says
+/// which criticality it shed ([`shed`](Self::shed)).
 ///
 /// # Example
 ///
 /// ```
+/// use tower_resilience_base::criticality::Criticality;
 /// use tower_resilience_base::error::BulkheadFull;
 ///
 /// let full = BulkheadFull::new("payments", 16, None);
 /// assert_eq!(full.to_string(), "bulkhead compartment `payments` is full (16 in flight)");
+/// assert_eq!(full.shed(), None);
+///
+/// let shed = BulkheadFull::shed_for("payments", 16, Criticality::Sheddable);
+/// assert_eq!(
+///     shed.to_string(),
+///     "bulkhead compartment `payments` shed a `sheddable` call: over its share of the limit of 16"
+/// );
+/// assert_eq!(shed.shed(), Some(Criticality::Sheddable));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BulkheadFull {
     compartment: Name,
     limit: usize,
     waited: Option<Duration>,
+    shed: Option<Criticality>,
 }
 
 /// The deadline passed while the call was in flight; the inner future was
@@ -322,7 +336,28 @@ impl BulkheadFull {
             compartment: compartment.into(),
             limit,
             waited,
+            shed: None,
         }
+    }
+
+    /// The refusal, by compartment `compartment` of limit `limit`, of a
+    /// request of `criticality` that was over its criticality's share of
+    /// the limit (the compartment sheds the least critical calls first,
+    /// before it is full). It never waited.
+    pub fn shed_for(compartment: impl Into<Name>, limit: usize, criticality: Criticality) -> Self {
+        Self {
+            compartment: compartment.into(),
+            limit,
+            waited: None,
+            shed: Some(criticality),
+        }
+    }
+
+    /// The criticality of the refused call when it was shed for it (over
+    /// its share of the limit); `None` when the compartment was full.
+    #[must_use]
+    pub const fn shed(&self) -> Option<Criticality> {
+        self.shed
     }
 
     /// The name of the full compartment: the bulkhead's name, and for
@@ -333,7 +368,8 @@ impl BulkheadFull {
     }
 
     /// The compartment's limit: how many calls were in flight when this one
-    /// was refused.
+    /// was refused (for a [shed](Self::shed) call, the limit whose share it
+    /// was over).
     #[must_use]
     pub const fn limit(&self) -> usize {
         self.limit
@@ -357,6 +393,15 @@ impl BulkheadFull {
 
 impl fmt::Display for BulkheadFull {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(criticality) = self.shed {
+            return write!(
+                f,
+                "bulkhead compartment `{}` shed a `{}` call: over its share of the limit of {}",
+                self.compartment,
+                criticality.as_str(),
+                self.limit
+            );
+        }
         write!(
             f,
             "bulkhead compartment `{}` is full ({} in flight)",
