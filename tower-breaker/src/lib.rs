@@ -157,6 +157,9 @@
 //! Observability: `tracing` events `circuit_opened` (warn; with the
 //! breaker's name, the cause, the rates, the window's counts and the open
 //! period), `circuit_half_open` and `circuit_closed` (info),
+//! `circuit_probe_given_back` (info: the fleet's elected prober had no call
+//! to probe with and handed the probe back; half-open to open, but no
+//! failure),
 //! `circuit_mode_changed`, and `circuit_rejected` (warn, at most once per
 //! `rejection_event_interval` per breaker, with the rejected total);
 //! [`Breaker::snapshot`] for the state, the window's counts and rates and

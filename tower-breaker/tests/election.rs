@@ -628,6 +628,34 @@ async fn a_winner_without_a_call_gives_the_probe_back() {
     assert_eq!(a, State::Closed, "b's success closed a too");
 }
 
+/// Giving the probe back is not an opening for an alert: it is told at
+/// `INFO` as `circuit_probe_given_back` (how long the winner held the
+/// probe, how long the circuit is open again), never as the `WARN`
+/// `circuit_opened` that failures cause.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_probe_given_back_is_told_as_such_not_as_an_opening() {
+    let events = resilience_testkit::Events::default();
+    let _guard = resilience_testkit::set_default(events.clone());
+    quiet_winner(false).await;
+    let seen = events.take();
+    let given_back: Vec<_> = seen
+        .iter()
+        .filter(|(message, _)| message == "circuit_probe_given_back")
+        .collect();
+    assert_eq!(given_back.len(), 1, "events: {seen:?}");
+    let fields = &given_back[0].1;
+    assert_eq!(fields["breaker"], "dep");
+    let held: u64 = fields["held_ms"].parse().unwrap();
+    assert!((1_000..=1_500).contains(&held), "held {held} ms");
+    assert!(
+        !seen
+            .iter()
+            .any(|(message, fields)| message == "circuit_opened"
+                && fields.get("cause").map(String::as_str) == Some("ProbeGivenBack")),
+        "a give-back told as an opening: {seen:?}"
+    );
+}
+
 /// On a store that cannot take the probe back, the quiet winner stops
 /// renewing: the fleet elects again once the election's T (the grown
 /// period, 10 s) has passed, never later.

@@ -655,6 +655,14 @@ impl Core {
                 mode = ?to.mode(),
                 "circuit_mode_changed"
             ),
+            // Not a failure: this process won the fleet's probe and had no
+            // call to probe with; an alert on openings must not fire.
+            (OPEN, Cause::ProbeGivenBack) => tracing::info!(
+                breaker = name,
+                held_ms = after_ms,
+                open_for_ms = open_for.map_or(0, |d| d.as_millis() as u64),
+                "circuit_probe_given_back"
+            ),
             (OPEN, _) => tracing::warn!(
                 breaker = name,
                 cause = ?cause,
