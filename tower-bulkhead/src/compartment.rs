@@ -301,20 +301,19 @@ impl Compartment {
     /// other and no wake-up is lost. On x86 this costs nothing over
     /// `Acquire`.
     #[inline]
-    fn try_take(&self) -> Option<usize> {
+    fn try_take(&self) -> bool {
         self.try_take_ranked(Shedding::OFF, || Criticality::Critical)
-            .ok()
+            .is_ok()
     }
 
     /// Takes a slot if one is free for a request of this criticality
-    /// (read only when the compartment is past the lowest share), and
-    /// returns the calls in flight with it.
+    /// (read only when the compartment is past the lowest share).
     #[inline]
     fn try_take_ranked(
         &self,
         shedding: Shedding,
         criticality: impl FnOnce() -> Criticality,
-    ) -> Result<usize, Refusal> {
+    ) -> Result<(), Refusal> {
         let limit = self.limit();
         let floor = shedding.allowed(shedding.floor, limit);
         let mut criticality = Some(criticality);
@@ -341,7 +340,7 @@ impl Compartment {
             ) {
                 Ok(_) => {
                     self.metrics.taken();
-                    return Ok(current + 1);
+                    return Ok(());
                 }
                 Err(actual) => current = actual,
             }
@@ -552,7 +551,7 @@ impl Admission {
         criticality: impl FnOnce() -> Criticality,
     ) -> Self {
         match compartment.try_take_ranked(shedding, criticality) {
-            Ok(in_flight) => return Self::Go(Permit::new(compartment, in_flight)),
+            Ok(()) => return Self::Go(Permit::new(compartment)),
             Err(Refusal::Shed(c)) => return Self::Full(compartment.shed(c)),
             Err(Refusal::Full) => {}
         }
@@ -576,15 +575,14 @@ impl Permit {
     #[cfg(test)]
     #[inline]
     pub(crate) fn try_acquire(compartment: &Arc<Compartment>) -> Option<Self> {
-        let in_flight = compartment.try_take()?;
-        Some(Self::new(compartment, in_flight))
+        compartment.try_take().then(|| Self::new(compartment))
     }
 
-    /// The permit of a slot just taken (`_in_flight` calls in flight with
-    /// it; the controller reads the count again at the release); in an
-    /// adaptive compartment, timed if the sampler says so.
+    /// The permit of a slot just taken (the controller reads the calls in
+    /// flight at the release); in an adaptive compartment, timed if the
+    /// sampler says so.
     #[inline]
-    fn new(compartment: &Arc<Compartment>, _in_flight: usize) -> Self {
+    fn new(compartment: &Arc<Compartment>) -> Self {
         let meta = match &compartment.adaptive {
             Some(controller) => match controller.start() {
                 NOT_TIMED => START_MASK,
@@ -645,7 +643,7 @@ impl Permit {
             // that a new call can queue as soon as this one is answered.
             drop(place);
             match outcome {
-                Ok(in_flight) => Ok(Self::new(&compartment, in_flight)),
+                Ok(()) => Ok(Self::new(&compartment)),
                 Err(_elapsed) => Err(compartment.reject(Some(max_wait))),
             }
         })
@@ -655,14 +653,14 @@ impl Permit {
 /// Resolves once this call holds a slot of `compartment` (the caller turns
 /// it into a [`Permit`]); dropping it before then leaves no trace. The
 /// caller holds a [`WaiterPlace`] throughout, so releases wake it.
-async fn wait_for_slot(compartment: &Compartment) -> usize {
+async fn wait_for_slot(compartment: &Compartment) {
     loop {
         let mut notified = pin!(compartment.notify.notified());
         // Join the queue before looking at the counter, so that a release
         // between the look and the wait still wakes us.
         notified.as_mut().enable();
-        if let Some(in_flight) = compartment.try_take() {
-            return in_flight;
+        if compartment.try_take() {
+            return;
         }
         notified.await;
     }

@@ -237,3 +237,24 @@ async fn adaptive_compartments_shed_by_criticality_against_their_current_limit()
     assert_eq!((handle.in_flight(), handle.stats().shed()), (7, 1));
     gate.open_all();
 }
+
+/// A layer's `Debug` shows its shares as the fractions they were given
+/// (kept in 1/1024ths, rounded up), for both flavours.
+#[test]
+fn a_layers_shares_read_back_as_fractions() {
+    let shares = [0.25, 0.5, 0.75, 1.0];
+    let plain = format!(
+        "{:?}",
+        BulkheadLayer::new("dep", 8).criticality_shares(shares)
+    );
+    let http = format!(
+        "{:?}",
+        HttpBulkheadLayer::new("dep", 8).criticality_shares(shares)
+    );
+    for debug in [plain, http] {
+        assert!(
+            debug.contains("criticality_shares: [0.25, 0.5, 0.75, 1.0]"),
+            "{debug}"
+        );
+    }
+}
