@@ -754,6 +754,15 @@ async fn per_key_adaptive_compartments_learn_independently() {
     assert!(handle.fallback().is_adaptive());
 }
 
+/// A fixed compartment says it is not adaptive, and its stats carry no
+/// adaptive figures.
+#[test]
+fn a_fixed_compartment_is_not_adaptive() {
+    let handle = BulkheadLayer::new("dep", 4).handle();
+    assert!(!handle.is_adaptive());
+    assert!(!handle.stats().is_adaptive());
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_limit_is_visible_with_the_latencies_and_refusals_carry_it() {
     let layer = BulkheadLayer::adaptive("dep", gradient().initial(4).bounds(3, 100));
