@@ -243,9 +243,11 @@ impl<F> std::fmt::Debug for AcceptFuture<F> {
 pin_project! {
     /// The response body of [`AcceptCriticality`]: each poll runs with the
     /// request's criticality in scope, so that a body streamed after the
-    /// handler returned (a server stream, a body produced by a task of the
-    /// handler's own future) makes its outgoing calls with the caller's
-    /// criticality, as the handler does.
+    /// handler returned (a server stream, frames produced by calls the body
+    /// makes as it is read) makes its outgoing calls with the caller's
+    /// criticality, as the handler does. (A task the handler spawns to
+    /// feed the body runs outside any request's scope: it needs
+    /// [`Criticality::scope`] of its own.)
     ///
     /// # Example
     ///
