@@ -34,6 +34,44 @@ async fn connect(url: &str) -> Arc<RedisStore> {
     )
 }
 
+/// Waits until the server at `url` has `n` subscriptions to its channels
+/// (each breaker's push connection subscribes to its key's channel after
+/// it is built, on a task of its own): a decision published before then is
+/// lost to a process that is not yet listening.
+async fn subscribed(url: &str, n: usize) {
+    let client = redis::Client::open(url).expect("a Redis URL");
+    let mut con = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let start = Instant::now();
+    loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .query_async(&mut con)
+            .await
+            .expect("PUBSUB CHANNELS");
+        let mut total = 0;
+        if !channels.is_empty() {
+            let counts: Vec<(String, usize)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channels)
+                .query_async(&mut con)
+                .await
+                .expect("PUBSUB NUMSUB");
+            total = counts.iter().map(|(_, n)| n).sum();
+        }
+        if total >= n {
+            return;
+        }
+        assert!(
+            start.elapsed() < secs(10),
+            "{total} of {n} push subscriptions after 10 s"
+        );
+        sleep(ms(5)).await;
+    }
+}
+
 /// While cut off, the process's calls never wait on the store (each is
 /// admitted at once: the breaker fails open) and its store alarm counts
 /// the timeouts; after three unanswered calls it gives up on the silent
@@ -53,7 +91,7 @@ async fn a_partitioned_process_replaces_its_dead_connection_and_follows_the_flee
     let other = Breaker::with_config("partition", on(connect(&server.url()).await));
     cut_off.refresh().await.unwrap();
     other.refresh().await.unwrap();
-    sleep(ms(200)).await; // the push subscriber's connection too
+    subscribed(&server.url(), 2).await; // the push connections too
     let dialled = proxy.accepted();
 
     proxy.partition();
@@ -126,6 +164,9 @@ async fn a_quiet_process_reads_again_when_its_push_connection_comes_back() {
     let quiet = Breaker::with_config("quiet", short(connect(&proxy.url()).await));
     prober.refresh().await.unwrap();
     quiet.refresh().await.unwrap();
+    // Both listen before the opening is published (under load the quiet
+    // process's subscription could come after it, and it never heard).
+    subscribed(&server.url(), 2).await;
 
     while state(&prober) != State::Open {
         prober.try_acquire().unwrap().record(Outcome::Failure);
