@@ -38,9 +38,9 @@ fn wait(c: &Arc<Compartment>, max_waiters: usize) -> Option<Permit> {
         return Some(permit);
     }
     let place = WaiterPlace::try_take(c, max_waiters)?;
-    let in_flight = loom::future::block_on(wait_for_slot(&place.compartment));
+    loom::future::block_on(wait_for_slot(&place.compartment));
     drop(place);
-    Some(Permit::new(c, in_flight))
+    Some(Permit::new(c))
 }
 
 /// Three calls race for a compartment of two slots, each taking a slot if
