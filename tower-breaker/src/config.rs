@@ -364,7 +364,8 @@ impl FleetConfig {
     /// A call that finds the circuit closed on a decision older than this
     /// (no read or report has answered for that long: a process quiet for
     /// a while, a Lambda instance thawed after minutes, a new process)
-    /// waits, in a service's `poll_ready` or in
+    /// waits, in a service's `poll_ready` (a keyed service's future, since
+    /// its `poll_ready` does not know the key) or in
     /// [`Breaker::acquire`](crate::Breaker::acquire), for one read of the
     /// store (at most the [`election_timeout`](Self::election_timeout)),
     /// and is refused if the fleet opened the circuit meanwhile. A process
@@ -376,8 +377,7 @@ impl FleetConfig {
     /// wait is skipped while the store is failing (the breaker then
     /// decides alone, see [`on_store_failure`](Self::on_store_failure)),
     /// and [`Breaker::try_acquire`](crate::Breaker::try_acquire), which
-    /// cannot wait, and keyed breakers, whose `poll_ready` does not know
-    /// the key, admit on the decision they have.
+    /// cannot wait, admits on the decision it has.
     ///
     /// # Example
     ///

@@ -399,7 +399,8 @@
 //!   slow live one keeps it (up to `max_half_open_wait`; on a store that
 //!   cannot renew, the lease is that whole wait). The call that
 //!   finds T passed waits for the election it starts (in the services'
-//!   `poll_ready`, or [`Breaker::acquire`]; one store round trip, at most
+//!   `poll_ready`, a keyed service's future, or [`Breaker::acquire`]; one
+//!   store round trip, at most
 //!   the [`election_timeout`](FleetConfig::election_timeout), 500 ms) and,
 //!   won, is the probe itself: a quiet process does not hold the fleet
 //!   until its next call. Calls refused during the election are told to
@@ -407,9 +408,8 @@
 //!   ([`Decision::Probing`](crate::store::Decision::Probing), on reads and
 //!   lost elections), and callers are told the time left of its lease (at
 //!   least a refresh interval), not the fleet's new T, which is where the
-//!   circuit re-opens to if the probe fails. (A keyed breaker,
-//!   whose `poll_ready` cannot know the key, and [`Breaker::try_acquire`]
-//!   do not wait: there the winner's next call probes.) A winner that
+//!   circuit re-opens to if the probe fails. ([`Breaker::try_acquire`]
+//!   does not wait: there the winner's next call probes.) A winner that
 //!   has no probe in flight at two renewals in a row (no call came, or the
 //!   waiting caller gave up) gives the probe back
 //!   ([`Store::release_probe`](crate::store::Store::release_probe), about

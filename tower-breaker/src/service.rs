@@ -590,7 +590,7 @@ fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, Circ
 /// no layer took the hook. `spare` holds the attempts a previous call left
 /// untaken, reused instead of a new clone of `hook`, and receives this
 /// call's if nobody takes them.
-#[inline]
+#[inline(always)]
 pub(crate) fn call_client<'h, S, C, B>(
     breaker: &Breaker,
     classifier: &C,

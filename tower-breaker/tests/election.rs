@@ -9,14 +9,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::{Request, Response};
+use http_body_util::BodyExt;
 use support::*;
 use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_breaker::error::CircuitOpen;
+use tower_breaker::keyed::{
+    KeyedCircuitBreaker, KeyedHttpCircuitBreaker, KeyedPlainCircuitBreaker,
+};
 use tower_breaker::store::{
     Decision, Election, MemoryStore, ProbeToken, Store, StoreError, StoreFuture,
 };
-use tower_breaker::{Breaker, FleetConfig, Outcome, PlainBreakerLayer, State};
+use tower_breaker::{Breaker, BreakerRegistry, FleetConfig, Outcome, PlainBreakerLayer, State};
+use tower_resilience_base::{CallContext, Deadline};
 
 /// A memory store (shared by the "processes" of a test) whose elections
 /// take `delay` (or never answer), and whose lease renewals can be made to
@@ -666,4 +672,220 @@ async fn on_a_store_that_keeps_probes_a_quiet_winner_holds_the_fleet_until_t_onl
         after > secs(9) && after <= secs(10) + ms(600),
         "b probed {after:?} after the win"
     );
+}
+
+// === keyed breakers ===
+//
+// A keyed service's `poll_ready` does not know the key, so a key's call
+// that must wait for its breaker's fleet waits in the service's future.
+
+/// A registry whose breakers are configured as [`on`]'s, on `store`.
+fn registry_on(store: Arc<dyn Store>) -> BreakerRegistry<u32> {
+    BreakerRegistry::new(
+        "key",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .open_period(secs(5))
+            .fleet(FleetConfig::new(store)),
+    )
+}
+
+/// An HTTP dependency that counts its calls and answers `200`.
+fn http_dependency(
+    calls: &Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future: Send,
+> + Clone {
+    let calls = Arc::clone(calls);
+    service_fn(move |_: Request<String>| {
+        calls.fetch_add(1, SeqCst);
+        async { Ok::<_, Infallible>(Response::new(String::new())) }
+    })
+}
+
+/// Which keyed service a test calls through.
+#[derive(Clone, Copy, Debug)]
+enum Flavour {
+    Client,
+    Server,
+    Plain,
+}
+
+const FLAVOURS: [Flavour; 3] = [Flavour::Client, Flavour::Server, Flavour::Plain];
+
+/// One call of key 1 through `flavour`'s keyed service over a counting
+/// dependency: whether it reached the dependency and was answered well
+/// (`Ok`), or was refused (`Err`, with the refusal).
+async fn keyed_call(
+    flavour: Flavour,
+    registry: &BreakerRegistry<u32>,
+    calls: &Arc<AtomicUsize>,
+) -> Result<(), String> {
+    match flavour {
+        Flavour::Client => {
+            let svc = KeyedCircuitBreaker::new(
+                http_dependency(calls),
+                registry.clone(),
+                |_: &Request<String>| 1,
+            );
+            let response = svc
+                .oneshot(Request::new(String::new()))
+                .await
+                .map_err(|e| e.to_string())?;
+            response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        }
+        Flavour::Server => {
+            let svc = KeyedHttpCircuitBreaker::new(
+                http_dependency(calls),
+                registry.clone(),
+                |_: &Request<String>| 1,
+            );
+            let response = svc.oneshot(Request::new(String::new())).await.unwrap();
+            match response.status().as_u16() {
+                200 => {
+                    response
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(())
+                }
+                status => Err(format!("answered {status}")),
+            }
+        }
+        Flavour::Plain => {
+            KeyedPlainCircuitBreaker::new(dependency(calls), registry.clone(), |_: &()| 1)
+                .oneshot(())
+                .await
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// The call that ends a key's open period waits for the election it
+/// starts and, this process winning, is the probe (its success closes the
+/// key's circuit), in each keyed flavour, as in the unkeyed ones. Before,
+/// it started the election without waiting and was refused.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keys_call_that_ends_its_open_period_waits_for_the_election_and_probes() {
+    for flavour in FLAVOURS {
+        let store = SlowElections::new(ms(20));
+        let registry = registry_on(store.clone());
+        opened_and_over(&registry.get(&1)).await;
+        let calls = Arc::new(AtomicUsize::new(0));
+
+        let started = Instant::now();
+        let probed = keyed_call(flavour, &registry, &calls).await;
+        assert_eq!(probed, Ok(()), "{flavour:?}: the probe");
+        assert_eq!(started.elapsed(), ms(20), "{flavour:?}: one election");
+        assert_eq!(calls.load(SeqCst), 1, "{flavour:?}");
+        assert_eq!(store.elections.load(SeqCst), 1, "{flavour:?}");
+        assert_eq!(state(&registry.get(&1)), State::Closed, "{flavour:?}");
+    }
+}
+
+/// A key called once every 10 s on a fleet's store, its dependency healthy
+/// again: the first call after the open period probes and closes the
+/// circuit. Before, each call started an election and was refused; the
+/// winner, with no call to probe with, gave the probe back 1.3 s later, and
+/// the next call 10 s on did the same: the key stayed open for good.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_rarely_called_key_recovers_at_its_first_call_after_the_open_period() {
+    for flavour in FLAVOURS {
+        let registry = registry_on(Arc::new(MemoryStore::new()));
+        opened_and_over(&registry.get(&1)).await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let mut answers = Vec::new();
+        for _ in 0..4 {
+            answers.push(keyed_call(flavour, &registry, &calls).await.is_ok());
+            // 10 s of quiet, in steps, so the breaker's lease renewals and
+            // a give-back run as they would.
+            for _ in 0..100 {
+                advance(ms(100)).await;
+                settle().await;
+            }
+        }
+        assert_eq!(answers, [true; 4], "{flavour:?}: answered");
+        assert_eq!(calls.load(SeqCst), 4, "{flavour:?}");
+        assert_eq!(state(&registry.get(&1)), State::Closed, "{flavour:?}");
+    }
+}
+
+/// A call that waited for its key's election calls the layers below with
+/// the context the layers above gave it (here the deadline of a client
+/// deadline layer above, as it is during `call`).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keys_waiting_call_keeps_the_context_of_the_layers_above() {
+    let registry = registry_on(SlowElections::new(ms(20)));
+    opened_and_over(&registry.get(&1)).await;
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let inner = {
+        let seen = Arc::clone(&seen);
+        service_fn(move |()| {
+            *seen.lock().unwrap() = Some(CallContext::current(|cx| (cx.deadline(), cx.attempt())));
+            async { Ok::<_, Infallible>(()) }
+        })
+    };
+    let mut svc = KeyedPlainCircuitBreaker::new(inner, registry.clone(), |_: &()| 1);
+    let deadline = Deadline::after(secs(2));
+    std::future::poll_fn(|cx| tower::Service::poll_ready(&mut svc, cx))
+        .await
+        .unwrap();
+    let waiting = CallContext::scoped(
+        |cx| {
+            cx.set_deadline(deadline, true);
+            cx.set_attempt(1);
+        },
+        || tower::Service::call(&mut svc, ()),
+    );
+    assert!(
+        seen.lock().unwrap().is_none(),
+        "not called before the election"
+    );
+    waiting.await.expect("the probe");
+    assert_eq!(*seen.lock().unwrap(), Some((Some(deadline), 1)));
+}
+
+/// A key's call that gives up while it waits leaves nothing held: the key
+/// is half-open with the probe slot free, and its next call probes.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keys_waiting_call_that_is_dropped_leaves_nothing_held() {
+    let registry = registry_on(SlowElections::new(ms(20)));
+    opened_and_over(&registry.get(&1)).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gave_up = tokio::time::timeout(ms(10), keyed_call(Flavour::Plain, &registry, &calls)).await;
+    assert!(gave_up.is_err(), "still waiting at 10 ms");
+    advance(ms(10)).await;
+    settle().await;
+    assert_eq!(state(&registry.get(&1)), State::HalfOpen);
+    assert_eq!(keyed_call(Flavour::Plain, &registry, &calls).await, Ok(()));
+    assert_eq!(calls.load(SeqCst), 1);
+    assert_eq!(state(&registry.get(&1)), State::Closed);
+}
+
+/// A key whose breaker need not wait (its fleet's decision is fresh) is
+/// called at once, in `call`: the service that was made ready is the one
+/// called. (A new key's first call reads the fleet's decision first, as a
+/// new process's does.)
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_key_with_a_fresh_decision_is_called_in_call() {
+    let registry = registry_on(SlowElections::new(ms(20)));
+    let calls = Arc::new(AtomicUsize::new(0));
+    assert_eq!(keyed_call(Flavour::Plain, &registry, &calls).await, Ok(()));
+    let mut svc = KeyedPlainCircuitBreaker::new(dependency(&calls), registry, |_: &()| 1);
+    std::future::poll_fn(|cx| tower::Service::poll_ready(&mut svc, cx))
+        .await
+        .unwrap();
+    let future = tower::Service::call(&mut svc, ());
+    assert_eq!(calls.load(SeqCst), 2, "called during `call`");
+    future.await.unwrap();
 }

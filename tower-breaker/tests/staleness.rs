@@ -320,3 +320,38 @@ async fn a_read_first_that_finds_the_period_over_waits_for_the_election_and_prob
         "its success closed the fleet"
     );
 }
+
+/// The same for a key of a keyed breaker, whose service's `poll_ready`
+/// does not know the key: the quiet key's call reads first in the
+/// service's future and is refused without reaching the dependency.
+/// Before, keyed breakers never read first, and the call reached the
+/// failing dependency once per process.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_quiet_key_reads_before_its_call_and_is_refused_when_the_fleet_opened() {
+    let store = Deaf::new(ms(20));
+    let fleet: Arc<dyn Store> = store.clone();
+    let registry = tower_breaker::BreakerRegistry::new(
+        "key",
+        config().fleet(FleetConfig::new(fleet).fleet_window(false)),
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = tower_breaker::keyed::KeyedPlainCircuitBreaker::new(
+        dependency(&calls),
+        registry.clone(),
+        |_: &()| 7u32,
+    );
+    service.clone().oneshot(()).await.expect("closed: admitted");
+    assert_eq!(calls.load(SeqCst), 1);
+    advance(secs(3)).await;
+    // Another process opens the fleet's circuit for this key meanwhile.
+    store.inner.try_open("key:7", secs(5)).await.unwrap();
+
+    let reads = store.reads.load(SeqCst);
+    let started = Instant::now();
+    let refused = service.oneshot(()).await.unwrap_err();
+    assert!(refused.downcast_ref::<CircuitOpen>().is_some(), "{refused}");
+    assert_eq!(started.elapsed(), ms(20), "one read");
+    assert_eq!(store.reads.load(SeqCst), reads + 1);
+    assert_eq!(calls.load(SeqCst), 1, "the failing dependency was spared");
+    assert_eq!(state(&registry.get(&7)), State::Open);
+}

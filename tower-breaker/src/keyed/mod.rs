@@ -1,8 +1,11 @@
 //! One breaker per key (host, route, tenant), from a key function: the
 //! three flavours of the keyed service, over a [`BreakerRegistry`].
 
+mod future;
 mod registry;
 
+use future::CallFn;
+pub use future::KeyedFuture;
 use registry::{next_layer_id, Handle, HookOwner};
 pub use registry::{BreakerRegistry, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_KEYS};
 
@@ -16,6 +19,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
+use crate::breaker::ElectionWait;
 use crate::classify::{Classify, DefaultClassifier, ErrorsOnly};
 use crate::future::{AnswerFuture, PlainResponseFuture, ResponseFuture};
 use crate::service::{call_client, call_http, call_plain};
@@ -715,7 +719,7 @@ impl<S: Clone, P: Clone, C: Clone> Clone for KeyedCircuitBreaker<S, P, C> {
 
 impl<S, K, F, C, B, RB> Service<Request<B>> for KeyedCircuitBreaker<S, PerKey<K, F>, C>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     RB: 'static,
     C: Classify<Response<RB>> + Clone,
@@ -724,7 +728,7 @@ where
 {
     type Response = Response<ResponseBody<RB, C>>;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, C>;
+    type Future = KeyedFuture<ResponseFuture<S::Future, C>, S, Request<B>, C>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -733,20 +737,117 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let handle = self.keys.handle(&request);
-        let hook = self.count_attempts.then(|| {
-            let owner = HookOwner::of::<C, S::Response>(self.layer_id);
-            handle.hook::<C, S::Response>(owner, &self.classifier)
-        });
-        call_client(
-            &handle.breaker,
+        let layer = self.count_attempts.then_some(self.layer_id);
+        if let Some(wait) = future::must_wait(&handle) {
+            return wait_then_call(
+                wait,
+                handle,
+                &self.classifier,
+                layer,
+                &mut self.inner,
+                request,
+                client_call,
+            );
+        }
+        KeyedFuture::called(client_call(
+            &handle,
             &self.classifier,
-            hook.as_ref().map(|hook| move || hook.get()),
-            // Per key: not kept across calls.
-            &mut None,
+            layer,
             &mut self.inner,
             request,
-        )
+        ))
     }
+}
+
+/// The call of the client flavour on `handle`'s breaker, its attempt hook
+/// offered below when `layer` is the id of a layer that counts attempts.
+#[inline(always)]
+fn client_call<S, C, B, RB>(
+    handle: &Handle,
+    classifier: &C,
+    layer: Option<u64>,
+    inner: &mut S,
+    request: Request<B>,
+) -> ResponseFuture<S::Future, C>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    RB: 'static,
+    C: Classify<Response<RB>> + Clone,
+{
+    let hook = layer.map(|id| {
+        let owner = HookOwner::of::<C, S::Response>(id);
+        handle.hook::<C, S::Response>(owner, classifier)
+    });
+    call_client(
+        &handle.breaker,
+        classifier,
+        hook.as_ref().map(|hook| move || hook.get()),
+        // Per key: not kept across calls.
+        &mut None,
+        inner,
+        request,
+    )
+}
+
+/// The server flavour's call on `handle`'s breaker.
+#[inline]
+fn http_call<S, C, B, ResB>(
+    handle: &Handle,
+    classifier: &C,
+    _: Option<u64>,
+    inner: &mut S,
+    request: Request<B>,
+) -> AnswerFuture<S::Future, C, ResB>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    ResB: Default,
+    C: Clone,
+{
+    call_http(&handle.breaker, classifier, inner, request)
+}
+
+/// The plain flavour's call on `handle`'s breaker.
+#[inline]
+fn plain_call<S, C, Req>(
+    handle: &Handle,
+    classifier: &C,
+    _: Option<u64>,
+    inner: &mut S,
+    request: Req,
+) -> PlainResponseFuture<S::Future, C>
+where
+    S: Service<Req>,
+    C: Clone,
+{
+    call_plain(&handle.breaker, classifier, inner, request)
+}
+
+/// The future of a call that must wait for its key's fleet first: it
+/// keeps the service that was made ready for it, leaving a clone in its
+/// place for the next call (a clone has not been polled ready). Out of
+/// line, so the calls that need no wait stay small.
+#[cold]
+#[inline(never)]
+fn wait_then_call<F, S: Clone, Req, C: Clone>(
+    wait: ElectionWait,
+    handle: Arc<Handle>,
+    classifier: &C,
+    layer: Option<u64>,
+    inner: &mut S,
+    request: Req,
+    call: CallFn<F, S, Req, C>,
+) -> KeyedFuture<F, S, Req, C> {
+    let clone = inner.clone();
+    let ready = std::mem::replace(inner, clone);
+    KeyedFuture::waiting(
+        wait,
+        handle,
+        classifier.clone(),
+        layer,
+        ready,
+        request,
+        call,
+    )
 }
 
 // === impl KeyedHttpCircuitBreaker ===
@@ -787,7 +888,7 @@ impl<S: Clone, P: Clone, C: Clone> Clone for KeyedHttpCircuitBreaker<S, P, C> {
 
 impl<S, K, F, C, B, ResB> Service<Request<B>> for KeyedHttpCircuitBreaker<S, PerKey<K, F>, C>
 where
-    S: Service<Request<B>, Response = Response<ResB>>,
+    S: Service<Request<B>, Response = Response<ResB>> + Clone,
     S::Error: std::error::Error + 'static,
     ResB: Default,
     C: Classify<Response<ResB>> + Clone,
@@ -796,7 +897,7 @@ where
 {
     type Response = Response<ResponseBody<ResB, C>>;
     type Error = S::Error;
-    type Future = AnswerFuture<S::Future, C, ResB>;
+    type Future = KeyedFuture<AnswerFuture<S::Future, C, ResB>, S, Request<B>, C>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -805,7 +906,24 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let handle = self.keys.handle(&request);
-        call_http(&handle.breaker, &self.classifier, &mut self.inner, request)
+        if let Some(wait) = future::must_wait(&handle) {
+            return wait_then_call(
+                wait,
+                handle,
+                &self.classifier,
+                None,
+                &mut self.inner,
+                request,
+                http_call,
+            );
+        }
+        KeyedFuture::called(http_call(
+            &handle,
+            &self.classifier,
+            None,
+            &mut self.inner,
+            request,
+        ))
     }
 }
 
@@ -847,7 +965,7 @@ impl<S: Clone, P: Clone, C: Clone> Clone for KeyedPlainCircuitBreaker<S, P, C> {
 
 impl<S, K, F, C, Req> Service<Req> for KeyedPlainCircuitBreaker<S, PerKey<K, F>, C>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<S::Response> + Clone,
     K: Hash + Eq + fmt::Display,
@@ -855,7 +973,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = PlainResponseFuture<S::Future, C>;
+    type Future = KeyedFuture<PlainResponseFuture<S::Future, C>, S, Req, C>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -864,6 +982,23 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let handle = self.keys.handle(&request);
-        call_plain(&handle.breaker, &self.classifier, &mut self.inner, request)
+        if let Some(wait) = future::must_wait(&handle) {
+            return wait_then_call(
+                wait,
+                handle,
+                &self.classifier,
+                None,
+                &mut self.inner,
+                request,
+                plain_call,
+            );
+        }
+        KeyedFuture::called(plain_call(
+            &handle,
+            &self.classifier,
+            None,
+            &mut self.inner,
+            request,
+        ))
     }
 }

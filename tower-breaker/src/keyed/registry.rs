@@ -762,7 +762,7 @@ impl Handle {
     /// and kept for the classifier of `owner`; for another classifier (a
     /// second layer with its own classifier sharing the registry), a new
     /// one on every call.
-    #[inline]
+    #[inline(always)]
     pub(super) fn hook<C, Res>(&self, owner: HookOwner, classifier: &C) -> HookRef<'_>
     where
         C: Classify<Res> + Clone,
