@@ -1,7 +1,10 @@
 //! The fleet-wide window across separate OS processes: 20 processes, each
 //! calling a failing dependency at a low rate, open together from the
-//! fleet's evidence. Each process is this test binary run again with
-//! `TOWER_BREAKER_REDIS_FLEET` set; a private `redis-server` on a free port.
+//! fleet's evidence; and a key of keyed breakers, called rarely by each of
+//! three processes, closes again after its outage. Each process is this
+//! test binary run again with `TOWER_BREAKER_REDIS_FLEET` (or
+//! `TOWER_BREAKER_REDIS_KEYED`) set; a private `redis-server` on a free
+//! port.
 
 mod support;
 
@@ -16,6 +19,7 @@ use tower_breaker::{Breaker, Outcome, State};
 use tower_breaker_redis::{RedisOptions, RedisStore};
 
 const MEMBER: &str = "TOWER_BREAKER_REDIS_FLEET";
+const KEYED_MEMBER: &str = "TOWER_BREAKER_REDIS_KEYED";
 
 /// Held while a fleet of processes runs.
 static FLEETS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -249,4 +253,200 @@ async fn after_healthy_traffic_twenty_processes_at_one_call_a_second_open_within
          rejects (first rejection {first} ms after the outage)"
     );
     assert!(calls <= 2 * 10, "{calls} calls");
+}
+
+/// The keyed breakers of the keyed fleet's processes: a key's circuit
+/// opens after 2 failures and stays open for 3 s.
+fn keyed_registry(store: Arc<RedisStore>) -> tower_breaker::BreakerRegistry<u32> {
+    tower_breaker::BreakerRegistry::new(
+        "hosts",
+        config()
+            .count_window(2)
+            .minimum_calls(2)
+            .open_period(secs(3))
+            .store(store),
+    )
+}
+
+/// One process of the keyed fleet: learns key 1's circuit (open), then
+/// from `start_ms` on calls key 1 through a keyed breaker `calls` times,
+/// one call every `every_ms`, on a healthy dependency (a counter in
+/// Redis); prints how many calls were answered and how many refused. A
+/// no-op without `TOWER_BREAKER_REDIS_KEYED`.
+#[test]
+fn keyed_member_role() {
+    use tower::ServiceExt;
+
+    let Ok(spec) = std::env::var(KEYED_MEMBER) else {
+        return;
+    };
+    let [url, start_ms, every_ms, calls]: [&str; 4] = spec
+        .split(' ')
+        .collect::<Vec<_>>()
+        .try_into()
+        .expect("url start every calls");
+    let (start_ms, every_ms, calls): (u128, u64, usize) = (
+        start_ms.parse().unwrap(),
+        every_ms.parse().unwrap(),
+        calls.parse().unwrap(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = Arc::new(
+            RedisStore::connect(url, RedisOptions::new().timeout(ms(500)))
+                .await
+                .unwrap(),
+        );
+        let registry = keyed_registry(store);
+        let key = registry.get(&1);
+        key.refresh().await.unwrap();
+        assert_eq!(state(&key), State::Open, "the member knows the key open");
+        let dependency = {
+            let client = redis::Client::open(url).unwrap();
+            let connection = redis::aio::ConnectionManager::new(client).await.unwrap();
+            tower::service_fn(move |_: u32| {
+                let mut connection = connection.clone();
+                async move {
+                    redis::cmd("INCR")
+                        .arg("dependency-calls")
+                        .query_async::<i64>(&mut connection)
+                        .await
+                }
+            })
+        };
+        let service = tower_breaker::keyed::KeyedPlainCircuitBreaker::new(
+            dependency,
+            registry.clone(),
+            |key: &u32| *key,
+        );
+        let (mut answered, mut refused) = (0, 0);
+        for call in 0..calls {
+            let at = start_ms + call as u128 * u128::from(every_ms);
+            while unix_ms() < at {
+                sleep(ms(1)).await;
+            }
+            match service.clone().oneshot(1).await {
+                Ok(_) => answered += 1,
+                Err(e) if e.is::<tower_breaker::error::CircuitOpen>() => refused += 1,
+                Err(e) => panic!("the dependency failed: {e}"),
+            }
+        }
+        println!("keyed-result answered={answered} refused={refused}");
+    });
+}
+
+/// Three processes call one key of their keyed breakers once every 1.6 s
+/// each, staggered, after the key's circuit opened fleet-wide; the
+/// dependency is healthy again. The first call after the open period
+/// waits for the election it starts, probes and closes the key for the
+/// whole fleet: every later call is answered. Before, keyed breakers did
+/// not wait: each call started an election and was refused, the winner
+/// gave the probe back 1.3 s later with no call to probe with, and the
+/// key stayed open for good (every call refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_calling_a_key_rarely_close_it_after_its_open_period() {
+    let Some(server) = RedisServer::start_or_skip(
+        "three_processes_calling_a_key_rarely_close_it_after_its_open_period",
+    ) else {
+        return;
+    };
+    let _alone = FLEETS.lock().await;
+    let store = Arc::new(
+        RedisStore::connect(&server.url(), RedisOptions::new().timeout(ms(500)))
+            .await
+            .unwrap(),
+    );
+    let registry = keyed_registry(store);
+    let key = registry.get(&1);
+    for _ in 0..2 {
+        key.try_acquire().unwrap().record(Outcome::Failure);
+    }
+    assert_eq!(state(&key), State::Open);
+    let opened_ms = unix_ms();
+    // The opening reaches the store: a fresh process reads it.
+    let reader = keyed_registry(Arc::new(
+        RedisStore::connect(&server.url(), RedisOptions::new())
+            .await
+            .unwrap(),
+    ));
+    loop {
+        assert!(
+            unix_ms() < opened_ms + 2_000,
+            "the opening never reached Redis"
+        );
+        let fresh = reader.get(&1);
+        if fresh.refresh().await.is_ok() && state(&fresh) == State::Open {
+            break;
+        }
+        sleep(ms(10)).await;
+    }
+
+    const PROCESSES: u64 = 3;
+    const EVERY_MS: u64 = 1_600;
+    const CALLS: usize = 4;
+    // The first call 0.3 s after the open period, the others staggered
+    // over the interval.
+    let first_ms = opened_ms + 3_300;
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|i| {
+            let start_ms = first_ms + u128::from(i * EVERY_MS / PROCESSES);
+            Command::new(&exe)
+                .args([
+                    "keyed_member_role",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(
+                    KEYED_MEMBER,
+                    format!("{} {start_ms} {EVERY_MS} {CALLS}", server.url()),
+                )
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (mut answered, mut refused) = (0, 0);
+    for child in children {
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(out.status.success());
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let line = stdout
+            .lines()
+            .find_map(|l| l.split_once("keyed-result ").map(|(_, r)| r.to_owned()))
+            .unwrap_or_else(|| panic!("no result in {stdout:?}"));
+        let count = |field: &str| -> usize {
+            line.split(' ')
+                .find_map(|kv| kv.strip_prefix(field))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        answered += count("answered=");
+        refused += count("refused=");
+    }
+    // Never set when nothing reached the dependency.
+    let calls: i64 = redis::cmd("GET")
+        .arg("dependency-calls")
+        .query::<Option<i64>>(&mut server.raw())
+        .unwrap()
+        .unwrap_or(0);
+    println!(
+        "keyed fleet: 3 processes x 1 call per 1.6 s on a key open for 3 s: \
+         {answered} answered, {refused} refused"
+    );
+    assert_eq!(refused, 0, "the key never recovered in {answered} answered");
+    assert_eq!(answered, PROCESSES as usize * CALLS);
+    assert_eq!(
+        calls, answered as i64,
+        "each answer was a call of the dependency"
+    );
 }
