@@ -307,3 +307,65 @@ async fn a_key_function_generic_over_the_body_is_inferred_from_the_service() {
     get(&svc, "a.example").await.unwrap();
     assert!(registry.find(&"a.example".to_owned()).is_some());
 }
+
+/// An inner service of one slot (tower's `ConcurrencyLimit`): not ready
+/// while a call holds it.
+fn one_slot(
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone {
+    tower::limit::ConcurrencyLimit::new(ok_infallible(), 1)
+}
+
+/// Every keyed flavour is ready when, and only when, its inner service is
+/// (and is woken when it becomes ready): it forwards the readiness and
+/// adds none of its own.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn each_keyed_flavour_is_ready_only_when_its_inner_service_is() {
+    let registry = BreakerRegistry::new("hosts", config());
+    macro_rules! check {
+        ($flavour:literal, $layer:expr) => {{
+            let mut svc = tower_test::mock::Spawn::new($layer.layer(one_slot()));
+            tokio_test::assert_ready_ok!(svc.poll_ready(), $flavour);
+            let holding = svc.call(to("a"));
+            tokio_test::assert_pending!(svc.poll_ready(), "{}: its slot is taken", $flavour);
+            drop(holding);
+            assert!(svc.is_woken(), "{}", $flavour);
+            tokio_test::assert_ready_ok!(svc.poll_ready(), $flavour);
+        }};
+    }
+    check!("client", KeyedBreakerLayer::new(registry.clone(), by_host));
+    check!(
+        "server",
+        KeyedBreakerLayer::new(registry.clone(), by_host).http_answers()
+    );
+    check!(
+        "plain",
+        KeyedBreakerLayer::new(registry.clone(), by_host).plain()
+    );
+}
+
+/// The keyed types name themselves and their parts in `Debug`: the
+/// layers, the services with their registry and key function, and the
+/// response future with its state.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_keyed_types_say_what_they_are_in_debug() {
+    let registry = BreakerRegistry::new("hosts", config());
+    let client = KeyedBreakerLayer::new(registry.clone(), by_host);
+    let server = client.clone().http_answers();
+    let plain = client.clone().plain();
+    for (debug, name) in [
+        (format!("{client:?}"), "KeyedBreakerLayer"),
+        (format!("{server:?}"), "KeyedHttpBreakerLayer"),
+        (format!("{plain:?}"), "KeyedPlainBreakerLayer"),
+    ] {
+        assert!(debug.starts_with(name), "{debug}");
+        assert!(debug.contains("PerKey"), "{debug}");
+        assert!(debug.contains("by_host"), "the key function: {debug}");
+    }
+    let mut svc = client.layer(ok_infallible());
+    std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    let future = svc.call(to("a"));
+    assert_eq!(
+        format!("{future:?}"),
+        "KeyedFuture { state: \"called\", .. }"
+    );
+}
