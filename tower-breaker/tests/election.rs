@@ -889,3 +889,37 @@ async fn a_key_with_a_fresh_decision_is_called_in_call() {
     assert_eq!(calls.load(SeqCst), 2, "called during `call`");
     future.await.unwrap();
 }
+
+/// What `try_acquire`'s docs warn about: on a store, a caller of
+/// `try_acquire` that calls less often than the give-back (1.3 s) starts
+/// an election at every call and is refused every time, while the same
+/// caller with `acquire` probes at its first call and closes the circuit.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_rare_caller_probes_with_acquire_and_never_with_try_acquire() {
+    for waits in [false, true] {
+        let breaker = on(Arc::new(MemoryStore::new()), |f| f);
+        opened_and_over(&breaker).await;
+        let mut granted = Vec::new();
+        for _ in 0..3 {
+            let permit = if waits {
+                breaker.acquire().await
+            } else {
+                breaker.try_acquire()
+            };
+            granted.push(permit.map(|p| p.record(Outcome::Success)).is_ok());
+            // 5 s of quiet, in steps, so lease renewals and a give-back
+            // run as they would.
+            for _ in 0..50 {
+                advance(ms(100)).await;
+                settle().await;
+            }
+        }
+        if waits {
+            assert_eq!(granted, [true; 3]);
+            assert_eq!(state(&breaker), State::Closed);
+        } else {
+            assert_eq!(granted, [false; 3]);
+            assert_eq!(state(&breaker), State::Open);
+        }
+    }
+}

@@ -403,6 +403,16 @@ impl Breaker {
     /// `permitted_probes` calls at once. See the
     /// [crate docs](crate#semantics).
     ///
+    /// With a [store](crate::store), the call that ends the open period
+    /// cannot be the probe here: it starts the fleet's probe election and
+    /// is refused, since this method cannot wait for the store. If this
+    /// process wins, its next call probes; a winner with no call within
+    /// about 1.3 s (the default lease) gives the probe back to the fleet.
+    /// A caller that calls less often than that would start an election
+    /// at every call and never probe: it should use
+    /// [`acquire`](Self::acquire), which waits for the election (as the
+    /// services do, in `poll_ready` or, keyed, in their future).
+    ///
     /// # Errors
     ///
     /// [`CircuitOpen`] when the call must not be made.
