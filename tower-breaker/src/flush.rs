@@ -49,7 +49,7 @@
 //! let handler = service_fn(move |order: u32| {
 //!     let breaker = breaker.clone();
 //!     async move {
-//!         let permit = breaker.try_acquire()?;
+//!         let permit = breaker.acquire().await?;
 //!         permit.record(Outcome::Success);
 //!         Ok::<_, BoxError>(order)
 //!     }

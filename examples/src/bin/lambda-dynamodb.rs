@@ -171,8 +171,15 @@ async fn handler(event: Event, ctx: &Context) -> Result<Response, Error> {
 }
 
 /// The invocation's work: one call of the dependency through the breaker.
+///
+/// `acquire`, not `try_acquire`: an invocation that ends the open period
+/// waits for the fleet's probe election (one round trip to the table) and,
+/// won, is the probe; one on a decision older than the staleness (a thawed
+/// instance) reads the table first. With `try_acquire`, an instance
+/// invoked less often than every 1.3 s would start an election at each
+/// invocation, be refused, and give the won probe back before the next.
 async fn order(event: Event, ctx: &Context) -> Result<Response, Error> {
-    let permit = match ctx.breaker.try_acquire() {
+    let permit = match ctx.breaker.acquire().await {
         Ok(permit) => permit,
         Err(open) => {
             return Ok(Response {
@@ -556,7 +563,8 @@ impl Sim {
             (_, 'H') => {
                 self.seen.probes += 1;
                 self.say(&format!(
-                    "instance {n} won the fleet's probe election: its next call is the one probe"
+                    "instance {n} won the fleet's probe election: the invocation waiting for it is the \
+                     one probe"
                 ));
             }
             (Phase::Failing, 'O') => {
