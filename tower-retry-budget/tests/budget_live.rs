@@ -56,3 +56,34 @@ fn invalid_changes_are_refused() {
     );
     assert_eq!(budget.ratio_value(), Some(0.1), "unchanged");
 }
+
+/// A ratio of 0 is a valid change (no retries beyond the floor), not an
+/// invalid one: only negative, NaN and infinite ratios are refused.
+#[tokio::test(start_paused = true)]
+async fn a_ratio_of_zero_is_accepted_and_leaves_only_the_floor() {
+    let budget = RetryBudget::new().min_per_sec(1);
+    for _ in 0..1_000 {
+        budget.deposit();
+    }
+    budget.set_ratio(0.0).expect("0 is a ratio");
+    assert_eq!(budget.ratio_value(), Some(0.0));
+    assert_eq!(withdrawals(&budget), 10, "the floor: 1 per second over 10 s");
+}
+
+/// The fleet's floor is a setting of its own: it reads back as set, and
+/// the builder methods that rebuild the budget (ratio, floor, window) keep
+/// it.
+#[test]
+fn the_fleet_floor_reads_back_and_survives_the_other_settings() {
+    assert_eq!(
+        RetryBudget::new().fleet_floor_value(),
+        tower_retry_budget::DEFAULT_FLEET_FLOOR
+    );
+    let budget = RetryBudget::new()
+        .fleet_floor(7)
+        .ratio(0.2)
+        .min_per_sec(2)
+        .window(std::time::Duration::from_secs(5));
+    assert_eq!(budget.fleet_floor_value(), 7);
+    assert_eq!(RetryBudget::new().fleet_floor(0).fleet_floor_value(), 0);
+}
