@@ -67,7 +67,11 @@ async fn a_ratio_of_zero_is_accepted_and_leaves_only_the_floor() {
     }
     budget.set_ratio(0.0).expect("0 is a ratio");
     assert_eq!(budget.ratio_value(), Some(0.0));
-    assert_eq!(withdrawals(&budget), 10, "the floor: 1 per second over 10 s");
+    assert_eq!(
+        withdrawals(&budget),
+        10,
+        "the floor: 1 per second over 10 s"
+    );
 }
 
 /// The fleet's floor is a setting of its own: it reads back as set, and
