@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -95,6 +95,33 @@ fn fleet_member_role() {
     });
 }
 
+/// Starts this test binary again as one member process: its test `role`
+/// alone, with `spec` in the environment variable `env`.
+fn member(role: &str, env: &str, spec: String) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([role, "--exact", "--nocapture", "--test-threads=1"])
+        .env(env, spec)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a member process to succeed and returns what it printed after
+/// `tag` on its result line.
+async fn result_of(child: Child, tag: &str) -> String {
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    stdout
+        .lines()
+        .find_map(|l| l.split_once(tag).map(|(_, r)| r.to_owned()))
+        .unwrap_or_else(|| panic!("no {tag:?} in {stdout:?}"))
+}
+
 /// Runs `n` member processes calling every `every_ms` from a common start,
 /// spread over the interval; returns the dependency's calls and, for each
 /// process, its first rejection and its own start (ms since the common
@@ -118,41 +145,18 @@ async fn run_fleet_after(
     let common_ms = unix_ms() + 1500;
     let outage_ms = common_ms + u128::from(healthy_ms);
     let start_ms = common_ms;
-    let exe = std::env::current_exe().unwrap();
     // Spread over the interval, as independent callers are.
     let children: Vec<_> = (0..n)
         .map(|i| {
             let start_ms = start_ms + (i as u128) * u128::from(every_ms) / n as u128;
-            Command::new(&exe)
-                .args([
-                    "fleet_member_role",
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(
-                    MEMBER,
-                    format!("{} {start_ms} {every_ms} {outage_ms}", server.url()),
-                )
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap()
+            let spec = format!("{} {start_ms} {every_ms} {outage_ms}", server.url());
+            member("fleet_member_role", MEMBER, spec)
         })
         .collect();
     let mut rejected = Vec::new();
     for (i, child) in children.into_iter().enumerate() {
         let offset = (i as u64 * every_ms / n as u64) as i64;
-        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(out.status.success());
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        let line = stdout
-            .lines()
-            .find_map(|l| l.split_once("member-result ").map(|(_, r)| r.to_owned()))
-            .unwrap_or_else(|| panic!("no result in {stdout:?}"));
+        let line = result_of(child, "member-result ").await;
         let at: u128 = line.split_once("rejected_at=").unwrap().1.parse().unwrap();
         rejected.push((at as i64 - outage_ms as i64, offset));
     }
@@ -392,39 +396,16 @@ async fn three_processes_calling_a_key_rarely_close_it_after_its_open_period() {
     // The first call 0.3 s after the open period at the latest, the others
     // staggered over the interval.
     let first_ms = written_by_ms + 3_300;
-    let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..PROCESSES)
         .map(|i| {
             let start_ms = first_ms + u128::from(i * EVERY_MS / PROCESSES);
-            Command::new(&exe)
-                .args([
-                    "keyed_member_role",
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(
-                    KEYED_MEMBER,
-                    format!("{} {start_ms} {EVERY_MS} {CALLS}", server.url()),
-                )
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap()
+            let spec = format!("{} {start_ms} {EVERY_MS} {CALLS}", server.url());
+            member("keyed_member_role", KEYED_MEMBER, spec)
         })
         .collect();
     let (mut answered, mut refused) = (0, 0);
     for child in children {
-        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(out.status.success());
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        let line = stdout
-            .lines()
-            .find_map(|l| l.split_once("keyed-result ").map(|(_, r)| r.to_owned()))
-            .unwrap_or_else(|| panic!("no result in {stdout:?}"));
+        let line = result_of(child, "keyed-result ").await;
         let count = |field: &str| -> usize {
             line.split(' ')
                 .find_map(|kv| kv.strip_prefix(field))
