@@ -738,24 +738,14 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let handle = self.keys.handle(&request);
         let layer = self.count_attempts.then_some(self.layer_id);
-        if let Some(wait) = future::must_wait(&handle) {
-            return wait_then_call(
-                wait,
-                handle,
-                &self.classifier,
-                layer,
-                &mut self.inner,
-                request,
-                client_call,
-            );
-        }
-        KeyedFuture::called(client_call(
-            &handle,
+        keyed_call(
+            handle,
             &self.classifier,
             layer,
             &mut self.inner,
             request,
-        ))
+            client_call,
+        )
     }
 }
 
@@ -820,6 +810,24 @@ where
     C: Clone,
 {
     call_plain(&handle.breaker, classifier, inner, request)
+}
+
+/// A keyed call on `handle`'s breaker, made with the flavour's `call`: at
+/// once, or once the key's fleet has answered (see [`KeyedFuture`]).
+/// Inlined, so the flavour's call is a direct one.
+#[inline(always)]
+fn keyed_call<F, S: Clone, Req, C: Clone>(
+    handle: Arc<Handle>,
+    classifier: &C,
+    layer: Option<u64>,
+    inner: &mut S,
+    request: Req,
+    call: CallFn<F, S, Req, C>,
+) -> KeyedFuture<F, S, Req, C> {
+    if let Some(wait) = future::must_wait(&handle) {
+        return wait_then_call(wait, handle, classifier, layer, inner, request, call);
+    }
+    KeyedFuture::called(call(&handle, classifier, layer, inner, request))
 }
 
 /// The future of a call that must wait for its key's fleet first: it
@@ -906,24 +914,14 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let handle = self.keys.handle(&request);
-        if let Some(wait) = future::must_wait(&handle) {
-            return wait_then_call(
-                wait,
-                handle,
-                &self.classifier,
-                None,
-                &mut self.inner,
-                request,
-                http_call,
-            );
-        }
-        KeyedFuture::called(http_call(
-            &handle,
+        keyed_call(
+            handle,
             &self.classifier,
             None,
             &mut self.inner,
             request,
-        ))
+            http_call,
+        )
     }
 }
 
@@ -982,23 +980,13 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let handle = self.keys.handle(&request);
-        if let Some(wait) = future::must_wait(&handle) {
-            return wait_then_call(
-                wait,
-                handle,
-                &self.classifier,
-                None,
-                &mut self.inner,
-                request,
-                plain_call,
-            );
-        }
-        KeyedFuture::called(plain_call(
-            &handle,
+        keyed_call(
+            handle,
             &self.classifier,
             None,
             &mut self.inner,
             request,
-        ))
+            plain_call,
+        )
     }
 }
