@@ -2,6 +2,7 @@
 //! [`Captured`], for a layer that calls its inner service later.
 
 use std::cell::Cell;
+use std::marker::PhantomData;
 
 use tokio::time::Instant;
 
@@ -108,6 +109,25 @@ pub struct Captured {
     context: CallContext,
 }
 
+/// A change of the call's context made by [`CallContext::enter`], undone
+/// when this guard is dropped.
+#[must_use = "the context's change is undone when the guard is dropped"]
+#[derive(Debug)]
+pub struct Entered {
+    saved: Option<CallContext>,
+    /// The context is the thread's: the guard stays on it.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for Entered {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(saved) = self.saved {
+            let _ = FIELDS.try_with(|fields| fields.set(saved));
+        }
+    }
+}
+
 // === impl CallContext ===
 
 impl CallContext {
@@ -133,24 +153,50 @@ impl CallContext {
     /// The previous values are restored even if `call` panics.
     #[inline(always)]
     pub fn scoped<R>(change: impl FnOnce(&mut CallContext), call: impl FnOnce() -> R) -> R {
-        struct Restore(CallContext);
+        let _entered = Self::enter(change);
+        call()
+    }
 
-        impl Drop for Restore {
-            #[inline]
-            fn drop(&mut self) {
-                let _ = FIELDS.try_with(|fields| fields.set(self.0));
-            }
-        }
-
+    /// Changes the current context as `change` leaves it until the
+    /// returned guard is dropped, which restores the deadline, clock
+    /// reading and attempt number it had: [`scoped`](Self::scoped) for a
+    /// layer whose inner call is not one closure (a breaker that reads the
+    /// clock before it knows whether the call goes through, say). Drop the
+    /// guard before the layer's `call` returns; it cannot be sent to
+    /// another thread.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tokio::time::Instant;
+    /// use tower_resilience_base::CallContext;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let now = Instant::now();
+    /// let entered = CallContext::enter(|cx| cx.set_now(now));
+    /// // What a layer below sees during its `call`:
+    /// assert_eq!(CallContext::current(|cx| cx.now()), Some(now));
+    /// drop(entered);
+    /// assert_eq!(CallContext::current(|cx| cx.now()), None);
+    /// # }
+    /// ```
+    #[inline(always)]
+    pub fn enter(change: impl FnOnce(&mut CallContext)) -> Entered {
         let Ok(saved) = FIELDS.try_with(Cell::get) else {
             // Thread-local storage is being torn down: no context at all.
-            return call();
+            return Entered {
+                saved: None,
+                _not_send: PhantomData,
+            };
         };
         let mut changed = saved;
         change(&mut changed);
         let _ = FIELDS.try_with(|fields| fields.set(changed));
-        let _restore = Restore(saved);
-        call()
+        Entered {
+            saved: Some(saved),
+            _not_send: PhantomData,
+        }
     }
 
     /// Runs `call` with `attempts` (a breaker's hook and its admission of
