@@ -590,6 +590,11 @@ fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, Circ
 /// no layer took the hook. `spare` holds the attempts a previous call left
 /// untaken, reused instead of a new clone of `hook`, and receives this
 /// call's if nobody takes them.
+///
+/// When admitting the call reads the clock (a breaker with a store or
+/// slow-call detection) and no layer above has read it for this call, the reading is made here and handed to the layers below in
+/// the call's context: the call deadline under the breaker in a
+/// `client_stack` then takes it rather than reading the clock again.
 #[inline(always)]
 pub(crate) fn call_client<'h, S, C, B>(
     breaker: &Breaker,
@@ -603,6 +608,10 @@ where
     S: Service<Request<B>>,
     C: Clone,
 {
+    // Dropped when this function returns, once the layers below have
+    // been called.
+    let _clock = (breaker.reads_clock() && CallContext::current(|cx| cx.now().is_none()))
+        .then(|| CallContext::enter(|cx| cx.set_now(tokio::time::Instant::now())));
     let raw = match breaker.admit() {
         Ok(raw) => raw,
         Err(rejection) => return ResponseFuture::rejected(breaker.open_error(rejection)),

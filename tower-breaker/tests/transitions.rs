@@ -693,3 +693,48 @@ async fn the_jitter_factor_is_exact_and_no_jitter_draws_nothing() {
     assert_eq!(opened(0.5), (ms(6250), 1));
     assert_eq!(opened(0.0), (secs(5), 0), "no jitter, no draw");
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_client_breaker_that_needs_the_time_hands_its_reading_to_the_layers_below() {
+    // One clock read per call, whichever layer reads first: a breaker
+    // above the call's deadline (as `client_stack` puts it) that reads the
+    // clock for every call (here, to time slow calls) leaves the reading
+    // in the call's context for the deadline below; one that needs no time
+    // makes no reading; one given a reading by a layer above keeps it.
+    use http::{Request, Response};
+    use tokio::time::Instant;
+    use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
+    use tower_breaker::BreakerLayer;
+    use tower_resilience_base::CallContext;
+
+    let seen_below = |breaker: Breaker, above: Option<Instant>| async move {
+        let inner = service_fn(|_: Request<()>| {
+            let now = CallContext::current(|cx| cx.now());
+            std::future::ready(Ok::<_, BoxError>(Response::new(now)))
+        });
+        let mut svc = BreakerLayer::new(breaker).layer(inner);
+        svc.ready().await.unwrap();
+        // The layers below are called during `call`, in its context.
+        let call = CallContext::scoped(
+            |cx| {
+                if let Some(now) = above {
+                    cx.set_now(now);
+                }
+            },
+            || svc.call(Request::new(())),
+        );
+        let seen = call.await.unwrap().into_body().into_inner();
+        assert_eq!(
+            CallContext::current(|cx| cx.now()),
+            None,
+            "the change is undone"
+        );
+        seen
+    };
+    let timing = || Breaker::with_config("timing", config().slow_calls(secs(1), 0.5));
+    advance(secs(5)).await;
+    assert_eq!(seen_below(timing(), None).await, Some(Instant::now()));
+    assert_eq!(seen_below(breaker(4), None).await, None, "no reading made");
+    let earlier = Instant::now() - secs(1);
+    assert_eq!(seen_below(timing(), Some(earlier)).await, Some(earlier));
+}

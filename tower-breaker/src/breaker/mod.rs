@@ -510,6 +510,16 @@ impl Breaker {
         self.core.admit()
     }
 
+    /// Whether admitting a call that goes through reads the real clock: a
+    /// breaker with a store or with slow-call detection (a breaker on the
+    /// coarse clock reads that one, an atomic load). A refusal while open
+    /// also reads it, but then nothing below needs the reading.
+    #[inline]
+    pub(crate) fn reads_clock(&self) -> bool {
+        let core = &*self.core;
+        core.coarse.is_none() && (core.store.is_some() || core.s.slow_ns() != 0)
+    }
+
     /// The permit of admission `raw`, its start time taken; refused if
     /// the calls in flight that this start judged opened the circuit.
     #[inline]
