@@ -6,9 +6,9 @@
 //! PropagateCriticality          the caller's criticality (request extension,
 //!                               or the scope a server stack set) goes out in
 //!                               `x-criticality`, as the deadline does
+//! CircuitBreaker                fails fast while open; counts every attempt
 //! ClientDeadline (whole call)   one budget for the logical call; enforces it,
 //!                               writes nothing (the per-attempt layer does)
-//! CircuitBreaker                fails fast while open; counts every attempt
 //! Retry                         jittered backoff, 10% budget, asks the breaker
 //! Throttle (opt-in)             client-side adaptive throttling (the SRE
 //!                               book's rule), per attempt; off by default
@@ -78,6 +78,19 @@
 //! # }
 //! ```
 //!
+//! The breaker sits above the call's deadline, so a call refused while the
+//! circuit is open costs no deadline work at all (the deadline's
+//! arithmetic, its scope, its future); a breaker that needs the time for
+//! every call (one with a fleet's store, or detecting slow calls) hands its
+//! clock reading to the deadline below, so a call still reads the clock
+//! once. The hook reaches the retry layer through the deadline, and the
+//! deadline's own refusals (too little budget left) are local rejections
+//! that the breaker does not count. A hand-built stack with the deadline
+//! above the breaker (the order of earlier versions) works too: it pays
+//! for the deadline on refused calls as well, and refuses a call whose
+//! budget is spent with the deadline's error even while the circuit is
+//! open.
+//!
 //! Composing the layers by hand stays possible; a [`ClientStack`] is
 //! exactly this `ServiceBuilder` (with the outer deadline in
 //! [`enforce_only`](tower_deadline::ClientDeadlineLayer::enforce_only)
@@ -97,13 +110,13 @@
 //!
 //! let by_hand = ServiceBuilder::new()
 //!     .layer(PropagateCriticalityLayer::new())
+//!     .layer(BreakerLayer::new(Breaker::new("inventory")))
 //!     .layer(
 //!         ClientDeadlineLayer::new()
 //!             .default_timeout(Duration::from_secs(2))
 //!             .enforce_only()
 //!             .head_only(), // the per-attempt layer bounds the body
 //!     )
-//!     .layer(BreakerLayer::new(Breaker::new("inventory")))
 //!     .layer(RetryLayer::new())
 //!     // `.throttle(..)` puts a `ThrottleLayer` here.
 //!     .layer(BulkheadLayer::new("inventory", 32).hold_until_body_end())
@@ -156,11 +169,11 @@ pub const DEFAULT_SERVER_CONCURRENCY: usize = 512;
 /// [`Throttle`].
 pub type ClientStackService<S, P = DefaultPolicy, M = Buffered, R = BodyEnd, T = NoThrottle> =
     PropagateCriticality<
-        ClientDeadline<
-            CircuitBreaker<
+        CircuitBreaker<
+            ClientDeadline<
                 Retry<<T as Layer<Bulkhead<ClientDeadline<S>, Single, R>>>::Service, P, M>,
+                Head,
             >,
-            Head,
         >,
     >;
 
@@ -486,8 +499,11 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
 
     /// Tell time by the coarse clock ([`ClientDeadlineLayer::coarse_clock`]
     /// on the outer deadline, whose reading every layer below takes): a
-    /// call, or a rejection while the circuit is open, then reads no real
-    /// clock. Deadlines set from [`timeout`](Self::timeout) may then be up
+    /// call through a breaker that is closed then reads no real clock. The
+    /// breaker, above the deadline, reads its own clock when it needs the
+    /// time (to know whether an open period is over, say): give it
+    /// [`BreakerConfig::coarse_clock`] too for a refusal that reads no real
+    /// clock either. Deadlines set from [`timeout`](Self::timeout) may then be up
     /// to the coarse clock's lag (a millisecond plus the clock thread's
     /// wake-up delay) early. It follows the real clock, not tokio's paused
     /// test clock. Off by default. The breaker's own readings (a time
@@ -846,8 +862,8 @@ where
         let bulkhead = self.bulkhead.layer(attempt);
         let throttle = self.throttle.layer(bulkhead);
         let retry = self.retry.layer(throttle);
-        let breaker = self.breaker.layer(retry);
-        PropagateCriticalityLayer::new().layer(self.call.layer(breaker))
+        let call = self.call.layer(retry);
+        PropagateCriticalityLayer::new().layer(self.breaker.layer(call))
     }
 }
 

@@ -121,8 +121,8 @@ fn client<S>(build: Build, knobs: &Knobs, transport: S) -> Client<S> {
             let retry = RetryLayer::new();
             let service = ServiceBuilder::new()
                 .layer(PropagateCriticalityLayer::new())
-                .layer(call.enforce_only().head_only())
                 .layer(BreakerLayer::new(breaker.clone()))
+                .layer(call.enforce_only().head_only())
                 .layer(retry.clone())
                 .layer(BulkheadLayer::new(NAME, knobs.concurrency).hold_until_body_end())
                 .layer(knobs.attempt.clone())
@@ -900,6 +900,99 @@ async fn a_dependency_that_hangs_past_the_stacks_timeout_opens_the_circuit() {
 }
 
 // === (d) bulkhead rejection ===
+
+/// Sends one request whose own deadline has already passed.
+async fn send_late<S, B>(svc: &S) -> Result<Response<B>, BoxError>
+where
+    S: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone,
+{
+    let mut request = Request::new(String::new());
+    request
+        .extensions_mut()
+        .insert(Deadline::after(Duration::ZERO));
+    svc.clone().oneshot(request).await
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_open_circuit_refuses_before_the_calls_deadline_is_looked_at() {
+    let mut seen = Vec::new();
+    for build in BUILDS {
+        let knobs = Knobs {
+            timeout: Some(Duration::from_secs(2)),
+            ..Knobs::new(config())
+        };
+        let dependency = Dependency::default();
+        let c = client(build, &knobs, dependency.serve(answers(200)));
+        c.breaker.set_mode(Mode::ForcedOpen);
+
+        // The breaker is the first to judge the call: an open circuit is
+        // the answer even for a call whose budget is already spent (the
+        // deadline below it would have refused it too, after its work).
+        let late = answered(send_late(&c.service).await);
+        assert_eq!(late, Answered::CircuitOpen, "{build:?}");
+        let on_time = answered(send(&c.service).await);
+        assert_eq!(on_time, Answered::CircuitOpen, "{build:?}");
+        assert_eq!(dependency.calls(), 0, "{build:?}");
+        let totals = c.breaker.snapshot().totals;
+        assert_eq!((totals.rejected, totals.ignored), (2, 0), "{build:?}");
+        seen.push((late, on_time, totals));
+    }
+    assert_eq!(seen[0], seen[1], "one line and by hand differ");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_call_refused_for_its_deadline_leaves_the_half_open_probe_to_the_next() {
+    let mut seen = Vec::new();
+    for build in BUILDS {
+        // One counted failure opens this breaker, for one second; one probe.
+        let knobs = Knobs::new(
+            config()
+                .count_window(10)
+                .minimum_calls(1)
+                .open_period(Duration::from_secs(1))
+                .permitted_probes(1)
+                .successes_to_close(1),
+        );
+        let dependency = Dependency::default();
+        let c = client(
+            build,
+            &knobs,
+            dependency.serve(|n| std::future::ready(Ok(status(if n == 0 { 500 } else { 200 })))),
+        );
+        // 500 is permanent, not retried: one failed attempt opens it.
+        assert_eq!(
+            answered(send(&c.service).await),
+            Answered::Status(500, false),
+            "{build:?}"
+        );
+        assert_eq!(c.breaker.snapshot().state, State::Open, "{build:?}");
+        tokio::time::advance(Duration::from_secs(1)).await;
+
+        // The first call after the open period is admitted as the probe,
+        // and refused below for its spent budget: a local rejection, not
+        // counted, and the probe is free again.
+        let late = send_late(&c.service).await.unwrap_err();
+        assert!(
+            late.is::<tower_deadline::error::InsufficientBudget>(),
+            "{build:?}: {late:?}"
+        );
+        assert_eq!(dependency.calls(), 1, "{build:?}: not sent");
+        let after_late = figures(&c.breaker);
+        assert_eq!(after_late.totals.failed, 1, "{build:?}: not counted");
+        assert_eq!(after_late.totals.rejected, 0, "{build:?}");
+
+        let probe = answered(send(&c.service).await);
+        assert_eq!(
+            probe,
+            Answered::Status(200, false),
+            "{build:?}: the next call probes"
+        );
+        let end = figures(&c.breaker);
+        assert_eq!(end.state, State::Closed, "{build:?}");
+        seen.push((after_late, probe, end));
+    }
+    assert_eq!(seen[0], seen[1], "one line and by hand differ");
+}
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_full_bulkhead_fails_at_once_and_the_breaker_does_not_count_it() {

@@ -158,13 +158,13 @@ pub fn step_breaker(inner: Bare) -> impl Service<Request<()>> + Clone {
 /// show it.
 pub fn full_by_hand(inner: Bare, breaker: Breaker) -> impl Service<Request<()>> + Clone {
     ServiceBuilder::new()
+        .layer(BreakerLayer::new(breaker))
         .layer(
             ClientDeadlineLayer::new()
                 .default_timeout(Duration::from_secs(60))
                 .enforce_only()
                 .head_only(),
         )
-        .layer(BreakerLayer::new(breaker))
         .layer(RetryLayer::new().clone_bodies())
         .layer(BulkheadLayer::new("bench", 1024).hold_until_body_end())
         .layer(ClientDeadlineLayer::new())
@@ -215,6 +215,17 @@ fn shared_throttle() -> ThrottleHandle {
 pub fn one_line_throttled(inner: Bare) -> impl Service<Request<()>> + Clone {
     one_line_with(inner, |stack| {
         stack.throttle(ThrottleLayer::with_handle(shared_throttle()))
+    })
+}
+
+/// The one-line stack whose breaker detects slow calls: the breaker then
+/// needs the time of every call, as one with a fleet's store does.
+pub fn one_line_slow_calls(inner: Bare) -> impl Service<Request<()>> + Clone {
+    one_line_with(inner, |stack| {
+        stack.breaker(Breaker::with_config(
+            "bench",
+            tower_breaker::BreakerConfig::new().slow_calls(Duration::from_secs(10), 0.5),
+        ))
     })
 }
 
@@ -388,6 +399,7 @@ macro_rules! for_each_variant {
         "client_stack with the throttle" => one_line_throttled(bare()),
         "tower equivalent of the stack, no breaker" => tower_equivalent(bare()),
         "full stack, circuit open (rejection)" => open(bare()),
+        "client_stack, slow-call detection" => one_line_slow_calls(bare()),
         "client_stack, coarse clock" => one_line_coarse(bare()),
         "client_stack, coarse clock, circuit open" => open_coarse(bare()),
             }
