@@ -241,6 +241,28 @@ pub fn open_coarse(inner: Bare) -> impl Service<Request<()>> + Clone {
     })
 }
 
+/// A breaker opened by a failed call, for an hour: a refusal then reads
+/// the clock, to know whether the open period is over.
+fn tripped_open() -> Breaker {
+    let breaker = Breaker::with_config(
+        "bench",
+        tower_breaker::BreakerConfig::new()
+            .minimum_calls(1)
+            .open_period(Duration::from_secs(3600)),
+    );
+    breaker
+        .try_acquire()
+        .expect("closed")
+        .record(tower_breaker::Outcome::Failure);
+    assert!(breaker.try_acquire().is_err(), "opened");
+    breaker
+}
+
+/// The full stack whose circuit was opened by failures.
+pub fn open_tripped(inner: Bare) -> impl Service<Request<()>> + Clone {
+    full_by_hand(inner, tripped_open())
+}
+
 /// The full stack whose circuit is forced open.
 pub fn open(inner: Bare) -> impl Service<Request<()>> + Clone {
     full_by_hand(inner, forced_open())
@@ -399,6 +421,7 @@ macro_rules! for_each_variant {
         "client_stack with the throttle" => one_line_throttled(bare()),
         "tower equivalent of the stack, no breaker" => tower_equivalent(bare()),
         "full stack, circuit open (rejection)" => open(bare()),
+        "full stack, circuit opened by failures (rejection)" => open_tripped(bare()),
         "client_stack, slow-call detection" => one_line_slow_calls(bare()),
         "client_stack, coarse clock" => one_line_coarse(bare()),
         "client_stack, coarse clock, circuit open" => open_coarse(bare()),
