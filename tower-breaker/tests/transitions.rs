@@ -738,3 +738,38 @@ async fn a_client_breaker_that_needs_the_time_hands_its_reading_to_the_layers_be
     let earlier = Instant::now() - secs(1);
     assert_eq!(seen_below(timing(), Some(earlier)).await, Some(earlier));
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn attempts_reported_through_the_hook_are_counted_and_open_the_circuit() {
+    // A retry layer below a client breaker takes the breaker's attempt
+    // hook and reports each attempt through it; here the inner service
+    // stands in for it: two failed attempts in one call are two failures,
+    // and the breaker counts nothing more itself for the call.
+    use http::{Request, Response};
+    use tower::{service_fn, BoxError, Layer, ServiceExt};
+    use tower_breaker::BreakerLayer;
+    use tower_resilience_base::hook::AttemptOutcome;
+    use tower_resilience_base::CallContext;
+
+    let b = Breaker::with_config("hooked", config().count_window(4).minimum_calls(4));
+    let svc = BreakerLayer::new(b.clone()).layer(service_fn(|_: Request<()>| {
+        let mut attempts = CallContext::take_attempts().expect("the breaker offers its hook");
+        let reset = std::io::Error::other("connection reset");
+        attempts.record(AttemptOutcome::of::<()>(Err(&reset)));
+        let again = attempts.admit();
+        attempts.record(AttemptOutcome::of::<()>(Err(&reset)));
+        std::future::ready(again.map(|()| Response::new(())))
+    }));
+    svc.clone().oneshot(Request::new(())).await.unwrap();
+    let s = b.snapshot();
+    assert_eq!((s.window.calls, s.window.failures), (2, 2));
+    assert_eq!(s.totals.failed, 2);
+    assert_eq!(state(&b), State::Closed);
+    // Two more: four failures of four, and the fourth report opens it.
+    svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(state(&b), State::Open);
+    assert_eq!(b.snapshot().totals.failed, 4);
+    let refused: Result<_, BoxError> = svc.oneshot(Request::new(())).await;
+    assert!(refused.is_err(), "refused once open");
+    assert_eq!(b.snapshot().totals.rejected, 1);
+}
