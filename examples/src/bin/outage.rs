@@ -1620,6 +1620,10 @@ struct Report {
     first_open: Option<f64>,
     /// Where the "once open" span starts.
     open_from: f64,
+    /// When the last of the full stack's calls issued in that span ended:
+    /// a call issued just before the hang's end may be admitted (as a
+    /// probe) just after it, so its probe is looked for up to here.
+    calls_ended: f64,
     /// The phases: a quarter failing, all failing (to their ends), the hang.
     share: (f64, f64),
     all_fail: (f64, f64),
@@ -1808,6 +1812,14 @@ impl Report {
                 series,
             }
         });
+        let calls_ended = recorders[STACK]
+            .records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|r| r.issued >= open_from && r.issued < out.1)
+            .map(|r| r.issued + r.latency.as_secs_f64())
+            .fold(out.1, f64::max);
         Self {
             figures,
             side,
@@ -1815,6 +1827,7 @@ impl Report {
             all_fail_open,
             first_open,
             open_from,
+            calls_ended,
             share,
             all_fail,
             out,
@@ -1915,15 +1928,19 @@ impl Report {
         (bound, how)
     }
 
-    /// How many probes the full stack's circuit sent from `open_from` to
-    /// the hang's end.
+    /// How many probes the full stack's circuit sent for the calls issued
+    /// from `open_from` to the hang's end: its half-open transitions from
+    /// `open_from` until the last of those calls ended (a call issued a
+    /// moment before the hang's end can become a probe a moment after it,
+    /// which a count up to the hang's end would miss, while counting the
+    /// call as let through).
     fn probes(&self) -> usize {
         self.side.probes.unwrap_or_else(|| {
             self.side
                 .transitions
                 .iter()
                 .filter(|(at, to)| {
-                    *to == CircuitState::HalfOpen && *at >= self.open_from && *at < self.out.1
+                    *to == CircuitState::HalfOpen && *at >= self.open_from && *at < self.calls_ended
                 })
                 .count()
         })
