@@ -773,3 +773,26 @@ async fn attempts_reported_through_the_hook_are_counted_and_open_the_circuit() {
     assert!(refused.is_err(), "refused once open");
     assert_eq!(b.snapshot().totals.rejected, 1);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_recent_transitions_keep_the_last_ten_oldest_first() {
+    let b = breaker(1);
+    let mut expected = Vec::new();
+    for _ in 0..4 {
+        record(&b, Outcome::Failure, 1);
+        advance(secs(60)).await;
+        b.try_acquire().expect("the probe").record(Outcome::Success);
+        expected.extend([
+            (State::Closed, State::Open),
+            (State::Open, State::HalfOpen),
+            (State::HalfOpen, State::Closed),
+        ]);
+        let seen: Vec<_> = b
+            .recent_transitions()
+            .iter()
+            .map(|t| (t.from, t.to))
+            .collect();
+        let kept = expected.len().min(10);
+        assert_eq!(seen, expected[expected.len() - kept..]);
+    }
+}
