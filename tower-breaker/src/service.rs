@@ -592,9 +592,10 @@ fn admit<C: Clone>(breaker: &Breaker, classifier: &C) -> Result<Tracker<C>, Circ
 /// call's if nobody takes them.
 ///
 /// When admitting the call reads the clock (a breaker with a store or
-/// slow-call detection) and no layer above has read it for this call, the reading is made here and handed to the layers below in
-/// the call's context: the call deadline under the breaker in a
-/// `client_stack` then takes it rather than reading the clock again.
+/// slow-call detection) and no layer above has read it for this call, the
+/// reading is made here and handed to the layers below in the call's
+/// context: the call deadline under the breaker in a `client_stack` then
+/// takes it rather than reading the clock again.
 #[inline(always)]
 pub(crate) fn call_client<'h, S, C, B>(
     breaker: &Breaker,

@@ -499,11 +499,13 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
 
     /// Tell time by the coarse clock ([`ClientDeadlineLayer::coarse_clock`]
     /// on the outer deadline, whose reading every layer below takes): a
-    /// call through a breaker that is closed then reads no real clock. The
-    /// breaker, above the deadline, reads its own clock when it needs the
-    /// time (to know whether an open period is over, say): give it
-    /// [`BreakerConfig::coarse_clock`] too for a refusal that reads no real
-    /// clock either. Deadlines set from [`timeout`](Self::timeout) may then be up
+    /// call through a closed breaker that needs no time of its own then
+    /// reads no real clock. The breaker, above the deadline, reads its own
+    /// clock when it needs the time (with a fleet's store, with slow-call
+    /// detection, or to know whether an open period is over), and then
+    /// hands that reading down: give it [`BreakerConfig::coarse_clock`] too
+    /// for such calls, and refusals, to read no real clock either.
+    /// Deadlines set from [`timeout`](Self::timeout) may then be up
     /// to the coarse clock's lag (a millisecond plus the clock thread's
     /// wake-up delay) early. It follows the real clock, not tokio's paused
     /// test clock. Off by default. The breaker's own readings (a time
