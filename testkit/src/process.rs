@@ -5,6 +5,40 @@ use std::net::TcpListener;
 use std::process::{Child, Command};
 use std::time::Duration;
 
+/// Waits, off the runtime's threads, for a child process the test started
+/// (a member of a fleet, say) to exit successfully, and returns what it
+/// printed after `tag` on the first line of its standard output that
+/// holds `tag`. Panics if it failed or printed no such line.
+///
+/// # Example
+///
+/// ```
+/// use std::process::{Command, Stdio};
+/// use resilience_testkit::process::result_line;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let child = Command::new("echo")
+///     .arg("member-result calls=3")
+///     .stdout(Stdio::piped())
+///     .spawn()
+///     .unwrap();
+/// assert_eq!(result_line(child, "member-result ").await, "calls=3");
+/// # }
+/// ```
+pub async fn result_line(child: Child, tag: &str) -> String {
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("the wait's task")
+        .expect("the child's output");
+    assert!(out.status.success(), "the child failed: {}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| l.split_once(tag).map(|(_, r)| r.to_owned()))
+        .unwrap_or_else(|| panic!("no {tag:?} in {stdout:?}"))
+}
+
 /// A child-process server on a port of 127.0.0.1 of its own.
 ///
 /// # Example

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use resilience_testkit::process::result_line;
 use support::moto_server::{client_for, options, MotoServer};
 use support::*;
 use tokio::time::sleep;
@@ -140,16 +141,7 @@ async fn run_fleet_after(
     let mut calls = 0;
     let mut rejected = Vec::new();
     for child in children {
-        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(out.status.success());
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        let line = stdout
-            .lines()
-            .find_map(|l| l.split_once("member-result ").map(|(_, r)| r.to_owned()))
-            .unwrap_or_else(|| panic!("no result in {stdout:?}"));
+        let line = result_line(child, "member-result ").await;
         let mut fields = line.split(' ');
         let field = |f: Option<&str>, name: &str| -> u128 {
             f.and_then(|f| f.strip_prefix(name))

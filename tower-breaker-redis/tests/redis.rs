@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use resilience_testkit::process::result_line;
 use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::{sleep, Instant};
@@ -458,18 +459,7 @@ async fn one_probe_across_separate_os_processes() {
         .collect();
     let mut per_child = Vec::new();
     for child in children {
-        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(out.status.success());
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        let line = stdout
-            .lines()
-            .find_map(|l| l.split_once("child-result ").map(|(_, r)| r))
-            .unwrap_or_else(|| panic!("no result in {stdout:?}"))
-            .to_owned();
-        per_child.push(line);
+        per_child.push(result_line(child, "child-result ").await);
     }
     let calls: i64 = redis::cmd("GET")
         .arg("dependency-calls")

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use resilience_testkit::process::result_line;
 use support::redis_server::RedisServer;
 use support::*;
 use tokio::time::sleep;
@@ -107,21 +108,6 @@ fn member(role: &str, env: &str, spec: String) -> Child {
         .unwrap()
 }
 
-/// Waits for a member process to succeed and returns what it printed after
-/// `tag` on its result line.
-async fn result_of(child: Child, tag: &str) -> String {
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(out.status.success());
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    stdout
-        .lines()
-        .find_map(|l| l.split_once(tag).map(|(_, r)| r.to_owned()))
-        .unwrap_or_else(|| panic!("no {tag:?} in {stdout:?}"))
-}
-
 /// Runs `n` member processes calling every `every_ms` from a common start,
 /// spread over the interval; returns the dependency's calls and, for each
 /// process, its first rejection and its own start (ms since the common
@@ -156,7 +142,7 @@ async fn run_fleet_after(
     let mut rejected = Vec::new();
     for (i, child) in children.into_iter().enumerate() {
         let offset = (i as u64 * every_ms / n as u64) as i64;
-        let line = result_of(child, "member-result ").await;
+        let line = result_line(child, "member-result ").await;
         let at: u128 = line.split_once("rejected_at=").unwrap().1.parse().unwrap();
         rejected.push((at as i64 - outage_ms as i64, offset));
     }
@@ -405,7 +391,7 @@ async fn three_processes_calling_a_key_rarely_close_it_after_its_open_period() {
         .collect();
     let (mut answered, mut refused) = (0, 0);
     for child in children {
-        let line = result_of(child, "keyed-result ").await;
+        let line = result_line(child, "keyed-result ").await;
         let count = |field: &str| -> usize {
             line.split(' ')
                 .find_map(|kv| kv.strip_prefix(field))
