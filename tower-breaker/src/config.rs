@@ -1087,4 +1087,20 @@ impl BreakerConfig {
     pub fn get_max_half_open_wait(&self) -> Duration {
         self.max_half_open_wait
     }
+
+    /// Whether the breaker tells time by the coarse clock
+    /// ([`coarse_clock`](Self::coarse_clock); false also when it was asked
+    /// for and its thread could not be started).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::BreakerConfig;
+    ///
+    /// assert!(!BreakerConfig::new().get_coarse_clock());
+    /// ```
+    #[must_use]
+    pub fn get_coarse_clock(&self) -> bool {
+        self.coarse_clock.is_some()
+    }
 }

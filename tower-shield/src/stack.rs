@@ -361,8 +361,13 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd, T = NoThrot
     /// builds later.
     random: Option<Arc<dyn RandomSource>>,
     /// The breaker is the stack's own (not one passed to
-    /// [`ClientStack::breaker`]), so [`ClientStack::random`] may rebuild it.
+    /// [`ClientStack::breaker`]), so [`ClientStack::random`] and
+    /// [`ClientStack::coarse_clock`] may rebuild it.
     own_breaker: bool,
+    /// [`ClientStack::coarse_clock`]: the stack's own breaker, when
+    /// [`ClientStack::breaker_config`] rebuilds it, tells time by the
+    /// coarse clock too.
+    coarse: bool,
 }
 
 /// The recommended server stack, as one [`Layer`] for
@@ -435,6 +440,7 @@ pub fn client_stack(name: impl Into<Name>) -> ClientStack {
         attempt: ClientDeadlineLayer::new().name(Arc::from(&name)),
         random: None,
         own_breaker: true,
+        coarse: false,
         name,
     }
 }
@@ -497,20 +503,26 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
         self.retry.shared_budget()
     }
 
-    /// Tell time by the coarse clock ([`ClientDeadlineLayer::coarse_clock`]
-    /// on the outer deadline, whose reading every layer below takes): a
-    /// call through a closed breaker that needs no time of its own then
-    /// reads no real clock. The breaker, above the deadline, reads its own
-    /// clock when it needs the time (with a fleet's store, with slow-call
-    /// detection, or to know whether an open period is over), and then
-    /// hands that reading down: give it [`BreakerConfig::coarse_clock`] too
-    /// for such calls, and refusals, to read no real clock either.
-    /// Deadlines set from [`timeout`](Self::timeout) may then be up
-    /// to the coarse clock's lag (a millisecond plus the clock thread's
-    /// wake-up delay) early. It follows the real clock, not tokio's paused
-    /// test clock. Off by default. The breaker's own readings (a time
-    /// window, slow calls) use it when its configuration says so
-    /// ([`BreakerConfig::coarse_clock`]).
+    /// Tell time by the coarse clock: the outer deadline
+    /// ([`ClientDeadlineLayer::coarse_clock`]), whose reading every layer
+    /// below takes, and the stack's own breaker
+    /// ([`BreakerConfig::coarse_clock`], also when
+    /// [`breaker_config`](Self::breaker_config) or [`random`](Self::random)
+    /// rebuild it later). A call then reads no real clock: neither one
+    /// through a closed breaker, nor a refusal while open, nor one through
+    /// a breaker that needs the time of every call (a fleet's store,
+    /// slow-call detection). A breaker passed to [`breaker`](Self::breaker)
+    /// keeps its own clock (set [`BreakerConfig::coarse_clock`] in its
+    /// configuration to have it coarse too); it reads the real clock only
+    /// when it needs the time, and hands that reading down.
+    ///
+    /// The coarse clock's reading lags the real clock by up to a
+    /// millisecond plus the clock thread's wake-up delay, so deadlines set
+    /// from [`timeout`](Self::timeout) may be up to that lag early, an open
+    /// period may end up to that lag late, and slow calls and time-window
+    /// buckets are measured to within it ([`BreakerConfig::coarse_clock`]
+    /// says what that means for thresholds). It follows the real clock, not
+    /// tokio's paused test clock. Off by default.
     ///
     /// # Example
     ///
@@ -521,10 +533,15 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
     /// let stack = client_stack("catalog")
     ///     .timeout(Duration::from_millis(800))
     ///     .coarse_clock(true);
-    /// # let _ = stack;
+    /// assert!(stack.breaker_handle().config().get_coarse_clock());
     /// ```
     pub fn coarse_clock(mut self, on: bool) -> Self {
         self.call = self.call.coarse_clock(on);
+        self.coarse = on;
+        if self.own_breaker {
+            let config = self.breaker.breaker().config().coarse_clock(on);
+            self.breaker = BreakerLayer::new(Breaker::with_config(self.name.clone(), config));
+        }
         self
     }
 
@@ -545,11 +562,17 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
     }
 
     /// A breaker of this stack's name with `config` (and the stack's
-    /// [`random`](Self::random) source, if one was set).
+    /// [`random`](Self::random) source, if one was set, and the coarse
+    /// clock if the stack [tells time by it](Self::coarse_clock)).
     pub fn breaker_config(mut self, config: BreakerConfig) -> Self {
         let config = match &self.random {
             Some(random) => config.random(Arc::clone(random)),
             None => config,
+        };
+        let config = if self.coarse {
+            config.coarse_clock(true)
+        } else {
+            config
         };
         self.breaker = BreakerLayer::new(Breaker::with_config(self.name.clone(), config));
         self.own_breaker = true;
@@ -708,6 +731,7 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
             attempt: self.attempt,
             random: self.random,
             own_breaker: self.own_breaker,
+            coarse: self.coarse,
         }
     }
 

@@ -1272,3 +1272,68 @@ fn the_stacks_coarse_clock_is_its_outer_deadlines() {
     let coarse = on.find("coarse: Some(").expect("set");
     assert!(outer < coarse && coarse < attempt, "{on}");
 }
+
+/// `coarse_clock(true)` reaches the stack's own breaker, in whatever order
+/// the stack is built, and leaves a breaker handed to the stack on its own
+/// clock. Told apart by what each sees of tokio's paused clock: the coarse
+/// clock follows the real one, so a breaker on it is still open after a
+/// paused minute; a breaker on tokio's clock has seen its open period end.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_stacks_coarse_clock_reaches_its_own_breaker_and_not_one_handed_to_it() {
+    let config = || {
+        BreakerConfig::new()
+            .minimum_calls(2)
+            .open_period(Duration::from_secs(30))
+    };
+    let coarse = [
+        client_stack("config, then coarse")
+            .breaker_config(config())
+            .coarse_clock(true),
+        client_stack("coarse, then config")
+            .coarse_clock(true)
+            .breaker_config(config()),
+        client_stack("coarse, config, then random")
+            .coarse_clock(true)
+            .breaker_config(config())
+            .random(tower_breaker::SeededRandom::new(1)),
+    ];
+    let real = [
+        client_stack("no coarse clock").breaker_config(config()),
+        client_stack("a breaker of its own")
+            .coarse_clock(true)
+            .breaker(Breaker::with_config("a breaker of its own", config())),
+        client_stack("coarse, then off")
+            .breaker_config(config())
+            .coarse_clock(true)
+            .coarse_clock(false),
+    ];
+    let breakers: Vec<(Breaker, bool)> = coarse
+        .iter()
+        .map(|stack| (stack.breaker_handle().clone(), true))
+        .chain(
+            real.iter()
+                .map(|stack| (stack.breaker_handle().clone(), false)),
+        )
+        .collect();
+    for (breaker, on) in &breakers {
+        assert_eq!(
+            breaker.config().get_coarse_clock(),
+            *on,
+            "{}",
+            breaker.name()
+        );
+        for _ in 0..2 {
+            breaker.try_acquire().unwrap().record(Outcome::Failure);
+        }
+        assert_eq!(breaker.snapshot().state, State::Open, "{}", breaker.name());
+    }
+    tokio::time::advance(Duration::from_secs(60)).await;
+    for (breaker, on) in &breakers {
+        assert_eq!(
+            breaker.try_acquire().is_err(),
+            *on,
+            "{}: a coarse breaker is still open, one on tokio's clock probes",
+            breaker.name()
+        );
+    }
+}
