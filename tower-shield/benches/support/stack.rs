@@ -250,12 +250,33 @@ fn tripped_open() -> Breaker {
             .minimum_calls(1)
             .open_period(Duration::from_secs(3600)),
     );
+    trip(&breaker);
+    breaker
+}
+
+/// Opens `breaker` (one whose minimum is a single call) by a failed call.
+fn trip(breaker: &Breaker) {
     breaker
         .try_acquire()
         .expect("closed")
         .record(tower_breaker::Outcome::Failure);
     assert!(breaker.try_acquire().is_err(), "opened");
-    breaker
+}
+
+/// The one-line stack on the coarse clock, its own breaker (on the coarse
+/// clock too) opened by failures: a refusal reads the coarse clock.
+pub fn open_tripped_coarse(inner: Bare) -> impl Service<Request<()>> + Clone {
+    one_line_with(inner, |stack| {
+        let stack = stack
+            .breaker_config(
+                tower_breaker::BreakerConfig::new()
+                    .minimum_calls(1)
+                    .open_period(Duration::from_secs(3600)),
+            )
+            .coarse_clock(true);
+        trip(stack.breaker_handle());
+        stack
+    })
 }
 
 /// The full stack whose circuit was opened by failures.
@@ -397,6 +418,22 @@ pub fn deadline_client(inner: Bare) -> impl Service<Request<()>> + Clone {
     ClientDeadlineLayer::new().layer(inner)
 }
 
+/// The client-side throttle alone, admitting (nothing is ever refused by
+/// the bare service): issue 30's happy-path target.
+pub fn throttle_alone(inner: Bare) -> impl Service<Request<()>> + Clone {
+    ThrottleLayer::with_handle(shared_throttle()).layer(inner)
+}
+
+/// The client-mode breaker alone, detecting slow calls: it reads the
+/// clock for every call and counts the call in flight until it ends.
+pub fn breaker_slow_calls(inner: Bare) -> impl Service<Request<()>> + Clone {
+    BreakerLayer::new(Breaker::with_config(
+        "bench",
+        tower_breaker::BreakerConfig::new().slow_calls(Duration::from_secs(10), 0.5),
+    ))
+    .layer(inner)
+}
+
 /// Calls `$callback!` with every variant, as `name => service`, in the
 /// order the tables list them.
 macro_rules! for_each_variant {
@@ -413,6 +450,8 @@ macro_rules! for_each_variant {
         "retry alone" => retry_alone(bare()),
         "breaker alone (client mode, hook offered)" => breaker_client(bare()),
         "client deadline alone (deadline in scope)" => deadline_client(bare()),
+        "throttle alone (admitting)" => throttle_alone(bare()),
+        "breaker alone (client mode, slow-call detection)" => breaker_slow_calls(bare()),
         "tower Timeout + map_request writing the budget" => tower_timeout_writing_budget(bare()),
         "retry + bulkhead" => step_retry(bare()),
         "breaker + retry + bulkhead" => step_breaker(bare()),
@@ -425,6 +464,7 @@ macro_rules! for_each_variant {
         "client_stack, slow-call detection" => one_line_slow_calls(bare()),
         "client_stack, coarse clock" => one_line_coarse(bare()),
         "client_stack, coarse clock, circuit open" => open_coarse(bare()),
+        "client_stack, coarse clock, circuit opened by failures" => open_tripped_coarse(bare()),
             }
     };
 }
