@@ -72,6 +72,10 @@ macro_rules! variants {
             ThrottleLayer::new("bench").layer(bare())
         );
         $m!(
+            "throttle (http, healthy, coarse clock)",
+            ThrottleLayer::new("bench").coarse_clock(true).layer(bare())
+        );
+        $m!(
             "throttle (plain, healthy: no rejection)",
             ThrottleLayer::new("bench")
                 .plain()

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tower_resilience_base::clock::CoarseClock;
 use tower_resilience_base::criticality::Criticality;
 use tower_resilience_base::random::RandomSource;
 
@@ -33,8 +34,8 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The settings of a [`ThrottleHandle`](super::ThrottleHandle): the
 /// window, K (one per criticality), the cap on the rejection share, the
-/// least number of requests before any rejection, and the random source of
-/// the draws.
+/// least number of requests before any rejection, the random source of
+/// the draws, and the clock.
 ///
 /// The setters store what they are given; [`validate`](Self::validate)
 /// (and so [`ThrottleHandle::try_with_config`](super::ThrottleHandle::try_with_config)
@@ -51,6 +52,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 /// | [`max_rejection`](Self::max_rejection) | 0.9 ([`DEFAULT_MAX_REJECTION`]) | `0.0..=1.0` |
 /// | [`min_requests`](Self::min_requests) | 10 ([`DEFAULT_MIN_REQUESTS`]) | any |
 /// | [`random`](Self::random) | a [`ProcessRandom`](tower_resilience_base::random::ProcessRandom) | any |
+/// | [`coarse_clock`](Self::coarse_clock) | off (tokio's clock) | on or off |
 ///
 /// # Example
 ///
@@ -78,6 +80,8 @@ pub struct ThrottleConfig {
     pub(crate) max_rejection: f64,
     pub(crate) min_requests: u64,
     pub(crate) random: Option<Arc<dyn RandomSource>>,
+    /// The coarse clock to tell time by, if any (`coarse_clock`).
+    pub(crate) coarse_clock: Option<&'static CoarseClock>,
 }
 
 /// A setting of a [`ThrottleConfig`] that is out of range.
@@ -142,6 +146,7 @@ impl ThrottleConfig {
             max_rejection: DEFAULT_MAX_REJECTION,
             min_requests: DEFAULT_MIN_REQUESTS,
             random: None,
+            coarse_clock: None,
         }
     }
 
@@ -222,6 +227,48 @@ impl ThrottleConfig {
     pub fn random(mut self, random: impl RandomSource) -> Self {
         self.random = Some(Arc::new(random));
         self
+    }
+
+    /// Tell time by the coarse clock (off by default): a reading is then
+    /// an atomic load instead of a read of the system's clock (about 20 ns
+    /// on a virtual machine), for a throttle that is not below a layer
+    /// that already read the clock for the call (in
+    /// `tower_shield::stack::client_stack`, the throttle takes the stack's
+    /// reading, and this setting makes no difference).
+    ///
+    /// The throttle needs the time only to know which of the window's 60
+    /// buckets a request falls in (two seconds each by default), so the
+    /// coarse clock's lag (a millisecond plus the delay the operating
+    /// system adds to its thread's wake-ups, see
+    /// [`CoarseClock`](tower_resilience_base::clock::CoarseClock)) moves a
+    /// request into the previous bucket at most that long after a
+    /// bucket's start. The coarse clock follows the real clock, not
+    /// tokio's paused test clock: a throttle that uses it does not see
+    /// `tokio::time::advance`. If its thread cannot be started, the
+    /// throttle reads tokio's clock. Not changed by
+    /// [`ThrottleHandle::reconfigure`](super::ThrottleHandle::reconfigure).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tower_breaker::throttle::{ThrottleConfig, ThrottleHandle};
+    /// use tower_resilience_base::criticality::Criticality;
+    ///
+    /// let throttle = ThrottleHandle::try_with_config("search", ThrottleConfig::new().coarse_clock(true))?;
+    /// assert!(throttle.try_acquire(Criticality::Critical).is_ok());
+    /// # Ok::<(), tower_breaker::throttle::ThrottleConfigError>(())
+    /// ```
+    pub fn coarse_clock(mut self, on: bool) -> Self {
+        self.coarse_clock = if on { CoarseClock::shared() } else { None };
+        self
+    }
+
+    /// Whether the throttle tells time by the coarse clock
+    /// ([`coarse_clock`](Self::coarse_clock); false also when it was asked
+    /// for and its thread could not be started).
+    #[must_use]
+    pub const fn get_coarse_clock(&self) -> bool {
+        self.coarse_clock.is_some()
     }
 
     /// The window.
@@ -360,6 +407,7 @@ impl fmt::Debug for ThrottleConfig {
             .field("max_rejection", &self.max_rejection)
             .field("min_requests", &self.min_requests)
             .field("random", &self.random)
+            .field("coarse_clock", &self.coarse_clock.is_some())
             .finish()
     }
 }

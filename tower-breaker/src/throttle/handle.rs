@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tower_resilience_base::clock::CoarseClock;
 use tower_resilience_base::criticality::Criticality;
 use tower_resilience_base::error::Throttled;
 use tower_resilience_base::outcome::Outcome;
@@ -143,6 +144,10 @@ struct Core {
     /// multiplication and a shift, not a division (tens of cycles).
     per_bucket: u64,
     base: Instant,
+    /// The coarse clock and the offset of `base` on it, when configured
+    /// ([`ThrottleConfig::coarse_clock`]): a reading is then one atomic
+    /// load.
+    coarse: Option<(&'static CoarseClock, u64)>,
     window: Window,
     random: Arc<dyn RandomSource>,
     /// Whether the last event said throttling started (true) or stopped.
@@ -190,12 +195,20 @@ impl ThrottleHandle {
             .random
             .clone()
             .unwrap_or_else(|| Arc::new(ProcessRandom::new()));
+        // The coarse clock was started with the configuration, before
+        // `base`: its readings are never before `base`'s offset on it.
+        let base = Instant::now();
+        let coarse = config.coarse_clock.map(|clock| {
+            let offset = base.saturating_duration_since(clock.origin()).as_nanos();
+            (clock, u64::try_from(offset).unwrap_or(u64::MAX))
+        });
         let core = Core {
             metrics: ThrottleMetrics::new(&name),
             name: name.clone(),
             rules: LiveRules::new(&Rules::of(&config)),
             per_bucket: u64::MAX / width_ns,
-            base: Instant::now(),
+            base,
+            coarse,
             window: Window::new(config.ks()[0]),
             random,
             announced: AtomicBool::new(false),
@@ -239,9 +252,10 @@ impl ThrottleHandle {
     /// Applies `config` to the running throttle, keeping its window (the
     /// requests and refusals counted): the Ks, `max_rejection` and
     /// `min_requests` apply at once, all together (a judgement never mixes
-    /// the old and the new). The window's length and the random source
-    /// cannot change on a running throttle; they keep their old values
-    /// and are named in the returned list.
+    /// the old and the new). The window's length, the random source and
+    /// the clock ([`ThrottleConfig::coarse_clock`]) cannot change on a
+    /// running throttle; they keep their old values and are named in the
+    /// returned list (the clock only when it differs).
     ///
     /// # Errors
     ///
@@ -282,6 +296,10 @@ impl ThrottleHandle {
             not_live.push("random");
         }
         effective.random.clone_from(&current.random);
+        if effective.coarse_clock.is_some() != current.coarse_clock.is_some() {
+            effective.coarse_clock = current.coarse_clock;
+            not_live.push("coarse_clock");
+        }
         let rules = Rules::of(&effective);
         core.rules.set(&rules);
         core.window.set_k0(rules.ks[0]);
@@ -397,9 +415,16 @@ impl fmt::Debug for ThrottlePermit {
 // === impl Core ===
 
 impl Core {
+    /// Nanoseconds since `base` for a request being made: the coarse
+    /// clock's reading when configured (cheaper than looking for one in
+    /// the call's context), else the reading a layer above made for the
+    /// call, else tokio's clock.
     #[inline]
     fn now_ns(&self) -> u64 {
-        crate::sync::call_since(self.base).as_nanos() as u64
+        match self.coarse {
+            Some((clock, offset)) => clock.nanos().saturating_sub(offset),
+            None => crate::sync::call_since(self.base).as_nanos() as u64,
+        }
     }
 
     /// The bucket of the time `ns` (since `base`): about `ns / width`, by a
@@ -413,7 +438,11 @@ impl Core {
     }
 
     fn epoch_now(&self) -> u64 {
-        self.epoch(crate::sync::since(self.base).as_nanos() as u64)
+        let ns = match self.coarse {
+            Some((clock, offset)) => clock.nanos().saturating_sub(offset),
+            None => crate::sync::since(self.base).as_nanos() as u64,
+        };
+        self.epoch(ns)
     }
 
     /// Each criticality's rejection probability: its own K's rule on the
@@ -918,5 +947,65 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         success();
         assert!(!announced(), "told by the first call after the interval");
+    }
+
+    /// On the coarse clock, the window slides as that clock moves and not
+    /// as tokio's (paused) clock does: refusals keep the throttle
+    /// rejecting through a paused minute, and leave the window when the
+    /// coarse clock has moved a window on.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn on_the_coarse_clock_the_window_slides_with_that_clock() {
+        let clock = CoarseClock::manual();
+        let mut config = ThrottleConfig::new()
+            .window(Duration::from_secs(60))
+            .min_requests(1);
+        config.coarse_clock = Some(clock);
+        let throttle = seeded(config);
+        assert!(throttle.config().get_coarse_clock());
+        let (_, offset) = throttle.core.coarse.expect("configured");
+        // The throttle's time 0 is its creation, `offset` after the
+        // clock's origin.
+        clock.advance(Duration::from_nanos(offset));
+        refuse_until_rejected(&throttle);
+        assert!(throttle.snapshot().throttling);
+        tokio::time::advance(Duration::from_secs(600)).await;
+        let paused = throttle.snapshot();
+        assert!(
+            paused.throttling && paused.requests > 0,
+            "tokio's clock does not move the window: {paused:?}"
+        );
+        // A request now is counted in the same window, by the coarse clock.
+        if let Ok(permit) = throttle.try_acquire(Criticality::Critical) {
+            permit.record(Outcome::Failure);
+        }
+        assert_eq!(throttle.snapshot().requests, paused.requests + 1);
+        clock.advance(Duration::from_secs(61));
+        let moved = throttle.snapshot();
+        assert_eq!(
+            (moved.requests, moved.throttling),
+            (0, false),
+            "a window later on the coarse clock: {moved:?}"
+        );
+        let permit = throttle
+            .try_acquire(Criticality::Sheddable)
+            .expect("nothing left to judge by");
+        permit.record(Outcome::Success);
+        assert_eq!(throttle.snapshot().requests, 1);
+    }
+
+    /// The clock is not live: a reconfiguration keeps it and says so.
+    #[test]
+    fn the_clock_is_kept_by_a_reconfiguration_and_named() {
+        let throttle = seeded(ThrottleConfig::new());
+        let not_live = throttle
+            .reconfigure(ThrottleConfig::new().coarse_clock(true))
+            .expect("valid");
+        if CoarseClock::shared().is_some() {
+            assert_eq!(not_live, ["coarse_clock"]);
+        }
+        assert!(!throttle.config().get_coarse_clock());
+        assert!(throttle.core.coarse.is_none());
+        let not_live = throttle.reconfigure(ThrottleConfig::new()).expect("valid");
+        assert!(not_live.is_empty(), "{not_live:?}");
     }
 }

@@ -175,6 +175,12 @@ impl<C> ThrottleLayer<C> {
         self.reconfigure(|c| c.random(random))
     }
 
+    /// Tell time by the coarse clock (off by default); see
+    /// [`ThrottleConfig::coarse_clock`].
+    pub fn coarse_clock(self, on: bool) -> Self {
+        self.reconfigure(|c| c.coarse_clock(on))
+    }
+
     /// Replaces the classifier, which judges what the dependency accepted
     /// (see [`Classify`](crate::Classify)).
     pub fn classifier<D>(self, classifier: D) -> ThrottleLayer<D> {

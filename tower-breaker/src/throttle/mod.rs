@@ -70,6 +70,7 @@
 //! | [`criticality_k`](ThrottleConfig::criticality_k) | `Sheddable` 1.5, `SheddablePlus` 1.75, `Critical` 2.0, `CriticalPlus` 2.0 | derived from K: ¾ K, ⅞ K, K, K (at least 1) |
 //! | [`max_rejection`](ThrottleConfig::max_rejection) | 0.9 | Envoy's admission control uses 0.8; see the setting for why 0.9 |
 //! | [`min_requests`](ThrottleConfig::min_requests) | 10 | no rejection on fewer requests in the window |
+//! | [`coarse_clock`](ThrottleConfig::coarse_clock) | off | tokio's clock (paused in tests); on, a millisecond clock that is cheaper to read and does not follow tokio's paused clock |
 //!
 //! What counts:
 //!
@@ -97,7 +98,10 @@
 //! stamped with its bucket's epoch; accepts are requests less refusals),
 //! one ring per thread stripe so that threads never write the same cache
 //! line. A call makes one clock reading (or takes the one a layer above
-//! made for it) and one atomic add for its request on its own stripe; a
+//! made for it; with [`ThrottleConfig::coarse_clock`], an atomic load of
+//! the coarse clock instead, about 20 ns less a call on a virtual machine,
+//! which the two-second buckets do not notice) and one atomic add for its
+//! request on its own stripe; a
 //! call that succeeds writes nothing more. While the refusals since the
 //! newest bucket began are within a budget set from the past buckets (how
 //! many the rule can take before it rejects anything), that is all; past
