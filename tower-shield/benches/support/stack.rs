@@ -424,6 +424,11 @@ pub fn throttle_alone(inner: Bare) -> impl Service<Request<()>> + Clone {
     ThrottleLayer::with_handle(shared_throttle()).layer(inner)
 }
 
+/// The client-side throttle alone on the coarse clock, admitting.
+pub fn throttle_alone_coarse(inner: Bare) -> impl Service<Request<()>> + Clone {
+    ThrottleLayer::new("bench").coarse_clock(true).layer(inner)
+}
+
 /// The client-mode breaker alone, detecting slow calls: it reads the
 /// clock for every call and counts the call in flight until it ends.
 pub fn breaker_slow_calls(inner: Bare) -> impl Service<Request<()>> + Clone {
@@ -451,6 +456,7 @@ macro_rules! for_each_variant {
         "breaker alone (client mode, hook offered)" => breaker_client(bare()),
         "client deadline alone (deadline in scope)" => deadline_client(bare()),
         "throttle alone (admitting)" => throttle_alone(bare()),
+        "throttle alone, coarse clock" => throttle_alone_coarse(bare()),
         "breaker alone (client mode, slow-call detection)" => breaker_slow_calls(bare()),
         "tower Timeout + map_request writing the budget" => tower_timeout_writing_budget(bare()),
         "retry + bulkhead" => step_retry(bare()),
