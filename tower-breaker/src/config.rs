@@ -563,6 +563,10 @@ impl BreakerConfig {
     /// If the thread cannot be started, the breaker reads the real clock
     /// (with a `coarse_clock_unavailable` warning).
     ///
+    /// Live: [`Breaker::reconfigure`](crate::Breaker::reconfigure) switches
+    /// a running breaker to either clock (both count from the breaker's
+    /// creation, so its readings move by the coarse clock's lag at most).
+    ///
     /// # Example
     ///
     /// ```
@@ -956,13 +960,8 @@ impl BreakerConfig {
             });
         }
         effective.fleet = self.fleet.clone();
-        if effective.coarse_clock.is_some() != self.coarse_clock.is_some() {
-            done.not_live.push(NotLive {
-                setting: "coarse_clock",
-                reason: "the breaker's readings are offsets from the clock it was built with",
-            });
-        }
-        effective.coarse_clock = self.coarse_clock;
+        // The clock is live: both clocks count from the breaker's base.
+        let coarse_differs = effective.coarse_clock.is_some() != self.coarse_clock.is_some();
         // The breaker's own: a new configuration's defaults would differ
         // by identity alone.
         effective.random = Arc::clone(&self.random);
@@ -1010,6 +1009,7 @@ impl BreakerConfig {
             effective.max_half_open_wait != self.max_half_open_wait,
         );
         applied("ramp_up", effective.ramp_up != self.ramp_up);
+        applied("coarse_clock", coarse_differs);
         applied(
             "rejection_event_interval",
             effective.rejection_event_interval != self.rejection_event_interval,

@@ -87,6 +87,40 @@ async fn what_cannot_change_live_is_reported_and_kept() {
     assert_eq!(breaker.snapshot().state, State::Open);
 }
 
+/// The clock is live: a running breaker switched to the coarse clock
+/// tells time by it (which does not follow tokio's paused clock, so its
+/// open period outlasts a paused minute), and switched back it reads
+/// tokio's clock again (whose minute has ended the period).
+#[tokio::test(start_paused = true)]
+async fn the_clock_switches_on_a_running_breaker() {
+    let config = BreakerConfig::new()
+        .count_window(4)
+        .minimum_calls(4)
+        .open_period(Duration::from_secs(30));
+    let breaker = Breaker::with_config("dep", config);
+    let done = breaker.reconfigure(breaker.config().coarse_clock(true));
+    if !breaker.config().get_coarse_clock() {
+        // No coarse clock on this machine (its thread could not start).
+        return;
+    }
+    assert_eq!(done.applied, ["coarse_clock"]);
+    assert!(done.not_live.is_empty(), "{done:?}");
+    record(&breaker, Outcome::Failure, 4);
+    assert_eq!(breaker.snapshot().state, State::Open);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert!(
+        breaker.try_acquire().is_err(),
+        "on the coarse clock, a paused minute is no time at all"
+    );
+    let done = breaker.reconfigure(breaker.config().coarse_clock(false));
+    assert_eq!(done.applied, ["coarse_clock"]);
+    assert!(!breaker.config().get_coarse_clock());
+    let probe = breaker
+        .try_acquire()
+        .expect("on tokio's clock the open period is over");
+    assert!(probe.is_probe());
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_same_configuration_changes_nothing() {
     let breaker = Breaker::new("dep");

@@ -361,8 +361,8 @@ pub struct ClientStack<P = DefaultPolicy, M = Buffered, R = BodyEnd, T = NoThrot
     /// builds later.
     random: Option<Arc<dyn RandomSource>>,
     /// The breaker is the stack's own (not one passed to
-    /// [`ClientStack::breaker`]), so [`ClientStack::random`] and
-    /// [`ClientStack::coarse_clock`] may rebuild it.
+    /// [`ClientStack::breaker`]), so [`ClientStack::random`] may rebuild
+    /// it and [`ClientStack::coarse_clock`] switch its clock.
     own_breaker: bool,
     /// [`ClientStack::coarse_clock`]: the stack's own breaker, when
     /// [`ClientStack::breaker_config`] rebuilds it, tells time by the
@@ -506,9 +506,10 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
     /// Tell time by the coarse clock: the outer deadline
     /// ([`ClientDeadlineLayer::coarse_clock`]), whose reading every layer
     /// below takes, and the stack's own breaker
-    /// ([`BreakerConfig::coarse_clock`], also when
+    /// ([`BreakerConfig::coarse_clock`], switched in place, and kept when
     /// [`breaker_config`](Self::breaker_config) or [`random`](Self::random)
-    /// rebuild it later). A call then reads no real clock: neither one
+    /// rebuild it later; a settings file's `breaker.coarse_clock` sets it
+    /// again at each reload). A call then reads no real clock: neither one
     /// through a closed breaker, nor a refusal while open, nor one through
     /// a breaker that needs the time of every call (a fleet's store,
     /// slow-call detection). A breaker passed to [`breaker`](Self::breaker)
@@ -539,8 +540,11 @@ impl<P, M, R: Release, T> ClientStack<P, M, R, T> {
         self.call = self.call.coarse_clock(on);
         self.coarse = on;
         if self.own_breaker {
-            let config = self.breaker.breaker().config().coarse_clock(on);
-            self.breaker = BreakerLayer::new(Breaker::with_config(self.name.clone(), config));
+            // Switched in place (the clock is live), so a handle on the
+            // breaker taken before, a settings handle's among them, is
+            // still this stack's.
+            let breaker = self.breaker.breaker();
+            let _ = breaker.reconfigure(breaker.config().coarse_clock(on));
         }
         self
     }

@@ -1315,6 +1315,14 @@ async fn the_stacks_coarse_clock_reaches_its_own_breaker_and_not_one_handed_to_i
                 .map(|stack| (stack.breaker_handle().clone(), false)),
         )
         .collect();
+    // The clock is switched in place: a handle taken before is still the
+    // stack's breaker (as a settings handle's is).
+    let stack = client_stack("handle taken before").breaker_config(config());
+    let early = stack.breaker_handle().clone();
+    let stack = stack.coarse_clock(true);
+    assert!(early.config().get_coarse_clock());
+    early.try_acquire().unwrap().record(Outcome::Failure);
+    assert_eq!(stack.breaker_handle().snapshot().totals.failed, 1);
     for (breaker, on) in &breakers {
         assert_eq!(
             breaker.config().get_coarse_clock(),

@@ -22,6 +22,9 @@ use crate::window::{CountWindow, Counts, TimeWindow, Window, FAIL, OK, SLOW};
 use crate::Mode;
 use tower_resilience_base::random::unit;
 
+/// [`Core::coarse_offset`] while the breaker reads tokio's clock.
+pub(super) const COARSE_OFF: u64 = u64::MAX;
+
 /// How many transitions a breaker remembers for
 /// `Breaker::recent_transitions`.
 pub(crate) const RECENT_TRANSITIONS: usize = 10;
@@ -57,9 +60,17 @@ pub(crate) struct Core {
     pub(super) in_flight: Option<InFlight>,
     pub(crate) name: Arc<str>,
     pub(super) base: Instant,
-    /// The coarse clock and the offset of `base` on it, when configured
-    /// (`BreakerConfig::coarse_clock`): readings are then one atomic load.
-    pub(super) coarse: Option<(&'static CoarseClock, u64)>,
+    /// The coarse clock, from the configuration the breaker was built
+    /// with or the first that switched it on (`BreakerConfig::coarse_clock`,
+    /// live): it stays; [`coarse_offset`](Self::coarse_offset) says whether
+    /// it is read.
+    pub(super) coarse_clock: std::sync::OnceLock<&'static CoarseClock>,
+    /// While the breaker tells time by the coarse clock, the offset of
+    /// `base` on it (a reading is then one atomic load and a subtraction);
+    /// [`COARSE_OFF`] while it reads tokio's clock. Both clocks count from
+    /// `base`, so a switch moves the readings by the coarse clock's lag at
+    /// most. Not a modelled atomic: it changes only by reconfiguration.
+    pub(super) coarse_offset: std::sync::atomic::AtomicU64,
     pub(super) s: LiveSettings,
     /// The last [`RECENT_TRANSITIONS`] transitions, oldest first
     /// (`Breaker::recent_transitions`; transitions are rare, so a lock).
@@ -102,17 +113,15 @@ impl Core {
             }
         };
         let s = Settings::of(&config);
+        let coarse = config.coarse_clock;
         let store = StoreLink::for_config(&config, &name);
         let metrics = BreakerMetrics::new(&name);
         // Generation 1: epoch 0 would read as "empty" in the time window.
         let first = Word::new(CLOSED, Mode::Automatic, 1, 0);
-        // The coarse clock was started with the configuration, before
-        // `base`: its readings are never before `base`'s offset on it.
         let base = Instant::now();
-        let coarse = config
-            .coarse_clock
-            .map(|clock| (clock, nanos(base.saturating_duration_since(clock.origin()))));
-        Core {
+        let coarse_clock = std::sync::OnceLock::new();
+        let coarse_offset = std::sync::atomic::AtomicU64::new(COARSE_OFF);
+        let core = Core {
             word: Padded(AtomicU64::new(first.0)),
             probes: Padded(AtomicU64::new(0)),
             window,
@@ -134,12 +143,15 @@ impl Core {
             )),
             name,
             base,
-            coarse,
+            coarse_clock,
+            coarse_offset,
             config,
             store,
             elected: tokio::sync::Notify::new(),
             metrics,
-        }
+        };
+        core.set_coarse_clock(coarse);
+        core
     }
 
     // --- admission ---
@@ -720,10 +732,48 @@ impl Core {
     /// Nanoseconds since `base`, now.
     #[inline]
     pub(crate) fn now_ns(&self) -> u64 {
-        match self.coarse {
-            Some((clock, offset)) => clock.nanos().saturating_sub(offset),
-            None => nanos(crate::sync::since(self.base)),
+        self.coarse_ns()
+            .unwrap_or_else(|| nanos(crate::sync::since(self.base)))
+    }
+
+    /// Nanoseconds since `base` by the coarse clock, while the breaker
+    /// tells time by it.
+    #[inline]
+    fn coarse_ns(&self) -> Option<u64> {
+        let offset = self.coarse_offset.load(Relaxed);
+        if offset == COARSE_OFF {
+            return None;
         }
+        Some(self.coarse_reading(offset))
+    }
+
+    /// The coarse clock's reading, `offset` after its origin. Out of line:
+    /// inlined, it grew every caller, the paths that never read it too.
+    #[inline(never)]
+    fn coarse_reading(&self, offset: u64) -> u64 {
+        self.coarse_clock
+            .get()
+            .map_or(0, |clock| clock.nanos().saturating_sub(offset))
+    }
+
+    /// Whether the breaker tells time by the coarse clock now.
+    #[inline]
+    pub(super) fn is_coarse(&self) -> bool {
+        self.coarse_offset.load(Relaxed) != COARSE_OFF
+    }
+
+    /// Tells time by `clock` from now on, or by tokio's clock (`None`). A
+    /// breaker keeps the first coarse clock it was given (there is one per
+    /// process, but for tests).
+    pub(super) fn set_coarse_clock(&self, clock: Option<&'static CoarseClock>) {
+        let offset = clock.map_or(COARSE_OFF, |clock| {
+            let clock = *self.coarse_clock.get_or_init(|| clock);
+            // The coarse clock is started before the breaker that reads
+            // it is built, or else before `base` by a shared clock's
+            // origin: `base` is not before its origin.
+            nanos(self.base.saturating_duration_since(clock.origin())).min(COARSE_OFF - 1)
+        });
+        self.coarse_offset.store(offset, Relaxed);
     }
 
     /// Nanoseconds since `base` at the moment of the call being made: the
@@ -732,10 +782,8 @@ impl Core {
     /// cheaper than looking).
     #[inline]
     pub(crate) fn call_now_ns(&self) -> u64 {
-        match self.coarse {
-            Some(_) => self.now_ns(),
-            None => nanos(crate::sync::call_since(self.base)),
-        }
+        self.coarse_ns()
+            .unwrap_or_else(|| nanos(crate::sync::call_since(self.base)))
     }
 
     /// The start time of a call, if slow-call detection needs it. A
@@ -1113,7 +1161,8 @@ mod tests {
         let mut config = config;
         config.coarse_clock = Some(clock);
         let breaker = Breaker::with_config("coarse", config);
-        let (_, offset) = breaker.core.coarse.expect("configured");
+        let offset = breaker.core.coarse_offset.load(Relaxed);
+        assert_ne!(offset, super::COARSE_OFF, "configured");
         // The breaker's time 0 is its creation, `offset` after the clock's
         // origin.
         clock.advance(Duration::from_nanos(offset));

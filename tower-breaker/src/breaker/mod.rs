@@ -342,7 +342,9 @@ impl Breaker {
     /// What cannot change on a running breaker keeps its old value and is
     /// listed in [`Reconfigured::not_live`](crate::config::Reconfigured):
     /// the window's shape, turning slow-call detection on or off, the
-    /// fleet's store and timings, the coarse clock. The random source and
+    /// fleet's store and timings. The clock
+    /// ([`BreakerConfig::coarse_clock`]) is live: a switch moves the
+    /// breaker's readings by the coarse clock's lag at most. The random source and
     /// the listener stay the breaker's own. A fleet's breakers report the
     /// new thresholds with their next report.
     ///
@@ -378,6 +380,7 @@ impl Breaker {
         let (effective, done) = current.live_merge(&config);
         let s = live::Settings::of(&effective);
         core.s.set(&s);
+        core.set_coarse_clock(effective.coarse_clock);
         if let Some(in_flight) = &core.in_flight {
             in_flight.set_threshold(s.slow_ns);
         }
@@ -517,7 +520,7 @@ impl Breaker {
     #[inline]
     pub(crate) fn reads_clock(&self) -> bool {
         let core = &*self.core;
-        core.coarse.is_none() && (core.store.is_some() || core.s.slow_ns() != 0)
+        !core.is_coarse() && (core.store.is_some() || core.s.slow_ns() != 0)
     }
 
     /// The permit of admission `raw`, its start time taken; refused if
