@@ -737,6 +737,13 @@ async fn a_client_breaker_that_needs_the_time_hands_its_reading_to_the_layers_be
     assert_eq!(seen_below(breaker(4), None).await, None, "no reading made");
     let earlier = Instant::now() - secs(1);
     assert_eq!(seen_below(timing(), Some(earlier)).await, Some(earlier));
+    // On the coarse clock (switched on live) its reading is one atomic
+    // load, not worth handing down: it makes no reading of tokio's clock.
+    let coarse = timing();
+    let _ = coarse.reconfigure(coarse.config().coarse_clock(true));
+    if coarse.config().get_coarse_clock() {
+        assert_eq!(seen_below(coarse, None).await, None, "a coarse breaker");
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

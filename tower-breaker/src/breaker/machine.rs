@@ -23,7 +23,7 @@ use crate::Mode;
 use tower_resilience_base::random::unit;
 
 /// [`Core::coarse_offset`] while the breaker reads tokio's clock.
-pub(super) const COARSE_OFF: u64 = u64::MAX;
+pub(super) const COARSE_OFF: i64 = i64::MIN;
 
 /// How many transitions a breaker remembers for
 /// `Breaker::recent_transitions`.
@@ -65,12 +65,13 @@ pub(crate) struct Core {
     /// live): it stays; [`coarse_offset`](Self::coarse_offset) says whether
     /// it is read.
     pub(super) coarse_clock: std::sync::OnceLock<&'static CoarseClock>,
-    /// While the breaker tells time by the coarse clock, the offset of
-    /// `base` on it (a reading is then one atomic load and a subtraction);
-    /// [`COARSE_OFF`] while it reads tokio's clock. Both clocks count from
-    /// `base`, so a switch moves the readings by the coarse clock's lag at
-    /// most. Not a modelled atomic: it changes only by reconfiguration.
-    pub(super) coarse_offset: std::sync::atomic::AtomicU64,
+    /// While the breaker tells time by the coarse clock, where the coarse
+    /// clock's origin lies from `base`, in signed nanoseconds (a reading is
+    /// then one atomic load and an addition); [`COARSE_OFF`] while it reads
+    /// tokio's clock. Both clocks count from `base`, so a switch moves the
+    /// readings by the coarse clock's lag at most. Not a modelled atomic:
+    /// it changes only by reconfiguration.
+    pub(super) coarse_offset: std::sync::atomic::AtomicI64,
     pub(super) s: LiveSettings,
     /// The last [`RECENT_TRANSITIONS`] transitions, oldest first
     /// (`Breaker::recent_transitions`; transitions are rare, so a lock).
@@ -120,7 +121,7 @@ impl Core {
         let first = Word::new(CLOSED, Mode::Automatic, 1, 0);
         let base = Instant::now();
         let coarse_clock = std::sync::OnceLock::new();
-        let coarse_offset = std::sync::atomic::AtomicU64::new(COARSE_OFF);
+        let coarse_offset = std::sync::atomic::AtomicI64::new(COARSE_OFF);
         let core = Core {
             word: Padded(AtomicU64::new(first.0)),
             probes: Padded(AtomicU64::new(0)),
@@ -747,13 +748,15 @@ impl Core {
         Some(self.coarse_reading(offset))
     }
 
-    /// The coarse clock's reading, `offset` after its origin. Out of line:
-    /// inlined, it grew every caller, the paths that never read it too.
+    /// The coarse clock's reading, in nanoseconds since `base`, its origin
+    /// being `offset` from `base`. Out of line: inlined, it grew every
+    /// caller, the paths that never read it too.
     #[inline(never)]
-    fn coarse_reading(&self, offset: u64) -> u64 {
-        self.coarse_clock
-            .get()
-            .map_or(0, |clock| clock.nanos().saturating_sub(offset))
+    fn coarse_reading(&self, offset: i64) -> u64 {
+        self.coarse_clock.get().map_or(0, |clock| {
+            let since_origin = i64::try_from(clock.nanos()).unwrap_or(i64::MAX);
+            u64::try_from(since_origin.saturating_add(offset)).unwrap_or(0)
+        })
     }
 
     /// Whether the breaker tells time by the coarse clock now.
@@ -768,10 +771,14 @@ impl Core {
     pub(super) fn set_coarse_clock(&self, clock: Option<&'static CoarseClock>) {
         let offset = clock.map_or(COARSE_OFF, |clock| {
             let clock = *self.coarse_clock.get_or_init(|| clock);
-            // The coarse clock is started before the breaker that reads
-            // it is built, or else before `base` by a shared clock's
-            // origin: `base` is not before its origin.
-            nanos(self.base.saturating_duration_since(clock.origin())).min(COARSE_OFF - 1)
+            // Before `base` for a clock started before the breaker was
+            // built; after it for one first started by a switch later on.
+            let origin = clock.origin();
+            let signed = |d: Duration| i64::try_from(nanos(d)).unwrap_or(i64::MAX);
+            match origin.checked_duration_since(self.base) {
+                Some(after) => signed(after),
+                None => -signed(self.base - origin),
+            }
         });
         self.coarse_offset.store(offset, Relaxed);
     }
@@ -1162,7 +1169,8 @@ mod tests {
         config.coarse_clock = Some(clock);
         let breaker = Breaker::with_config("coarse", config);
         let offset = breaker.core.coarse_offset.load(Relaxed);
-        assert_ne!(offset, super::COARSE_OFF, "configured");
+        assert!(offset <= 0, "configured, with a clock started before");
+        let offset = offset.unsigned_abs();
         // The breaker's time 0 is its creation, `offset` after the clock's
         // origin.
         clock.advance(Duration::from_nanos(offset));
@@ -1193,6 +1201,36 @@ mod tests {
         let s = breaker.snapshot();
         assert_eq!(s.window.slow, 1, "100 ms on the coarse clock is slow");
         assert_eq!(s.state, State::Open, "half the window slow");
+    }
+
+    /// A breaker switched to a coarse clock that was started after it
+    /// (the first switch of a process starts the shared one) keeps
+    /// counting from its own creation: the clock's readings are moved
+    /// forward by the time between the two, not clamped to it.
+    #[test]
+    fn a_clock_started_after_the_breaker_counts_from_the_breakers_creation() {
+        let breaker = Breaker::with_config("late", BreakerConfig::new());
+        let core = &breaker.core;
+        let clock = CoarseClock::manual();
+        let gap = super::nanos(
+            clock
+                .origin()
+                .checked_duration_since(core.base)
+                .expect("started after the breaker"),
+        );
+        core.set_coarse_clock(Some(clock));
+        assert_eq!(
+            core.now_ns(),
+            gap,
+            "the clock's origin, on the breaker's time"
+        );
+        clock.advance(Duration::from_millis(5));
+        assert_eq!(core.now_ns(), gap + 5_000_000);
+        core.set_coarse_clock(None);
+        assert!(
+            core.now_ns() >= gap,
+            "tokio's clock again, from the same base"
+        );
     }
 
     #[test]
