@@ -203,6 +203,46 @@ impl CoarseClock {
     pub fn origin(&self) -> Instant {
         Instant::from_std(self.origin)
     }
+
+    /// Where this clock's [`origin`](CoarseClock::origin) lies from
+    /// `base`, in signed nanoseconds (negative when the clock was started
+    /// before `base`): what [`nanos_since`](CoarseClock::nanos_since) takes
+    /// to tell the time since `base`, for code that counts its time from an
+    /// instant of its own.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tower_resilience_base::clock::CoarseClock;
+    ///
+    /// let base = Instant::now();
+    /// let clock = CoarseClock::manual(); // started after `base`
+    /// let offset = clock.offset_from(base);
+    /// assert!(offset >= 0);
+    /// clock.advance(Duration::from_millis(5));
+    /// assert_eq!(clock.nanos_since(offset), offset as u64 + 5_000_000);
+    /// ```
+    #[must_use]
+    pub fn offset_from(&self, base: Instant) -> i64 {
+        let origin = self.origin();
+        let signed = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        match origin.checked_duration_since(base) {
+            Some(after) => signed(after),
+            None => -signed(base - origin),
+        }
+    }
+
+    /// The latest reading in nanoseconds since the instant `offset` was
+    /// taken from ([`offset_from`](CoarseClock::offset_from)); 0 for a
+    /// reading before it.
+    #[inline]
+    #[must_use]
+    pub fn nanos_since(&self, offset: i64) -> u64 {
+        let since_origin = i64::try_from(self.nanos()).unwrap_or(i64::MAX);
+        u64::try_from(since_origin.saturating_add(offset)).unwrap_or(0)
+    }
 }
 
 fn nanos(d: Duration) -> u64 {

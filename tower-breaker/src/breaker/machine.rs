@@ -753,10 +753,9 @@ impl Core {
     /// caller, the paths that never read it too.
     #[inline(never)]
     fn coarse_reading(&self, offset: i64) -> u64 {
-        self.coarse_clock.get().map_or(0, |clock| {
-            let since_origin = i64::try_from(clock.nanos()).unwrap_or(i64::MAX);
-            u64::try_from(since_origin.saturating_add(offset)).unwrap_or(0)
-        })
+        self.coarse_clock
+            .get()
+            .map_or(0, |clock| clock.nanos_since(offset))
     }
 
     /// Whether the breaker tells time by the coarse clock now.
@@ -770,15 +769,11 @@ impl Core {
     /// process, but for tests).
     pub(super) fn set_coarse_clock(&self, clock: Option<&'static CoarseClock>) {
         let offset = clock.map_or(COARSE_OFF, |clock| {
-            let clock = *self.coarse_clock.get_or_init(|| clock);
             // Before `base` for a clock started before the breaker was
             // built; after it for one first started by a switch later on.
-            let origin = clock.origin();
-            let signed = |d: Duration| i64::try_from(nanos(d)).unwrap_or(i64::MAX);
-            match origin.checked_duration_since(self.base) {
-                Some(after) => signed(after),
-                None => -signed(self.base - origin),
-            }
+            self.coarse_clock
+                .get_or_init(|| clock)
+                .offset_from(self.base)
         });
         self.coarse_offset.store(offset, Relaxed);
     }

@@ -144,10 +144,10 @@ struct Core {
     /// multiplication and a shift, not a division (tens of cycles).
     per_bucket: u64,
     base: Instant,
-    /// The coarse clock and the offset of `base` on it, when configured
-    /// ([`ThrottleConfig::coarse_clock`]): a reading is then one atomic
-    /// load.
-    coarse: Option<(&'static CoarseClock, u64)>,
+    /// The coarse clock and where its origin lies from `base`, when
+    /// configured ([`ThrottleConfig::coarse_clock`]): a reading is then one
+    /// atomic load.
+    coarse: Option<(&'static CoarseClock, i64)>,
     window: Window,
     random: Arc<dyn RandomSource>,
     /// Whether the last event said throttling started (true) or stopped.
@@ -195,13 +195,10 @@ impl ThrottleHandle {
             .random
             .clone()
             .unwrap_or_else(|| Arc::new(ProcessRandom::new()));
-        // The coarse clock was started with the configuration, before
-        // `base`: its readings are never before `base`'s offset on it.
         let base = Instant::now();
-        let coarse = config.coarse_clock.map(|clock| {
-            let offset = base.saturating_duration_since(clock.origin()).as_nanos();
-            (clock, u64::try_from(offset).unwrap_or(u64::MAX))
-        });
+        let coarse = config
+            .coarse_clock
+            .map(|clock| (clock, clock.offset_from(base)));
         let core = Core {
             metrics: ThrottleMetrics::new(&name),
             name: name.clone(),
@@ -421,10 +418,14 @@ impl Core {
     /// call, else tokio's clock.
     #[inline]
     fn now_ns(&self) -> u64 {
-        match self.coarse {
-            Some((clock, offset)) => clock.nanos().saturating_sub(offset),
-            None => crate::sync::call_since(self.base).as_nanos() as u64,
-        }
+        self.coarse_ns()
+            .unwrap_or_else(|| crate::sync::call_since(self.base).as_nanos() as u64)
+    }
+
+    /// Nanoseconds since `base` by the coarse clock, when configured.
+    #[inline]
+    fn coarse_ns(&self) -> Option<u64> {
+        self.coarse.map(|(clock, offset)| clock.nanos_since(offset))
     }
 
     /// The bucket of the time `ns` (since `base`): about `ns / width`, by a
@@ -438,10 +439,9 @@ impl Core {
     }
 
     fn epoch_now(&self) -> u64 {
-        let ns = match self.coarse {
-            Some((clock, offset)) => clock.nanos().saturating_sub(offset),
-            None => crate::sync::since(self.base).as_nanos() as u64,
-        };
+        let ns = self
+            .coarse_ns()
+            .unwrap_or_else(|| crate::sync::since(self.base).as_nanos() as u64);
         self.epoch(ns)
     }
 
@@ -963,9 +963,10 @@ mod tests {
         let throttle = seeded(config);
         assert!(throttle.config().get_coarse_clock());
         let (_, offset) = throttle.core.coarse.expect("configured");
-        // The throttle's time 0 is its creation, `offset` after the
-        // clock's origin.
-        clock.advance(Duration::from_nanos(offset));
+        // The throttle's time 0 is its creation: `-offset` after the
+        // clock's origin when that is later (the paused clock stopped
+        // before the clock was made, so it may be earlier).
+        clock.advance(Duration::from_nanos(u64::try_from(-offset).unwrap_or(0)));
         refuse_until_rejected(&throttle);
         assert!(throttle.snapshot().throttling);
         tokio::time::advance(Duration::from_secs(600)).await;
